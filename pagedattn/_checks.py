@@ -1,0 +1,76 @@
+"""Input validation shared by the public functions.
+
+Every check runs on tensor metadata only (shape, dtype, device, strides): none reads device
+memory, so validation never synchronizes with the host. Each error names the argument.
+"""
+
+from __future__ import annotations
+
+import torch
+
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+FP8_DTYPES = (torch.float8_e4m3fn,)
+MIN_HEAD_SIZE = 8
+MAX_HEAD_SIZE = 256
+
+
+def check_tensor(
+    name: str,
+    x,
+    *,
+    ndim: int | None = None,
+    dtypes: tuple | None = None,
+    device: torch.device | None = None,
+    last_dim_contiguous: bool = True,
+) -> None:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if ndim is not None and x.dim() != ndim:
+        raise ValueError(f"{name} must have {ndim} dimensions, got shape {tuple(x.shape)}")
+    if dtypes is not None and x.dtype not in dtypes:
+        allowed = ", ".join(str(d).replace("torch.", "") for d in dtypes)
+        raise TypeError(f"{name} must have dtype {allowed}; got {str(x.dtype).replace('torch.', '')}")
+    if device is not None and x.device != device:
+        raise ValueError(f"{name} is on {x.device} but q is on {device}; all tensors must share a device")
+    if last_dim_contiguous and x.dim() > 0 and x.shape[-1] > 1 and x.stride(-1) != 1:
+        raise ValueError(f"{name} must be contiguous in its last dimension (stride {x.stride(-1)})")
+
+
+def check_shape(name: str, x: torch.Tensor, expected: tuple) -> None:
+    """expected entries of None match any size."""
+    ok = x.dim() == len(expected) and all(e is None or e == s for e, s in zip(expected, x.shape))
+    if not ok:
+        want = "[" + ", ".join("*" if e is None else str(e) for e in expected) + "]"
+        raise ValueError(f"{name} must have shape {want}, got {list(x.shape)}")
+
+
+def check_head_size(name: str, head_size: int) -> None:
+    if not (MIN_HEAD_SIZE <= head_size <= MAX_HEAD_SIZE) or head_size % 8 != 0:
+        raise ValueError(
+            f"{name}: head_size {head_size} is not supported; use a multiple of 8 "
+            f"from {MIN_HEAD_SIZE} to {MAX_HEAD_SIZE}"
+        )
+
+
+def check_scale_arg(name: str, x, device: torch.device) -> None:
+    if x is None or isinstance(x, (float, int)):
+        return
+    check_tensor(name, x, dtypes=(torch.float32,), device=device, last_dim_contiguous=False)
+    if x.numel() != 1:
+        raise ValueError(f"{name} must be a float or a 1-element float32 tensor, got shape {list(x.shape)}")
+
+
+def check_per_head(name: str, x, num_q_heads: int, device: torch.device) -> None:
+    if x is None:
+        return
+    check_tensor(name, x, ndim=1, dtypes=(torch.float32,), device=device)
+    check_shape(name, x, (num_q_heads,))
+
+
+def check_optional_int(name: str, x, *, minimum: int) -> None:
+    if x is None:
+        return
+    if isinstance(x, bool) or not isinstance(x, int):
+        raise TypeError(f"{name} must be an int or None, got {type(x).__name__}")
+    if x < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {x}")

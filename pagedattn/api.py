@@ -1,0 +1,254 @@
+"""The typed public functions: validate inputs (naming the argument), then launch."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+
+from pagedattn._checks import (
+    FLOAT_DTYPES,
+    FP8_DTYPES,
+    check_head_size,
+    check_optional_int,
+    check_per_head,
+    check_scale_arg,
+    check_shape,
+    check_tensor,
+)
+from pagedattn.ops.common.attention_math import ALIBI_LINEAR, ALIBI_NONE, ALIBI_SQRT
+from pagedattn.ops.kv_write.kernel import write_kv_kernel
+from pagedattn.ops.unified.launch import launch_unified
+
+__all__ = ["paged_attention", "write_kv"]
+
+
+def _scale_tensor(x, device: torch.device) -> torch.Tensor:
+    """A 1-element fp32 device tensor for an fp8 scale; a float becomes a device fill (no sync)."""
+    if x is None:
+        x = 1.0
+    if isinstance(x, torch.Tensor):
+        return x.reshape(1)
+    return torch.full((1,), float(x), dtype=torch.float32, device=device)
+
+
+def _check_cache_pair(k_cache, v_cache, q_dtype, device) -> None:
+    cache_dtypes = (q_dtype, *FP8_DTYPES)
+    check_tensor("k_cache", k_cache, ndim=4, dtypes=cache_dtypes, device=device)
+    check_tensor("v_cache", v_cache, ndim=4, dtypes=cache_dtypes, device=device)
+    if v_cache.dtype != k_cache.dtype:
+        raise TypeError(f"v_cache dtype {v_cache.dtype} differs from k_cache dtype {k_cache.dtype}")
+    check_shape("v_cache", v_cache, tuple(k_cache.shape))
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    *,
+    max_query_len: int | None = None,
+    max_seq_len: int | None = None,
+    scale: float | None = None,
+    causal: bool = True,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
+    alibi_slopes: torch.Tensor | None = None,
+    alibi_sqrt: bool = False,
+    sinks: torch.Tensor | None = None,
+    prefix_ranges: torch.Tensor | None = None,
+    k_scale: float | torch.Tensor | None = None,
+    v_scale: float | torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    return_lse: bool = False,
+):
+    """Attention of a mixed batch (prefill, extend, decode) over a paged KV cache.
+
+    Query j of sequence s (0-based among its new tokens) sits at position
+    ``seq_lens[s] - query_len_s + j``; keys run over positions ``0 .. seq_lens[s] - 1``. The new
+    tokens' K/V must already be in the cache (see :func:`write_kv`).
+
+    Parameters
+    ----------
+    q : ``[num_tokens, num_q_heads, head_size]`` float16, bfloat16 or float32
+        New query tokens of all sequences, back to back.
+    k_cache, v_cache : ``[num_blocks, block_size, num_kv_heads, head_size]``
+        q's dtype, or float8_e4m3fn (then ``K = k_cache * k_scale``).
+    block_table : ``[num_seqs, max_blocks_per_seq]`` int32
+        Logical block i of sequence s lives in physical block ``block_table[s, i]``.
+    seq_lens : ``[num_seqs]`` int32
+        KV length of each sequence, new tokens included.
+    query_start_loc : ``[num_seqs + 1]`` int32
+        Cumulative query counts; sequence s owns ``q[query_start_loc[s]:query_start_loc[s+1]]``.
+    max_query_len, max_seq_len : int, optional
+        Host-side maxima. With ``max_query_len`` given the call never synchronizes with the host.
+    scale : float, optional
+        Score scale; default ``1 / sqrt(head_size)``.
+    causal : bool
+        ``True``: key k visible to query at p when k <= p. ``False``: every key (encoders, cross
+        attention; query_len may then exceed seq_len).
+    sliding_window : int, optional
+        Additionally ``p - W < k`` (and ``k < p + W`` when not causal).
+    softcap : float, optional
+        ``s = softcap * tanh(s / softcap)`` before biases and masks; 0 or None disables it.
+    alibi_slopes : ``[num_q_heads]`` float32, optional
+        ``s += slope_h * (k - p)``; with ``alibi_sqrt=True`` instead ``s -= slope_h * sqrt(p - k)``
+        for k <= p.
+    sinks : ``[num_q_heads]`` float32, optional
+        Per-head logit that joins the softmax denominator with no value vector.
+    prefix_ranges : ``[num_seqs, R, 2]`` int32, optional
+        Half-open position ranges; p and k in one range are visible to each other regardless of
+        the causal and window rules. Rows with start >= end are padding.
+    k_scale, v_scale : float or 1-element float32 tensor, optional
+        Dequantization scales of an fp8 cache (default 1.0; ignored for other caches).
+    out : ``[num_tokens, num_q_heads, head_size]`` q's dtype, optional
+        Written in place and returned.
+    return_lse : bool
+        Also return lse ``[num_tokens, num_q_heads]`` float32 (natural log, sink included; -inf
+        for a row that sees no key, whose output is 0).
+
+    Returns
+    -------
+    out, or ``(out, lse)`` when ``return_lse``.
+
+    Examples
+    --------
+    >>> out = paged_attention(q, k_cache, v_cache, block_table, seq_lens, query_start_loc,
+    ...                       max_query_len=1, max_seq_len=4096)
+    """
+    check_tensor("q", q, ndim=3, dtypes=FLOAT_DTYPES)
+    device = q.device
+    num_tokens, num_q_heads, head_size = q.shape
+    _check_cache_pair(k_cache, v_cache, q.dtype, device)
+    num_blocks, block_size, num_kv_heads, cache_head_size = k_cache.shape
+    check_head_size("q", head_size)
+    if cache_head_size != head_size:
+        raise ValueError(f"k_cache head_size {cache_head_size} differs from q head_size {head_size}")
+    if num_kv_heads == 0 or num_q_heads % num_kv_heads != 0:
+        raise ValueError(
+            f"q has {num_q_heads} heads, which is not a multiple of k_cache's {num_kv_heads} KV heads"
+        )
+    if block_size < 1:
+        raise ValueError("k_cache block_size (dim 1) must be >= 1")
+    check_tensor("block_table", block_table, ndim=2, dtypes=(torch.int32,), device=device)
+    check_tensor("seq_lens", seq_lens, ndim=1, dtypes=(torch.int32,), device=device)
+    num_seqs = seq_lens.shape[0]
+    check_shape("block_table", block_table, (num_seqs, None))
+    check_tensor("query_start_loc", query_start_loc, ndim=1, dtypes=(torch.int32,), device=device)
+    check_shape("query_start_loc", query_start_loc, (num_seqs + 1,))
+    check_optional_int("max_query_len", max_query_len, minimum=0)
+    check_optional_int("max_seq_len", max_seq_len, minimum=0)
+    check_optional_int("sliding_window", sliding_window, minimum=1)
+    if softcap is not None and not (isinstance(softcap, (int, float)) and softcap >= 0):
+        raise ValueError(f"softcap must be a float >= 0 or None, got {softcap!r}")
+    if scale is not None and not isinstance(scale, (int, float)):
+        raise TypeError(f"scale must be a float, got {type(scale).__name__}")
+    check_per_head("alibi_slopes", alibi_slopes, num_q_heads, device)
+    if alibi_sqrt and alibi_slopes is None:
+        raise ValueError("alibi_sqrt=True needs alibi_slopes")
+    check_per_head("sinks", sinks, num_q_heads, device)
+    if prefix_ranges is not None:
+        check_tensor("prefix_ranges", prefix_ranges, ndim=3, dtypes=(torch.int32,), device=device)
+        check_shape("prefix_ranges", prefix_ranges, (num_seqs, None, 2))
+    check_scale_arg("k_scale", k_scale, device)
+    check_scale_arg("v_scale", v_scale, device)
+    if out is not None:
+        check_tensor("out", out, dtypes=(q.dtype,), device=device)
+        check_shape("out", out, tuple(q.shape))
+
+    if max_query_len is None:
+        # One host sync, documented: pass max_query_len to avoid it.
+        lens = query_start_loc[1:] - query_start_loc[:-1]
+        max_query_len = int(lens.max().item()) if num_seqs > 0 else 0
+    if scale is None:
+        scale = 1.0 / math.sqrt(head_size)
+    if out is None:
+        out = torch.empty_like(q)
+    lse = None
+    if return_lse:
+        lse = torch.empty(num_tokens, num_q_heads, dtype=torch.float32, device=device)
+    fp8 = k_cache.dtype in FP8_DTYPES
+    if alibi_slopes is None:
+        alibi_mode = ALIBI_NONE
+    else:
+        alibi_mode = ALIBI_SQRT if alibi_sqrt else ALIBI_LINEAR
+
+    launch_unified(
+        out, lse, q, k_cache, v_cache, block_table, seq_lens, query_start_loc,
+        max_query_len=max_query_len,
+        scale=float(scale),
+        causal=bool(causal),
+        sliding_window=int(sliding_window or 0),
+        softcap=float(softcap or 0.0),
+        alibi_mode=alibi_mode,
+        alibi_slopes=alibi_slopes,
+        sinks=sinks,
+        prefix_ranges=prefix_ranges,
+        k_scale=_scale_tensor(k_scale, device) if fp8 else None,
+        v_scale=_scale_tensor(v_scale, device) if fp8 else None,
+    )
+    return (out, lse) if return_lse else out
+
+
+def write_kv(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    *,
+    k_scale: float | torch.Tensor | None = None,
+    v_scale: float | torch.Tensor | None = None,
+) -> None:
+    """Scatter new tokens' K/V into the paged cache, in place.
+
+    Parameters
+    ----------
+    key, value : ``[num_tokens, num_kv_heads, head_size]`` float16, bfloat16 or float32
+    k_cache, v_cache : ``[num_blocks, block_size, num_kv_heads, head_size]``
+        key's dtype, or float8_e4m3fn (then the stored value is ``key / k_scale``, rounded to
+        nearest even and saturated at +-448).
+    slot_mapping : ``[num_tokens]`` int32 or int64
+        ``slot = block * block_size + offset``; a slot of -1 skips the token (padding).
+    k_scale, v_scale : float or 1-element float32 tensor, optional
+        Quantization scales of an fp8 cache (default 1.0; ignored for other caches).
+
+    Examples
+    --------
+    >>> write_kv(k_new, v_new, k_cache, v_cache, slot_mapping)
+    """
+    check_tensor("key", key, ndim=3, dtypes=FLOAT_DTYPES)
+    device = key.device
+    check_tensor("value", value, ndim=3, dtypes=(key.dtype,), device=device)
+    check_shape("value", value, tuple(key.shape))
+    _check_cache_pair(k_cache, v_cache, key.dtype, device)
+    num_tokens, num_kv_heads, head_size = key.shape
+    check_head_size("key", head_size)
+    check_shape("k_cache", k_cache, (None, None, num_kv_heads, head_size))
+    check_tensor("slot_mapping", slot_mapping, ndim=1, dtypes=(torch.int32, torch.int64), device=device)
+    check_shape("slot_mapping", slot_mapping, (num_tokens,))
+    check_scale_arg("k_scale", k_scale, device)
+    check_scale_arg("v_scale", v_scale, device)
+    if num_tokens == 0:
+        return
+    fp8 = k_cache.dtype in FP8_DTYPES
+    write_kv_kernel[(num_tokens, num_kv_heads)](
+        key_ptr=key,
+        value_ptr=value,
+        k_cache_ptr=k_cache,
+        v_cache_ptr=v_cache,
+        slot_mapping_ptr=slot_mapping,
+        k_scale_ptr=_scale_tensor(k_scale, device) if fp8 else None,
+        v_scale_ptr=_scale_tensor(v_scale, device) if fp8 else None,
+        stride_key_t=key.stride(0), stride_key_h=key.stride(1),
+        stride_value_t=value.stride(0), stride_value_h=value.stride(1),
+        stride_k_b=k_cache.stride(0), stride_k_s=k_cache.stride(1), stride_k_h=k_cache.stride(2),
+        stride_v_b=v_cache.stride(0), stride_v_s=v_cache.stride(1), stride_v_h=v_cache.stride(2),
+        num_tokens=num_tokens,
+        HEAD_SIZE=head_size,
+        HEAD_SIZE_PAD=triton.next_power_of_2(head_size),
+        PAGE_SIZE=k_cache.shape[1],
+    )

@@ -1,0 +1,92 @@
+"""Small @triton.jit helpers shared by the kernel families: math only, no memory access.
+
+Scores handled here are in natural-log units until ``online_softmax_step``, which works in
+base 2 (scores are multiplied by log2(e) once, so the exponentials are ``exp2``).
+"""
+
+import triton
+import triton.language as tl
+
+LOG2E: tl.constexpr = 1.4426950408889634
+LN2: tl.constexpr = 0.6931471805599453
+
+# ALIBI_MODE values
+ALIBI_NONE: tl.constexpr = 0
+ALIBI_LINEAR: tl.constexpr = 1
+ALIBI_SQRT: tl.constexpr = 2
+
+
+@triton.jit
+def tanh(x):
+    """tanh from exp2, portable to every backend and the interpreter."""
+    e = tl.exp2(-2.0 * LOG2E * tl.abs(x))
+    t = (1.0 - e) / (1.0 + e)
+    return tl.where(x < 0, -t, t)
+
+
+@triton.jit
+def score_mods(s, q_pos, k_pos, softcap, slope, USE_SOFTCAP: tl.constexpr, ALIBI_MODE: tl.constexpr):
+    """s = softcap(s) + alibi bias; s: [M, N] fp32, q_pos: [M], k_pos: [N], slope: [M]."""
+    if USE_SOFTCAP:
+        s = softcap * tanh(s / softcap)
+    if ALIBI_MODE == ALIBI_LINEAR:
+        s += slope[:, None] * (k_pos[None, :] - q_pos[:, None]).to(tl.float32)
+    elif ALIBI_MODE == ALIBI_SQRT:
+        dist = tl.maximum(q_pos[:, None] - k_pos[None, :], 0).to(tl.float32)
+        s -= slope[:, None] * tl.sqrt(dist)
+    return s
+
+
+@triton.jit
+def causal_window_mask(q_pos, k_pos, sliding_window, IS_CAUSAL: tl.constexpr):
+    """[M, N] visibility by the causal and sliding-window rules (window <= 0 means none)."""
+    p = q_pos[:, None]
+    k = k_pos[None, :]
+    if IS_CAUSAL:
+        vis = k <= p
+        vis = vis & ((sliding_window <= 0) | (k > p - sliding_window))
+    else:
+        vis = (sliding_window <= 0) | ((k > p - sliding_window) & (k < p + sliding_window))
+    return vis
+
+
+@triton.jit
+def online_softmax_step(m_i, l_i, s):
+    """One tile of the online softmax in base 2; s is [M, N] with -inf where masked.
+
+    Returns (p, alpha, m_new, l_new): the tile's unnormalized weights, the factor that rescales
+    the old accumulator, and the new running max and sum. Rows that have seen no visible key
+    keep m = -inf and l = 0 without producing NaN.
+    """
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.exp2(s - m_safe[:, None])
+    alpha = tl.exp2(m_i - m_safe)
+    l_new = l_i * alpha + tl.sum(p, 1)
+    return p, alpha, m_new, l_new
+
+
+@triton.jit
+def finalize_softmax(acc, m_i, l_i):
+    """(out, lse) from the running state; lse in natural log, -inf and out 0 where l == 0."""
+    has = l_i > 0.0
+    out = acc / tl.where(has, l_i, 1.0)[:, None]
+    lse = tl.where(has, (m_i + tl.log2(tl.where(has, l_i, 1.0))) * LN2, float("-inf"))
+    return out, lse
+
+
+@triton.jit
+def round_to_fp8e4m3(x):
+    """Round fp32 x to the nearest-even e4m3 value (saturating at +-448), still in fp32.
+
+    Casting the result to fp8 is then exact on every backend, which sidesteps rounding
+    differences between hardware and the interpreter's conversion.
+    """
+    x = tl.minimum(tl.maximum(x, -448.0), 448.0)
+    bits = x.to(tl.int32, bitcast=True)
+    exp = ((bits >> 23) & 0xFF) - 127
+    exp = tl.maximum(exp, -6)  # e4m3 subnormals share the step of the smallest normal
+    step = ((exp - 3 + 127) << 23).to(tl.float32, bitcast=True)
+    y = x / step
+    y = (y + 12582912.0) - 12582912.0  # 1.5 * 2**23: round half to even in fp32
+    return y * step

@@ -1,0 +1,269 @@
+"""Plain-PyTorch semantics of every pagedattn feature, computed in float64 by default.
+
+This module is the contract written as code: the tests compare every kernel against it,
+and it also serves as the slow "torch" backend on any device. Nothing here modifies its
+inputs. The log-sum-exp (lse) is a natural logarithm everywhere in pagedattn.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+__all__ = [
+    "attention_ref",
+    "paged_attention_ref",
+    "varlen_attention_ref",
+    "write_kv_ref",
+    "gather_kv_ref",
+]
+
+
+def _as_scale(x) -> float:
+    if x is None:
+        return 1.0
+    if isinstance(x, torch.Tensor):
+        return float(x.reshape(-1)[0].item())
+    return float(x)
+
+
+def visible_mask(
+    q_pos: torch.Tensor,
+    k_pos: torch.Tensor,
+    *,
+    causal: bool,
+    sliding_window: int | None,
+    prefix_ranges: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Which (query, key) pairs may attend: ``[len(q_pos), len(k_pos)]`` bool.
+
+    visible = (causal rule and window rule) or (p and k in the same prefix range).
+    """
+    p = q_pos[:, None]
+    k = k_pos[None, :]
+    vis = torch.ones(p.shape[0], k.shape[1], dtype=torch.bool, device=q_pos.device)
+    if causal:
+        vis &= k <= p
+    if sliding_window is not None and sliding_window > 0:
+        vis &= k > p - sliding_window
+        if not causal:
+            vis &= k < p + sliding_window
+    if prefix_ranges is not None:
+        for start, end in prefix_ranges.tolist():
+            if start >= end:
+                continue
+            vis |= (p >= start) & (p < end) & (k >= start) & (k < end)
+    return vis
+
+
+def attention_ref(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    q_pos: torch.Tensor,
+    scale: float,
+    causal: bool = True,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
+    alibi_slopes: torch.Tensor | None = None,
+    alibi_sqrt: bool = False,
+    sinks: torch.Tensor | None = None,
+    prefix_ranges: torch.Tensor | None = None,
+    compute_dtype: torch.dtype = torch.float64,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention of one sequence.
+
+    Parameters
+    ----------
+    q : ``[q_len, num_q_heads, head_size]``
+    k : ``[kv_len, num_kv_heads, head_size]``
+    v : ``[kv_len, num_kv_heads, head_size_v]``
+    q_pos : ``[q_len]`` absolute position of each query (keys sit at 0..kv_len-1).
+
+    Returns
+    -------
+    out : ``[q_len, num_q_heads, head_size_v]`` in ``compute_dtype``
+    lse : ``[q_len, num_q_heads]`` natural-log sum of exponentials (sink included).
+    """
+    q_len, num_q_heads, _ = q.shape
+    kv_len, num_kv_heads, head_size_v = v.shape
+    group = num_q_heads // num_kv_heads
+    qf = q.to(compute_dtype)
+    kf = k.to(compute_dtype).repeat_interleave(group, dim=1)
+    vf = v.to(compute_dtype).repeat_interleave(group, dim=1)
+    k_pos = torch.arange(kv_len, device=q.device)
+    q_pos = q_pos.to(device=q.device, dtype=torch.int64)
+
+    s = torch.einsum("qhd,khd->hqk", qf, kf) * scale  # [heads, q_len, kv_len]
+    if softcap is not None and softcap > 0:
+        s = softcap * torch.tanh(s / softcap)
+    if alibi_slopes is not None:
+        rel = (k_pos[None, :] - q_pos[:, None]).to(compute_dtype)  # k - p
+        slopes = alibi_slopes.to(device=q.device, dtype=compute_dtype)[:, None, None]
+        if alibi_sqrt:
+            s = s - slopes * torch.sqrt(torch.clamp(-rel, min=0))[None]
+        else:
+            s = s + slopes * rel[None]
+    vis = visible_mask(
+        q_pos, k_pos, causal=causal, sliding_window=sliding_window, prefix_ranges=prefix_ranges
+    )
+    s = s.masked_fill(~vis[None], float("-inf"))
+
+    if sinks is not None:
+        sink = sinks.to(device=q.device, dtype=compute_dtype)[:, None, None].expand(-1, q_len, 1)
+        full = torch.cat([s, sink], dim=-1)
+    else:
+        full = s
+    lse = torch.logsumexp(full, dim=-1)  # [heads, q_len]
+    finite = torch.isfinite(lse)
+    weights = torch.where(
+        finite[..., None], torch.exp(s - torch.where(finite, lse, 0.0)[..., None]), 0.0
+    )
+    out = torch.einsum("hqk,khd->qhd", weights, vf)
+    if q_len == 0:
+        out = out.reshape(0, num_q_heads, head_size_v)
+    return out, lse.transpose(0, 1).contiguous()
+
+
+def gather_kv_ref(
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_table_row: torch.Tensor,
+    seq_len: int,
+    *,
+    k_scale=None,
+    v_scale=None,
+    compute_dtype: torch.dtype = torch.float64,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The contiguous ``[seq_len, num_kv_heads, head_size]`` K and V of one sequence."""
+    block_size = k_cache.shape[1]
+    num_pages = -(-seq_len // block_size)
+    pages = block_table_row[:num_pages].to(torch.int64)
+    k = k_cache[pages].reshape(-1, *k_cache.shape[2:])[:seq_len]
+    v = v_cache[pages].reshape(-1, *v_cache.shape[2:])[:seq_len]
+    k = k.to(compute_dtype)
+    v = v.to(compute_dtype)
+    if k_cache.dtype == torch.float8_e4m3fn:
+        k = k * _as_scale(k_scale)
+    if v_cache.dtype == torch.float8_e4m3fn:
+        v = v * _as_scale(v_scale)
+    return k, v
+
+
+def paged_attention_ref(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    *,
+    scale: float | None = None,
+    causal: bool = True,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
+    alibi_slopes: torch.Tensor | None = None,
+    alibi_sqrt: bool = False,
+    sinks: torch.Tensor | None = None,
+    prefix_ranges: torch.Tensor | None = None,
+    k_scale=None,
+    v_scale=None,
+    compute_dtype: torch.dtype = torch.float64,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Reference for :func:`pagedattn.paged_attention` (same arguments, see SPEC.md).
+
+    Returns ``(out, lse)`` in ``compute_dtype``: out ``[num_tokens, num_q_heads, head_size]``,
+    lse ``[num_tokens, num_q_heads]``.
+    """
+    num_tokens, num_q_heads, head_size = q.shape
+    if scale is None:
+        scale = 1.0 / math.sqrt(head_size)
+    out = torch.zeros(num_tokens, num_q_heads, v_cache.shape[-1], dtype=compute_dtype, device=q.device)
+    lse = torch.full((num_tokens, num_q_heads), float("-inf"), dtype=compute_dtype, device=q.device)
+    qsl = query_start_loc.tolist()
+    lens = seq_lens.tolist()
+    for s in range(len(lens)):
+        q0, q1 = qsl[s], qsl[s + 1]
+        if q1 == q0:
+            continue
+        k, v = gather_kv_ref(
+            k_cache, v_cache, block_table[s], lens[s],
+            k_scale=k_scale, v_scale=v_scale, compute_dtype=compute_dtype,
+        )
+        q_pos = torch.arange(q1 - q0, device=q.device) + (lens[s] - (q1 - q0))
+        o, l = attention_ref(
+            q[q0:q1], k, v, q_pos=q_pos, scale=scale, causal=causal,
+            sliding_window=sliding_window, softcap=softcap, alibi_slopes=alibi_slopes,
+            alibi_sqrt=alibi_sqrt, sinks=sinks,
+            prefix_ranges=None if prefix_ranges is None else prefix_ranges[s],
+            compute_dtype=compute_dtype,
+        )
+        out[q0:q1] = o
+        lse[q0:q1] = l
+    return out, lse
+
+
+def varlen_attention_ref(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    *,
+    scale: float | None = None,
+    compute_dtype: torch.dtype = torch.float64,
+    **features,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Reference over contiguous K/V: sequence s owns ``k[cu_seqlens_k[s]:cu_seqlens_k[s+1]]``.
+
+    The queries of a sequence are its last tokens (same position rule as the paged form).
+    """
+    num_tokens, num_q_heads, head_size = q.shape
+    if scale is None:
+        scale = 1.0 / math.sqrt(head_size)
+    prefix_ranges = features.pop("prefix_ranges", None)
+    out = torch.zeros(num_tokens, num_q_heads, v.shape[-1], dtype=compute_dtype, device=q.device)
+    lse = torch.full((num_tokens, num_q_heads), float("-inf"), dtype=compute_dtype, device=q.device)
+    cq = cu_seqlens_q.tolist()
+    ck = cu_seqlens_k.tolist()
+    for s in range(len(cq) - 1):
+        q0, q1, k0, k1 = cq[s], cq[s + 1], ck[s], ck[s + 1]
+        if q1 == q0:
+            continue
+        q_pos = torch.arange(q1 - q0, device=q.device) + ((k1 - k0) - (q1 - q0))
+        o, l = attention_ref(
+            q[q0:q1], k[k0:k1], v[k0:k1], q_pos=q_pos, scale=scale,
+            prefix_ranges=None if prefix_ranges is None else prefix_ranges[s],
+            compute_dtype=compute_dtype, **features,
+        )
+        out[q0:q1] = o
+        lse[q0:q1] = l
+    return out, lse
+
+
+def write_kv_ref(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    *,
+    k_scale=None,
+    v_scale=None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Reference for :func:`pagedattn.write_kv`: returns updated copies of the caches."""
+    k_out = k_cache.clone()
+    v_out = v_cache.clone()
+    block_size = k_cache.shape[1]
+    for i, slot in enumerate(slot_mapping.tolist()):
+        if slot < 0:
+            continue
+        b, o = divmod(slot, block_size)
+        for src, dst, sc in ((key, k_out, k_scale), (value, v_out, v_scale)):
+            x = src[i]
+            if dst.dtype == torch.float8_e4m3fn:
+                x = (x.to(torch.float32) / _as_scale(sc)).clamp(-448.0, 448.0)
+            dst[b, o] = x.to(dst.dtype)
+    return k_out, v_out
