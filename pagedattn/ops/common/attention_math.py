@@ -89,4 +89,5 @@ def round_to_fp8e4m3(x):
     step = ((exp - 3 + 127) << 23).to(tl.float32, bitcast=True)
     y = x / step
     y = (y + 12582912.0) - 12582912.0  # 1.5 * 2**23: round half to even in fp32
-    return y * step
+    r = y * step
+    return tl.where(r == 0.0, x * 0.0, r)  # keep the sign of values that round to zero

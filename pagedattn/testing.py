@@ -1,0 +1,168 @@
+"""Random paged batches and tolerances, shared by the tests, ``pagedattn check`` and the benchmarks."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+# One tolerance table per dtype: (atol, rtol) of outputs and lse against the float64 reference,
+# for unit-variance random inputs.
+TOLERANCES = {
+    torch.float32: (2e-4, 2e-4),
+    torch.float16: (5e-3, 5e-3),
+    torch.bfloat16: (3e-2, 3e-2),
+}
+
+
+@dataclass
+class PagedBatch:
+    """Inputs of one ``paged_attention`` call; ``cases`` are (query_len, seq_len) per sequence."""
+
+    cases: list
+    q: torch.Tensor
+    k_cache: torch.Tensor
+    v_cache: torch.Tensor
+    block_table: torch.Tensor
+    seq_lens: torch.Tensor
+    query_start_loc: torch.Tensor
+    max_query_len: int
+    max_seq_len: int
+    extra: dict = field(default_factory=dict)
+
+    def args(self):
+        return (self.q, self.k_cache, self.v_cache, self.block_table, self.seq_lens, self.query_start_loc)
+
+
+def make_paged_batch(
+    cases,
+    *,
+    num_q_heads: int = 4,
+    num_kv_heads: int = 2,
+    head_size: int = 32,
+    block_size: int = 16,
+    dtype: torch.dtype = torch.float16,
+    cache_dtype: torch.dtype | None = None,
+    device="cpu",
+    spare_blocks: int = 3,
+    num_blocks: int | None = None,
+    generator: torch.Generator | None = None,
+) -> PagedBatch:
+    """A batch with random data and a random block table (physical blocks in shuffled order).
+
+    ``num_blocks`` larger than needed leaves the other blocks uninitialized (``torch.empty``),
+    which lets a test build a cache past 2**31 elements without touching most of its memory;
+    the batch then uses the highest block ids.
+    """
+    g = generator
+    pages = [-(-kv // block_size) for _, kv in cases]
+    needed = sum(pages)
+    max_pages = max(pages + [1])
+    if num_blocks is None:
+        num_blocks = needed + spare_blocks
+        shape = (num_blocks, block_size, num_kv_heads, head_size)
+        k_cache = torch.randn(shape, generator=g, dtype=torch.float32).to(device)
+        v_cache = torch.randn(shape, generator=g, dtype=torch.float32).to(device)
+        physical = torch.randperm(num_blocks, generator=g)[:needed]
+    else:
+        shape = (num_blocks, block_size, num_kv_heads, head_size)
+        k_cache = torch.empty(shape, dtype=cache_dtype or dtype, device=device)
+        v_cache = torch.empty(shape, dtype=cache_dtype or dtype, device=device)
+        physical = num_blocks - 1 - torch.randperm(needed, generator=g)
+        used = physical.to(device)
+        k_cache[used] = torch.randn(needed, *shape[1:], generator=g).to(device, k_cache.dtype)
+        v_cache[used] = torch.randn(needed, *shape[1:], generator=g).to(device, v_cache.dtype)
+    k_cache = k_cache.to(cache_dtype or dtype)
+    v_cache = v_cache.to(cache_dtype or dtype)
+
+    block_table = torch.randint(0, num_blocks, (len(cases), max_pages), generator=g, dtype=torch.int32)
+    offset = 0
+    for s, n in enumerate(pages):
+        block_table[s, :n] = physical[offset : offset + n].to(torch.int32)
+        offset += n
+    q_lens = torch.tensor([ql for ql, _ in cases], dtype=torch.int64)
+    query_start_loc = torch.zeros(len(cases) + 1, dtype=torch.int32)
+    query_start_loc[1:] = torch.cumsum(q_lens, 0).to(torch.int32)
+    num_tokens = int(query_start_loc[-1])
+    q = torch.randn(num_tokens, num_q_heads, head_size, generator=g, dtype=torch.float32).to(device, dtype)
+    return PagedBatch(
+        cases=list(cases),
+        q=q,
+        k_cache=k_cache,
+        v_cache=v_cache,
+        block_table=block_table.to(device),
+        seq_lens=torch.tensor([kv for _, kv in cases], dtype=torch.int32, device=device),
+        query_start_loc=query_start_loc.to(device),
+        max_query_len=max([ql for ql, _ in cases] + [0]),
+        max_seq_len=max([kv for _, kv in cases] + [0]),
+    )
+
+
+def feature_kwargs(name: str, num_q_heads: int, num_seqs: int, device="cpu", generator=None) -> dict:
+    """Keyword arguments that turn on one named feature (see ``FEATURES``)."""
+    g = generator
+    if name == "causal":
+        return {}
+    if name == "noncausal":
+        return {"causal": False}
+    if name == "window":
+        return {"sliding_window": 7}
+    if name == "window_noncausal":
+        return {"sliding_window": 5, "causal": False}
+    if name == "softcap":
+        return {"softcap": 1.5, "scale": 0.5}
+    if name == "alibi":
+        return {"alibi_slopes": torch.rand(num_q_heads, generator=g).to(device) * 0.5}
+    if name == "alibi_sqrt":
+        return {"alibi_slopes": torch.rand(num_q_heads, generator=g).to(device) * 0.5, "alibi_sqrt": True}
+    if name == "sinks":
+        return {"sinks": (torch.randn(num_q_heads, generator=g) * 2).to(device), "sliding_window": 9}
+    if name == "prefix":
+        ranges = torch.zeros(num_seqs, 2, 2, dtype=torch.int32)
+        for s in range(num_seqs):
+            start = int(torch.randint(0, 12, (1,), generator=g))
+            ranges[s, 0] = torch.tensor([start, start + 1 + int(torch.randint(1, 20, (1,), generator=g))])
+            ranges[s, 1] = torch.tensor([5, 5])  # padding row
+        return {"prefix_ranges": ranges.to(device), "sliding_window": 4}
+    if name == "scale":
+        return {"scale": 0.3}
+    raise KeyError(name)
+
+
+FEATURES = [
+    "causal", "noncausal", "window", "window_noncausal", "softcap", "alibi", "alibi_sqrt",
+    "sinks", "prefix", "scale",
+]
+
+# (query_len, seq_len) per sequence: decode-only, prefill-only, and mixed with odd lengths.
+BATCHES = {
+    "decode": [(1, 17), (1, 129), (1, 1), (1, 463)],
+    "prefill": [(17, 17), (129, 129), (1, 1)],
+    "mixed": [(1, 463), (5, 18), (0, 7), (33, 129), (1, 1), (17, 40)],
+}
+
+
+def max_errors(out, lse, ref_out, ref_lse):
+    """(max |out - ref|, max |lse - ref| over finite entries, lse -inf pattern matches)."""
+    out_err = (out.double() - ref_out.to(out.device)).abs().max().item() if out.numel() else 0.0
+    if lse is None:
+        return out_err, 0.0, True
+    ref_lse = ref_lse.to(lse.device)
+    finite = torch.isfinite(ref_lse)
+    same_inf = bool(torch.equal(finite, torch.isfinite(lse)))
+    lse_err = (lse.double() - ref_lse)[finite].abs().max().item() if finite.any() else 0.0
+    return out_err, lse_err, same_inf
+
+
+def within_tolerance(out, lse, ref_out, ref_lse) -> bool:
+    atol, rtol = TOLERANCES[out.dtype]
+    if torch.isnan(out).any() or (lse is not None and torch.isnan(lse).any()):
+        return False
+    ok = torch.allclose(out.double(), ref_out.to(out.device), atol=atol, rtol=rtol)
+    if lse is not None:
+        _, _, same_inf = max_errors(out, lse, ref_out, ref_lse)
+        finite = torch.isfinite(ref_lse.to(lse.device))
+        ok = ok and same_inf and torch.allclose(
+            lse.double()[finite], ref_lse.to(lse.device)[finite], atol=atol, rtol=rtol
+        )
+    return bool(ok)

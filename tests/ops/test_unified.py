@@ -1,0 +1,148 @@
+"""The unified (2D) paged-attention kernel against the float64 reference, on the interpreter.
+
+fp16 and fp32 only: the interpreter cannot do bf16 arithmetic (bf16 runs in test_gpu.py).
+"""
+
+import zlib
+
+import pytest
+import torch
+
+from pagedattn import paged_attention
+from pagedattn.reference import paged_attention_ref
+from pagedattn.testing import (
+    BATCHES,
+    FEATURES,
+    TOLERANCES,
+    feature_kwargs,
+    make_paged_batch,
+    max_errors,
+)
+from tests.conftest import DEVICE
+
+
+def run_and_compare(batch, kwargs, *, dtype):
+    out = torch.full_like(batch.q, float("nan"))
+    got, lse = paged_attention(
+        *batch.args(), max_query_len=batch.max_query_len, max_seq_len=batch.max_seq_len,
+        out=out, return_lse=True, **kwargs,
+    )
+    assert got.data_ptr() == out.data_ptr()
+    ref_out, ref_lse = paged_attention_ref(*batch.args(), **kwargs)
+    atol, rtol = TOLERANCES[dtype]
+    assert not torch.isnan(got).any(), "unwritten or NaN output"
+    assert not torch.isnan(lse).any(), "NaN lse"
+    torch.testing.assert_close(got.double(), ref_out, atol=atol, rtol=rtol)
+    finite = torch.isfinite(ref_lse)
+    assert torch.equal(finite, torch.isfinite(lse)), "lse -inf pattern differs"
+    torch.testing.assert_close(lse.double()[finite], ref_lse[finite], atol=atol, rtol=rtol)
+    return max_errors(got, lse, ref_out, ref_lse)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=["fp16", "fp32"])
+@pytest.mark.parametrize("batch_kind", list(BATCHES))
+@pytest.mark.parametrize("feature", FEATURES)
+def test_features(feature, batch_kind, dtype):
+    g = torch.Generator().manual_seed(zlib.crc32(f"{feature}-{batch_kind}".encode()))
+    cases = BATCHES[batch_kind]
+    if feature in ("noncausal", "window_noncausal"):
+        cases = cases + [(7, 3)]  # cross attention: more queries than keys
+    batch = make_paged_batch(cases, dtype=dtype, device=DEVICE, generator=g)
+    kwargs = feature_kwargs(feature, batch.q.shape[1], len(cases), device=DEVICE, generator=g)
+    run_and_compare(batch, kwargs, dtype=dtype)
+
+
+@pytest.mark.parametrize(
+    "num_q_heads, num_kv_heads, head_size, block_size",
+    [
+        pytest.param(4, 1, 32, 16, id="mqa"),
+        pytest.param(3, 3, 32, 16, id="mha"),
+        pytest.param(6, 2, 32, 32, id="gqa3-page32"),
+        pytest.param(32, 1, 16, 16, id="gqa32"),
+        pytest.param(2, 1, 8, 16, id="head8"),
+        pytest.param(2, 1, 24, 64, id="head24-page64"),
+        pytest.param(2, 1, 80, 128, id="head80-page128"),
+        pytest.param(2, 2, 96, 16, id="head96"),
+        pytest.param(2, 1, 112, 16, id="head112"),
+        pytest.param(2, 1, 160, 16, id="head160"),
+        pytest.param(2, 1, 192, 32, id="head192"),
+        pytest.param(2, 1, 256, 16, id="head256"),
+    ],
+)
+def test_shapes(num_q_heads, num_kv_heads, head_size, block_size):
+    g = torch.Generator().manual_seed(num_q_heads * 1000 + head_size)
+    batch = make_paged_batch(
+        [(1, 70), (9, 9), (0, 3), (3, 140)], num_q_heads=num_q_heads, num_kv_heads=num_kv_heads,
+        head_size=head_size, block_size=block_size, dtype=torch.float16, device=DEVICE, generator=g,
+    )
+    run_and_compare(batch, {}, dtype=torch.float16)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=["fp16", "fp32"])
+@pytest.mark.parametrize("scale_kind", ["float", "tensor"])
+def test_fp8_cache(dtype, scale_kind):
+    g = torch.Generator().manual_seed(7)
+    batch = make_paged_batch(
+        BATCHES["mixed"], dtype=dtype, cache_dtype=torch.float8_e4m3fn, device=DEVICE, generator=g
+    )
+    if scale_kind == "float":
+        k_scale, v_scale = 0.5, 1.25
+    else:
+        k_scale = torch.tensor(0.5, device=DEVICE)
+        v_scale = torch.tensor([1.25], device=DEVICE)
+    run_and_compare(batch, {"k_scale": k_scale, "v_scale": v_scale, "sliding_window": 50}, dtype=dtype)
+
+
+def test_no_visible_key_gives_zero_and_neg_inf():
+    # Window 1 with non-causal cross attention: queries past the keys see nothing.
+    g = torch.Generator().manual_seed(3)
+    batch = make_paged_batch([(6, 2)], dtype=torch.float32, device=DEVICE, generator=g)
+    out, lse = paged_attention(*batch.args(), causal=False, sliding_window=1, return_lse=True)
+    ref_out, ref_lse = paged_attention_ref(*batch.args(), causal=False, sliding_window=1)
+    assert torch.isinf(ref_lse).any() and torch.isfinite(ref_lse).any()
+    assert torch.equal(torch.isinf(lse), torch.isinf(ref_lse))
+    assert (out[torch.isinf(lse)] == 0).all()
+    torch.testing.assert_close(out.double(), ref_out, **dict(zip(("atol", "rtol"), TOLERANCES[torch.float32])))
+
+
+def test_without_host_maxima_and_default_out():
+    g = torch.Generator().manual_seed(4)
+    batch = make_paged_batch(BATCHES["mixed"], dtype=torch.float32, device=DEVICE, generator=g)
+    out = paged_attention(*batch.args())
+    ref_out, _ = paged_attention_ref(*batch.args())
+    torch.testing.assert_close(out.double(), ref_out, **dict(zip(("atol", "rtol"), TOLERANCES[torch.float32])))
+
+
+def test_strided_q_and_out():
+    # q and out as views with padded head stride: last dim contiguous is all the kernel needs.
+    g = torch.Generator().manual_seed(5)
+    batch = make_paged_batch(BATCHES["mixed"], dtype=torch.float16, device=DEVICE, generator=g)
+    q_wide = torch.randn(batch.q.shape[0], batch.q.shape[1], 48, generator=g).to(DEVICE, torch.float16)
+    q_wide[..., :32] = batch.q
+    out_wide = torch.full_like(q_wide, float("nan"))
+    paged_attention(q_wide[..., :32], *batch.args()[1:], out=out_wide[..., :32])
+    ref_out, _ = paged_attention_ref(*batch.args())
+    torch.testing.assert_close(out_wide[..., :32].double(), ref_out, atol=5e-3, rtol=5e-3)
+    assert torch.isnan(out_wide[..., 32:]).all(), "wrote outside the out view"
+
+
+def test_reference_does_not_modify_inputs():
+    g = torch.Generator().manual_seed(6)
+    batch = make_paged_batch(BATCHES["mixed"], dtype=torch.float32, device=DEVICE, generator=g)
+    before = [t.clone() for t in batch.args()]
+    paged_attention_ref(*batch.args(), **feature_kwargs("prefix", 4, len(batch.cases), generator=g))
+    for a, b in zip(before, batch.args()):
+        assert torch.equal(a, b)
+
+
+def test_cache_past_int32_offsets():
+    # 2**31 + elements; torch.empty leaves the unused blocks untouched, and the batch lives in
+    # the highest block ids, so any 32-bit offset arithmetic would read the wrong memory.
+    num_blocks = 2**31 // (16 * 1 * 16) + 64
+    g = torch.Generator().manual_seed(8)
+    batch = make_paged_batch(
+        [(1, 40), (3, 20)], num_q_heads=2, num_kv_heads=1, head_size=16, num_blocks=num_blocks,
+        dtype=torch.float16, device=DEVICE, generator=g,
+    )
+    assert batch.k_cache.numel() > 2**31
+    run_and_compare(batch, {}, dtype=torch.float16)
