@@ -1,0 +1,5 @@
+import sys
+
+from pagedattn.cli import main
+
+sys.exit(main())

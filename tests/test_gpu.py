@@ -1,0 +1,93 @@
+"""GPU suite (``pytest -m gpu``): bf16, realistic shapes, every feature, a cache past 2**31.
+
+Skipped without a GPU. Run from a plain checkout with ``PYTHONPATH=. pytest -m gpu``.
+"""
+
+import pytest
+import torch
+
+from pagedattn import paged_attention, write_kv
+from pagedattn.reference import paged_attention_ref, write_kv_ref
+from pagedattn.testing import FEATURES, TOLERANCES, feature_kwargs, make_paged_batch
+
+pytestmark = pytest.mark.gpu
+
+LLAMA = dict(num_q_heads=32, num_kv_heads=8, head_size=128, block_size=16)
+MIXED = [(1, 1328), (5, 18), (129, 463), (0, 7), (1, 1), (300, 2000), (8, 4096), (1, 32768)]
+
+
+def compare(batch, kwargs, dtype):
+    out = torch.full_like(batch.q, float("nan"))
+    out, lse = paged_attention(
+        *batch.args(), max_query_len=batch.max_query_len, max_seq_len=batch.max_seq_len,
+        out=out, return_lse=True, **kwargs,
+    )
+    ref_out, ref_lse = paged_attention_ref(*batch.args(), **kwargs)
+    atol, rtol = TOLERANCES[dtype]
+    assert not torch.isnan(out).any() and not torch.isnan(lse).any()
+    torch.testing.assert_close(out.double(), ref_out, atol=atol, rtol=rtol)
+    finite = torch.isfinite(ref_lse)
+    assert torch.equal(finite, torch.isfinite(lse))
+    torch.testing.assert_close(lse.double()[finite], ref_lse[finite], atol=atol, rtol=rtol)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=["bf16", "fp16", "fp32"])
+@pytest.mark.parametrize("feature", FEATURES + ["fp8"])
+def test_features_gpu(feature, dtype):
+    g = torch.Generator().manual_seed(len(feature))
+    cases = MIXED + ([(40, 9)] if "noncausal" in feature else [])
+    cache_dtype = torch.float8_e4m3fn if feature == "fp8" else None
+    batch = make_paged_batch(cases, dtype=dtype, cache_dtype=cache_dtype, device="cuda", generator=g, **LLAMA)
+    if feature == "fp8":
+        kwargs = {"k_scale": 0.6, "v_scale": torch.tensor(1.4, device="cuda")}
+    else:
+        kwargs = feature_kwargs(feature, 32, len(cases), device="cuda", generator=g)
+    compare(batch, kwargs, dtype)
+
+
+@pytest.mark.parametrize(
+    "num_q_heads, num_kv_heads, head_size, block_size",
+    [
+        pytest.param(64, 8, 64, 16, id="gptoss-like"),
+        pytest.param(8, 4, 256, 16, id="gemma-like"),
+        pytest.param(16, 1, 80, 32, id="mqa-head80"),
+        pytest.param(12, 12, 96, 64, id="mha-head96"),
+        pytest.param(8, 2, 192, 128, id="head192-page128"),
+        pytest.param(4, 4, 8, 16, id="head8"),
+    ],
+)
+def test_shapes_gpu(num_q_heads, num_kv_heads, head_size, block_size):
+    g = torch.Generator().manual_seed(head_size)
+    batch = make_paged_batch(
+        [(1, 700), (37, 37), (0, 3), (9, 4000)], num_q_heads=num_q_heads, num_kv_heads=num_kv_heads,
+        head_size=head_size, block_size=block_size, dtype=torch.bfloat16, device="cuda", generator=g,
+    )
+    compare(batch, {"sliding_window": 333, "softcap": 30.0}, torch.bfloat16)
+
+
+def test_cache_past_int32_offsets_gpu():
+    # [num_blocks, 16, 8, 128] bf16 past 2**31 elements (> 4 GiB); the batch uses the top blocks.
+    num_blocks = 2**31 // (16 * 8 * 128) + 256
+    g = torch.Generator().manual_seed(11)
+    batch = make_paged_batch(
+        [(1, 1500), (64, 2000), (1, 17)], num_blocks=num_blocks, dtype=torch.bfloat16, device="cuda",
+        generator=g, **LLAMA,
+    )
+    assert batch.k_cache.numel() > 2**31
+    compare(batch, {}, torch.bfloat16)
+
+
+@pytest.mark.parametrize("cache_dtype", [torch.bfloat16, torch.float8_e4m3fn], ids=["bf16", "fp8"])
+def test_write_kv_gpu(cache_dtype):
+    g = torch.Generator().manual_seed(12)
+    n, h, d, bs, nb = 1000, 8, 128, 16, 200
+    key = (torch.randn(n, h, d, generator=g) * 3).to("cuda", torch.bfloat16)
+    value = (torch.randn(n, h, d, generator=g) * 3).to("cuda", torch.bfloat16)
+    k_cache = torch.randn(nb, bs, h, d, generator=g).to("cuda", cache_dtype)
+    v_cache = torch.randn(nb, bs, h, d, generator=g).to("cuda", cache_dtype)
+    slots = torch.randperm(nb * bs, generator=g)[:n].to("cuda")
+    slots[::7] = -1
+    ref_k, ref_v = write_kv_ref(key, value, k_cache, v_cache, slots, k_scale=0.5, v_scale=2.0)
+    write_kv(key, value, k_cache, v_cache, slots, k_scale=0.5, v_scale=2.0)
+    assert torch.equal(k_cache.view(torch.uint8), ref_k.view(torch.uint8))
+    assert torch.equal(v_cache.view(torch.uint8), ref_v.view(torch.uint8))
