@@ -172,9 +172,9 @@ def paged_attention(
         lse = torch.empty(num_tokens, num_q_heads, dtype=torch.float32, device=device)
     fp8 = k_cache.dtype in FP8_DTYPES
     if alibi_slopes is None:
-        alibi_mode = ALIBI_NONE
+        alibi_mode = ALIBI_NONE.value
     else:
-        alibi_mode = ALIBI_SQRT if alibi_sqrt else ALIBI_LINEAR
+        alibi_mode = (ALIBI_SQRT if alibi_sqrt else ALIBI_LINEAR).value
 
     launch_unified(
         out, lse, q, k_cache, v_cache, block_table, seq_lens, query_start_loc,

@@ -7,13 +7,13 @@ base 2 (scores are multiplied by log2(e) once, so the exponentials are ``exp2``)
 import triton
 import triton.language as tl
 
-LOG2E: tl.constexpr = 1.4426950408889634
-LN2: tl.constexpr = 0.6931471805599453
+LOG2E = tl.constexpr(1.4426950408889634)
+LN2 = tl.constexpr(0.6931471805599453)
 
-# ALIBI_MODE values
-ALIBI_NONE: tl.constexpr = 0
-ALIBI_LINEAR: tl.constexpr = 1
-ALIBI_SQRT: tl.constexpr = 2
+# ALIBI_MODE values (kernel globals must be tl.constexpr instances; launchers pass ``.value``)
+ALIBI_NONE = tl.constexpr(0)
+ALIBI_LINEAR = tl.constexpr(1)
+ALIBI_SQRT = tl.constexpr(2)
 
 
 @triton.jit
