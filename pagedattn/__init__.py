@@ -6,9 +6,15 @@ The public functions are imported lazily, so that ``TRITON_INTERPRET`` can still
 
 __version__ = "0.1.0"
 
-__all__ = ["paged_attention", "write_kv"]
+__all__ = ["paged_attention", "write_kv", "merge_attention_states", "plan_attention", "AttentionPlan"]
 
-_PUBLIC = {"paged_attention": "pagedattn.api", "write_kv": "pagedattn.api"}
+_PUBLIC = {
+    "paged_attention": "pagedattn.api",
+    "write_kv": "pagedattn.api",
+    "merge_attention_states": "pagedattn.api",
+    "plan_attention": "pagedattn.plan",
+    "AttentionPlan": "pagedattn.plan",
+}
 
 
 def __getattr__(name):

@@ -19,9 +19,12 @@ from pagedattn._checks import (
 )
 from pagedattn.ops.common.attention_math import ALIBI_LINEAR, ALIBI_NONE, ALIBI_SQRT
 from pagedattn.ops.kv_write.kernel import write_kv_kernel
-from pagedattn.ops.unified.launch import launch_unified
+from pagedattn.ops.merge.kernel import merge_states_kernel
+from pagedattn.ops.split_kv.launch import launch_split_kv
+from pagedattn.ops.unified.launch import AttentionArgs, launch_unified
+from pagedattn.plan import AttentionPlan, choose_num_splits, num_sms, pick_tiles
 
-__all__ = ["paged_attention", "write_kv"]
+__all__ = ["paged_attention", "write_kv", "merge_attention_states"]
 
 
 def _scale_tensor(x, device: torch.device) -> torch.Tensor:
@@ -64,6 +67,7 @@ def paged_attention(
     v_scale: float | torch.Tensor | None = None,
     out: torch.Tensor | None = None,
     return_lse: bool = False,
+    plan: AttentionPlan | None = None,
 ):
     """Attention of a mixed batch (prefill, extend, decode) over a paged KV cache.
 
@@ -109,6 +113,12 @@ def paged_attention(
     return_lse : bool
         Also return lse ``[num_tokens, num_q_heads]`` float32 (natural log, sink included; -inf
         for a row that sees no key, whose output is 0).
+    plan : AttentionPlan, optional
+        From :func:`pagedattn.plan_attention` for this step: fixes the path (unified or
+        split-KV), the tiles and owns the workspaces, so the call allocates nothing but ``out``
+        / ``lse`` when they are not given, and never synchronizes. Without a plan the path is
+        chosen by the same rule from ``max_query_len`` / ``max_seq_len`` and the split-KV
+        workspace is allocated per call.
 
     Returns
     -------
@@ -159,10 +169,15 @@ def paged_attention(
         check_tensor("out", out, dtypes=(q.dtype,), device=device)
         check_shape("out", out, tuple(q.shape))
 
-    if max_query_len is None:
-        # One host sync, documented: pass max_query_len to avoid it.
-        lens = query_start_loc[1:] - query_start_loc[:-1]
-        max_query_len = int(lens.max().item()) if num_seqs > 0 else 0
+    if plan is not None:
+        _check_plan(plan, q, k_cache)
+    elif max_query_len is None or max_seq_len is None:
+        # One host sync, documented: pass both maxima (or a plan) to avoid it.
+        if max_query_len is None:
+            lens = query_start_loc[1:] - query_start_loc[:-1]
+            max_query_len = int(lens.max().item()) if num_seqs > 0 else 0
+        if max_seq_len is None:
+            max_seq_len = int(seq_lens.max().item()) if num_seqs > 0 else 0
     if scale is None:
         scale = 1.0 / math.sqrt(head_size)
     if out is None:
@@ -175,10 +190,9 @@ def paged_attention(
         alibi_mode = ALIBI_NONE.value
     else:
         alibi_mode = (ALIBI_SQRT if alibi_sqrt else ALIBI_LINEAR).value
-
-    launch_unified(
-        out, lse, q, k_cache, v_cache, block_table, seq_lens, query_start_loc,
-        max_query_len=max_query_len,
+    args = AttentionArgs(
+        q=q, k_cache=k_cache, v_cache=v_cache, block_table=block_table, seq_lens=seq_lens,
+        query_start_loc=query_start_loc,
         scale=float(scale),
         causal=bool(causal),
         sliding_window=int(sliding_window or 0),
@@ -190,7 +204,101 @@ def paged_attention(
         k_scale=_scale_tensor(k_scale, device) if fp8 else None,
         v_scale=_scale_tensor(v_scale, device) if fp8 else None,
     )
+
+    if plan is None:
+        group = num_q_heads // num_kv_heads
+        tiles = pick_tiles(max_query_len, group, head_size)
+        q_blocks = num_seqs * -(-max_query_len // tiles.block_q)
+        splits = choose_num_splits(q_blocks, num_kv_heads, max_query_len, max_seq_len, num_sms(device))
+        if splits == 1:
+            launch_unified(out, lse, args, tiles)
+        else:
+            partial_out = torch.empty(num_tokens, num_q_heads, splits, head_size, dtype=torch.float32, device=device)
+            partial_lse = torch.empty(num_tokens, num_q_heads, splits, dtype=torch.float32, device=device)
+            launch_split_kv(out, lse, args, tiles, num_splits=splits, segment_size=0,
+                            partial_out=partial_out, partial_lse=partial_lse)
+    elif plan.path == "unified":
+        launch_unified(out, lse, args, plan.tiles)
+    else:
+        launch_split_kv(out, lse, args, plan.tiles, num_splits=plan.num_splits, segment_size=plan.segment_size,
+                        partial_out=plan.partial_out, partial_lse=plan.partial_lse)
     return (out, lse) if return_lse else out
+
+
+def _check_plan(plan, q: torch.Tensor, k_cache: torch.Tensor) -> None:
+    if not isinstance(plan, AttentionPlan):
+        raise TypeError(f"plan must be an AttentionPlan from plan_attention, got {type(plan).__name__}")
+    num_tokens, num_q_heads, head_size = q.shape
+    if (plan.num_q_heads, plan.num_kv_heads, plan.head_size) != (num_q_heads, k_cache.shape[2], head_size):
+        raise ValueError(
+            f"plan was made for (num_q_heads, num_kv_heads, head_size) = "
+            f"{(plan.num_q_heads, plan.num_kv_heads, plan.head_size)}, but q and k_cache give "
+            f"{(num_q_heads, k_cache.shape[2], head_size)}"
+        )
+    if num_tokens > plan.max_num_tokens:
+        raise ValueError(f"plan holds workspaces for {plan.max_num_tokens} tokens; q has {num_tokens}")
+    if plan.partial_out is not None and plan.partial_out.device != q.device:
+        raise ValueError(f"plan workspaces are on {plan.partial_out.device} but q is on {q.device}")
+
+
+def merge_attention_states(
+    out_a: torch.Tensor,
+    lse_a: torch.Tensor,
+    out_b: torch.Tensor,
+    lse_b: torch.Tensor,
+    *,
+    out: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Combine attention over two disjoint key sets into attention over their union.
+
+    ``out = (e^{lse_a} out_a + e^{lse_b} out_b) / (e^{lse_a} + e^{lse_b})`` and
+    ``lse = log(e^{lse_a} + e^{lse_b})`` (natural log). A side with lse -inf contributes
+    nothing; both -inf gives out 0 and lse -inf.
+
+    Parameters
+    ----------
+    out_a, out_b : ``[num_tokens, num_heads, head_size]`` float16, bfloat16 or float32
+    lse_a, lse_b : ``[num_tokens, num_heads]`` float32
+    out : ``[num_tokens, num_heads, head_size]`` out_a's dtype, optional
+
+    Returns
+    -------
+    (out, lse): lse ``[num_tokens, num_heads]`` float32.
+
+    Examples
+    --------
+    >>> o1, l1 = paged_attention(q, kc, vc, bt, lens_cached, qsl, causal=False, return_lse=True)
+    >>> o, l = merge_attention_states(o1, l1, o2, l2)
+    """
+    check_tensor("out_a", out_a, ndim=3, dtypes=FLOAT_DTYPES)
+    device = out_a.device
+    check_tensor("out_b", out_b, ndim=3, dtypes=(out_a.dtype,), device=device)
+    check_shape("out_b", out_b, tuple(out_a.shape))
+    for name, x in (("lse_a", lse_a), ("lse_b", lse_b)):
+        check_tensor(name, x, ndim=2, dtypes=(torch.float32,), device=device, last_dim_contiguous=False)
+        check_shape(name, x, tuple(out_a.shape[:2]))
+    if out is not None:
+        check_tensor("out", out, dtypes=(out_a.dtype,), device=device)
+        check_shape("out", out, tuple(out_a.shape))
+    else:
+        out = torch.empty_like(out_a)
+    num_tokens, num_heads, head_size = out_a.shape
+    lse = torch.empty(num_tokens, num_heads, dtype=torch.float32, device=device)
+    if num_tokens == 0 or num_heads == 0:
+        return out, lse
+    merge_states_kernel[(num_tokens, num_heads)](
+        out_ptr=out, lse_ptr=lse, out_a_ptr=out_a, lse_a_ptr=lse_a, out_b_ptr=out_b, lse_b_ptr=lse_b,
+        stride_o_t=out.stride(0), stride_o_h=out.stride(1),
+        stride_l_t=lse.stride(0), stride_l_h=lse.stride(1),
+        stride_a_t=out_a.stride(0), stride_a_h=out_a.stride(1),
+        stride_la_t=lse_a.stride(0), stride_la_h=lse_a.stride(1),
+        stride_b_t=out_b.stride(0), stride_b_h=out_b.stride(1),
+        stride_lb_t=lse_b.stride(0), stride_lb_h=lse_b.stride(1),
+        HEAD_SIZE=head_size,
+        HEAD_SIZE_PAD=triton.next_power_of_2(head_size),
+        num_warps=1 if head_size <= 64 else 2,
+    )
+    return out, lse
 
 
 def write_kv(

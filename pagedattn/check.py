@@ -77,8 +77,19 @@ def run_check(device: str | None = None, *, quiet: bool = False) -> list[dict]:
         within_tolerance,
     )
 
+    from pagedattn.plan import plan_attention
+
     _, _, batches = _configs(device)
-    paths = {"unified": paged_attention}
+
+    def run_path(path, batch, **kwargs):
+        plan = plan_attention(
+            batch.query_start_loc.cpu(), batch.seq_lens.cpu(), num_q_heads=batch.q.shape[1],
+            num_kv_heads=batch.k_cache.shape[2], head_size=batch.q.shape[2], device=device,
+            path=path, num_splits=None if path != "split_kv" else 5,
+        )
+        return paged_attention(*batch.args(), plan=plan, **kwargs)
+
+    paths = {name: (lambda *a, _p=name, **kw: run_path(_p, *a, **kw)) for name in ("auto", "unified", "split_kv")}
     rows = []
     g = torch.Generator().manual_seed(0)
     for feature, batch_name, dtype, shape, cache_dtype in _attention_rows(device):
@@ -95,10 +106,7 @@ def run_check(device: str | None = None, *, quiet: bool = False) -> list[dict]:
         )
         for path, fn in paths.items():
             out = torch.full_like(batch.q, float("nan"))
-            out, lse = fn(
-                *batch.args(), max_query_len=batch.max_query_len, max_seq_len=batch.max_seq_len,
-                out=out, return_lse=True, **kwargs,
-            )
+            out, lse = fn(batch, out=out, return_lse=True, **kwargs)
             out_err, lse_err, _ = max_errors(out, lse, ref_out, ref_lse)
             rows.append(dict(
                 path=path, feature=feature, batch=batch_name, dtype=str(dtype).replace("torch.", ""),

@@ -91,3 +91,78 @@ def test_write_kv_gpu(cache_dtype):
     write_kv(key, value, k_cache, v_cache, slots, k_scale=0.5, v_scale=2.0)
     assert torch.equal(k_cache.view(torch.uint8), ref_k.view(torch.uint8))
     assert torch.equal(v_cache.view(torch.uint8), ref_v.view(torch.uint8))
+
+
+SPEC_DECODE = [(1, 1328), (8, 4096), (3, 18), (0, 7), (1, 1), (2, 32768), (1, 777)]
+
+
+def split_plan(batch, **kw):
+    from pagedattn import plan_attention
+
+    return plan_attention(batch.query_start_loc, batch.seq_lens, num_q_heads=batch.q.shape[1],
+                          num_kv_heads=batch.k_cache.shape[2], head_size=batch.q.shape[2], device="cuda",
+                          path="split_kv", **kw)
+
+
+@pytest.mark.parametrize("num_splits", [None, 13], ids=["auto-splits", "13-splits"])
+@pytest.mark.parametrize("feature", FEATURES + ["fp8"])
+def test_split_kv_gpu(feature, num_splits):
+    g = torch.Generator().manual_seed(len(feature) + 100)
+    cases = SPEC_DECODE + ([(40, 9)] if "noncausal" in feature else [])
+    cache_dtype = torch.float8_e4m3fn if feature == "fp8" else None
+    batch = make_paged_batch(cases, dtype=torch.bfloat16, cache_dtype=cache_dtype, device="cuda", generator=g, **LLAMA)
+    if feature == "fp8":
+        kwargs = {"k_scale": 0.6, "v_scale": 1.4}
+    else:
+        kwargs = feature_kwargs(feature, 32, len(cases), device="cuda", generator=g)
+    plan = split_plan(batch, num_splits=num_splits)
+    plan.partial_out.fill_(float("nan"))
+    plan.partial_lse.fill_(float("nan"))
+    out = torch.full_like(batch.q, float("nan"))
+    out, lse = paged_attention(*batch.args(), out=out, return_lse=True, plan=plan, **kwargs)
+    ref_out, ref_lse = paged_attention_ref(*batch.args(), **kwargs)
+    atol, rtol = TOLERANCES[torch.bfloat16]
+    torch.testing.assert_close(out.double(), ref_out, atol=atol, rtol=rtol)
+    finite = torch.isfinite(ref_lse)
+    assert torch.equal(finite, torch.isfinite(lse))
+    torch.testing.assert_close(lse.double()[finite], ref_lse[finite], atol=atol, rtol=rtol)
+
+
+def test_batch_invariant_gpu():
+    """One sequence alone, in a batch of 7 and in a batch of 100: bitwise identical output."""
+    g = torch.Generator().manual_seed(77)
+    target = (1, 3000)
+    others = [(int(torch.randint(0, 6, (1,), generator=g)), int(torch.randint(10, 6000, (1,), generator=g)))
+              for _ in range(99)]
+    src = make_paged_batch([target], dtype=torch.bfloat16, device="cuda", generator=torch.Generator().manual_seed(1), **LLAMA)
+    n_pages = -(-target[1] // 16)
+    results = []
+    for cases in ([target], others[:3] + [target] + others[3:6], others[:40] + [target] + others[40:]):
+        batch = make_paged_batch(cases, dtype=torch.bfloat16, device="cuda", generator=torch.Generator().manual_seed(2), **LLAMA)
+        idx = cases.index(target)
+        dst = batch.block_table[idx, :n_pages].long()
+        batch.k_cache[dst] = src.k_cache[src.block_table[0, :n_pages].long()]
+        batch.v_cache[dst] = src.v_cache[src.block_table[0, :n_pages].long()]
+        t0 = int(batch.query_start_loc[idx])
+        batch.q[t0:t0 + 1] = src.q
+        plan = split_plan(batch, batch_invariant=True)
+        out, lse = paged_attention(*batch.args(), return_lse=True, plan=plan, sinks=torch.linspace(-2, 2, 32, device="cuda"))
+        results.append((out[t0:t0 + 1].clone(), lse[t0:t0 + 1].clone()))
+    for out, lse in results[1:]:
+        assert torch.equal(out, results[0][0]) and torch.equal(lse, results[0][1])
+    ref_out, _ = paged_attention_ref(*src.args(), sinks=torch.linspace(-2, 2, 32, device="cuda"))
+    torch.testing.assert_close(results[0][0].double(), ref_out, atol=3e-2, rtol=3e-2)
+
+
+def test_merge_gpu():
+    from pagedattn import merge_attention_states
+
+    g = torch.Generator().manual_seed(3)
+    out_a, out_b = (torch.randn(500, 32, 128, generator=g).to("cuda", torch.bfloat16) for _ in range(2))
+    lse_a, lse_b = (torch.randn(500, 32, generator=g).to("cuda") for _ in range(2))
+    lse_a[:7] = float("-inf")
+    out, lse = merge_attention_states(out_a, lse_a, out_b, lse_b)
+    w = torch.softmax(torch.stack([lse_a, lse_b]).double(), 0)
+    ref = w[0, ..., None] * out_a.double() + w[1, ..., None] * out_b.double()
+    torch.testing.assert_close(out.double(), ref, atol=3e-2, rtol=3e-2)
+    torch.testing.assert_close(lse.double(), torch.logaddexp(lse_a.double(), lse_b.double()))

@@ -1,0 +1,216 @@
+"""``python -m pagedattn.bench``: check, then time, every (case, provider); write JSON and a table.
+
+Without a CUDA GPU the suite runs on the CPU through the Triton interpreter (``TRITON_INTERPRET``
+is set here before anything imports a kernel), with fp16 and tiny heads; those timings only
+show that the suite runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import traceback
+
+import torch
+
+from pagedattn.bench.workloads import WORKLOADS
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def select_device() -> torch.device:
+    """CUDA when present (and the interpreter not forced), else the CPU under the interpreter."""
+    if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0") != "1":
+        return torch.device("cuda", torch.cuda.current_device())
+    if "TRITON_INTERPRET" not in os.environ:
+        os.environ["TRITON_INTERPRET"] = "1"
+    return torch.device("cpu")
+
+
+def _split(values, default):
+    if not values:
+        return list(default)
+    out = []
+    for v in values:
+        out += [x.strip() for x in v.split(",") if x.strip()]
+    return out
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="pagedattn bench", description=__doc__.splitlines()[0])
+    p.add_argument("--workload", action="append",
+                   help=f"repeatable or comma list of {', '.join(WORKLOADS)} (default: all)")
+    p.add_argument("--provider", action="append", help="comma list (default: every available one)")
+    p.add_argument("--case", action="append",
+                   help="keep only cases whose name contains this text (repeatable: any of them)")
+    p.add_argument("--dtype", choices=sorted(DTYPES), help="default bf16 on a GPU, fp16 on the CPU")
+    p.add_argument("--quick", action="store_true", help="tiny shapes (seconds on the CPU interpreter)")
+    p.add_argument("--json", default="bench_out/results.json", help="results file (default: %(default)s)")
+    p.add_argument("--markdown", help="also write the table to this file")
+    p.add_argument("--no-ceilings", action="store_true", help="skip the read and matmul ceilings")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--list", action="store_true", help="list cases and providers, then exit")
+    return p
+
+
+class _Progress:
+    """tqdm when it is installed, else one line per step on stderr."""
+
+    def __init__(self, total: int):
+        try:
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=total, unit="run", file=sys.stderr)
+        except ImportError:
+            self._bar = None
+        self.total, self.done = total, 0
+
+    def step(self, label: str):
+        self.done += 1
+        if self._bar is not None:
+            self._bar.set_description(label[:48])
+            self._bar.update(1)
+        else:
+            print(f"[{self.done}/{self.total}] {label}", file=sys.stderr, flush=True)
+
+    def close(self):
+        if self._bar is not None:
+            self._bar.close()
+
+
+def _metrics(rec: dict, ceilings: dict) -> None:
+    t = rec["time_us"] * 1e-6
+    rec["gbps"] = rec["kv_bytes"] / t / 1e9
+    rec["tflops"] = rec["flops"] / t / 1e12
+    if ceilings:
+        floor_s = max(rec["flops"] / (ceilings["matmul_tflops"] * 1e12),
+                      rec["kv_bytes"] / (ceilings["read_gbps"] * 1e9))
+        rec["floor_us"] = floor_s * 1e6
+        rec["pct_of_ceiling"] = 100.0 * floor_s / t
+
+
+def run_case(case, providers, device, dtype, *, seed, ceilings, progress) -> list[dict]:
+    """Check and time every provider on one case; returns one record per provider."""
+    from pagedattn.bench.check import compare, reference
+    from pagedattn.bench.timing import bench, copies_for
+    from pagedattn.bench.workloads import build_inputs, describe, work
+
+    inputs = build_inputs(case, device, dtype, seed=seed)
+    counts = work(case, dtype)
+    touched = counts["kv_bytes"] + 2 * inputs.q.numel() * inputs.q.element_size()  # K/V read, Q in, O out
+    n_copies = copies_for(touched, device)
+    copies = [inputs] + [build_inputs(case, device, dtype, seed=seed + i) for i in range(1, n_copies)]
+    ref = reference(inputs)
+    records = []
+    for prov in providers:
+        rec = dict(case=case.name, workload=case.workload, kind=case.kind, provider=prov.name,
+                   anchor=prov.anchor, dtype=str(dtype).removeprefix("torch."), params=describe(case),
+                   status="skip", ok=None, reason="", max_err=None, time_us=None, gbps=None,
+                   tflops=None, pct_of_ceiling=None, **counts)
+        supported, why = prov.supports(case)
+        prepared = []
+        if not supported:
+            rec["reason"] = why
+        else:
+            try:
+                prepared = [prov.prepare(inputs)]
+                out = prepared[0].to_tokens(prepared[0]())
+                err, ok, tol = compare(out, ref)
+                rec.update(max_err=err, ok=ok, tolerance=tol, checked=ref.what, note=prepared[0].note)
+                if not ok:
+                    rec.update(status="fail", reason=f"max abs error {err:.3g} > {tol:g}")
+                else:
+                    prepared += [prov.prepare(x) for x in copies[1:]]
+                    rec.update(bench(prepared, device), status="ok", n_copies=len(prepared))
+                    _metrics(rec, ceilings)
+            except Exception as e:  # noqa: BLE001 - a broken provider is reported, the run goes on
+                rec.update(status="error", ok=False, reason=f"{type(e).__name__}: {str(e)[:300]}")
+                if os.environ.get("PAGEDATTN_BENCH_DEBUG"):
+                    traceback.print_exc()
+            finally:
+                del prepared
+                if device.type == "cuda":
+                    torch.cuda.synchronize()
+                    torch.cuda.empty_cache()
+        records.append(rec)
+        progress.step(f"{case.name} / {prov.name}")
+
+    anchor_times = [r["time_us"] for r in records if r["anchor"] and r["status"] == "ok"]
+    best = min(anchor_times) if anchor_times else None
+    for r in records:
+        r["best_anchor_us"] = best
+        r["ratio_to_best_anchor"] = best / r["time_us"] if best and r["status"] == "ok" else None
+    return records
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    device = select_device()  # before anything imports a Triton kernel
+    from pagedattn.bench.ceilings import measure_ceilings
+    from pagedattn.bench.providers import PROVIDERS
+    from pagedattn.bench.report import machine_info, markdown_table, write_json
+    from pagedattn.bench.workloads import make_cases
+
+    on_cpu = device.type == "cpu"
+    dtype_name = args.dtype or ("fp16" if on_cpu else "bf16")
+    if on_cpu and dtype_name == "bf16":
+        build_parser().error("bf16 does not run on the Triton interpreter; use --dtype fp16 or fp32")
+    dtype = DTYPES[dtype_name]
+
+    workloads = _split(args.workload, WORKLOADS)
+    unknown = [w for w in workloads if w not in WORKLOADS]
+    if unknown:
+        build_parser().error(f"unknown workload(s) {unknown}; choose from {', '.join(WORKLOADS)}")
+    names = _split(args.provider, PROVIDERS)
+    unknown = [n for n in names if n not in PROVIDERS]
+    if unknown:
+        build_parser().error(f"unknown provider(s) {unknown}; choose from {', '.join(PROVIDERS)}")
+    availability = {n: PROVIDERS[n].available() for n in names}
+    providers = [PROVIDERS[n] for n in names if availability[n][0]]
+    cases = make_cases(workloads, quick=args.quick, tiny_heads=on_cpu)
+    if args.case:
+        cases = [c for c in cases if any(text in c.name for text in args.case)]
+
+    if args.list:
+        for c in cases:
+            print(f"{c.workload:8s} {c.name}")
+        for n, (ok, why) in availability.items():
+            print(f"provider {n}: {'available' if ok else 'unavailable: ' + why}")
+        return 0
+    for n, (ok, why) in availability.items():
+        if not ok and args.provider:
+            print(f"warning: provider {n} unavailable: {why}", file=sys.stderr)
+    if not providers:
+        print("no requested provider is available", file=sys.stderr)
+        return 2
+
+    ceilings = {} if args.no_ceilings else measure_ceilings(device)
+    results = dict(
+        machine=machine_info(device),
+        config=dict(argv=list(sys.argv[1:] if argv is None else argv), dtype=dtype_name,
+                    quick=args.quick, workloads=workloads, seed=args.seed),
+        ceilings=ceilings,
+        providers={n: dict(available=ok, reason=why, anchor=PROVIDERS[n].anchor,
+                           description=PROVIDERS[n].description)
+                   for n, (ok, why) in availability.items()},
+        records=[],
+    )
+    progress = _Progress(len(cases) * len(providers))
+    try:
+        for case in cases:
+            results["records"] += run_case(case, providers, device, dtype, seed=args.seed,
+                                           ceilings=ceilings, progress=progress)
+            write_json(results, args.json)  # partial results survive a crash or a timeout
+    finally:
+        progress.close()
+
+    path = write_json(results, args.json)
+    table = markdown_table(results)
+    print(table)
+    if args.markdown:
+        os.makedirs(os.path.dirname(os.path.abspath(args.markdown)), exist_ok=True)
+        with open(args.markdown, "w") as f:
+            f.write(table)
+    print(f"results: {path}", file=sys.stderr)
+    return 1 if any(r["status"] == "fail" for r in results["records"]) else 0

@@ -1,0 +1,288 @@
+"""Providers: the attention implementations the suite checks and times, in one registry.
+
+A provider answers ``available() -> (bool, reason)`` and ``supports(case) -> (bool, reason)``,
+and ``prepare(inputs)`` returns a :class:`Prepared` whose call runs one attention call on
+prepared inputs (allocation and layout changes happen in ``prepare``, outside the timing).
+pagedattn is imported inside ``prepare`` only, so the CLI can still set ``TRITON_INTERPRET``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from pagedattn.bench.workloads import Case, CaseInputs
+
+
+def _identity(x):
+    return x
+
+
+@dataclass
+class Prepared:
+    """A zero-argument call plus how to turn its result into ``[num_tokens, num_q_heads, head_size]``."""
+
+    run: Callable[[], Any]
+    to_tokens: Callable[[Any], torch.Tensor] = _identity
+    note: str = ""
+
+    def __call__(self):
+        return self.run()
+
+
+@dataclass
+class Provider:
+    name: str
+    anchor: bool = False  # a reference implementation: counts toward a case's "best anchor"
+    description: str = ""
+
+    def available(self) -> tuple[bool, str]:
+        return True, ""
+
+    def supports(self, case: Case) -> tuple[bool, str]:
+        return True, ""
+
+    def prepare(self, inputs: CaseInputs) -> Prepared:
+        raise NotImplementedError
+
+
+def _has_gpu() -> bool:
+    return torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0") != "1"
+
+
+# ---------------------------------------------------------------------------------------------
+# pagedattn
+
+
+@dataclass
+class PagedAttnProvider(Provider):
+    """``paged_attention`` with a plan built once from host metadata (outside the timed call).
+
+    ``path`` is the plan's path: "auto" (the planner's rule), "unified" or "split_kv"; later
+    "persistent" and "prefill".
+    """
+
+    path: str = "auto"
+
+    def available(self):
+        if importlib.util.find_spec("triton") is None:
+            return False, "triton is not installed"
+        if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0") != "1":
+            return False, "no GPU and TRITON_INTERPRET is not 1"
+        return True, ""
+
+    def prepare(self, inputs):
+        from pagedattn.api import paged_attention
+        from pagedattn.plan import plan_attention
+
+        args = inputs.paged_args()
+        q, k_cache = inputs.q, inputs.k_cache
+        plan = plan_attention(
+            inputs.query_start_loc.cpu(), inputs.seq_lens.cpu(), num_q_heads=q.shape[1],
+            num_kv_heads=k_cache.shape[2], head_size=q.shape[2], device=q.device, path=self.path,
+        )
+        kwargs = dict(inputs.paged_kwargs(), plan=plan)
+        out = torch.empty_like(q)
+        return Prepared(lambda: paged_attention(*args, out=out, **kwargs))
+
+
+# ---------------------------------------------------------------------------------------------
+# torch SDPA over contiguous K/V (anchors)
+
+
+def _groups_to_tokens(outs: list[torch.Tensor]) -> torch.Tensor:
+    """[count, heads, query_len, head_size] per group -> [num_tokens, heads, head_size]."""
+    return torch.cat([o.transpose(1, 2).flatten(0, 1) for o in outs])
+
+
+@dataclass
+class SdpaProvider(Provider):
+    """``F.scaled_dot_product_attention`` pinned to one backend, one batched call per segment.
+
+    Decode segments run without a mask; prefill segments (query_len == seq_len) with
+    ``is_causal=True``. Extend (1 < query_len < seq_len) needs a lower-right causal mask that
+    SDPA's ``is_causal`` (top-left) does not give, so it is not supported.
+    """
+
+    backend: str = "FLASH_ATTENTION"  # a torch.nn.attention.SDPBackend member name
+
+    def available(self):
+        if not _has_gpu():
+            return False, "needs a CUDA GPU"
+        try:
+            from torch.nn.attention import SDPBackend
+        except ImportError as e:
+            return False, f"torch.nn.attention missing: {e}"
+        if not hasattr(SDPBackend, self.backend):
+            return False, f"this torch has no SDPBackend.{self.backend}"
+        if self.backend == "CUDNN_ATTENTION" and not torch.backends.cudnn.is_available():
+            return False, "cuDNN is not available"
+        if self.backend == "FLASH_ATTENTION" and not torch.backends.cuda.is_flash_attention_available():
+            return False, "this torch build has no flash attention"
+        return True, ""
+
+    def supports(self, case):
+        feats = case.features
+        if feats:
+            return False, f"SDPA has no {', '.join(sorted(feats))}"
+        for _, q, kv in case.segments:
+            if 1 < q < kv:
+                return False, "extend needs lower-right causal; SDPA is_causal is top-left"
+        return True, ""
+
+    def prepare(self, inputs):
+        import torch.nn.functional as F
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        backend = getattr(SDPBackend, self.backend)
+        groups = inputs.contiguous()
+        calls = [(g.q, g.k, g.v, g.query_len > 1) for g in groups]
+
+        def run_with(calls, gqa):
+            with sdpa_kernel(backend):
+                return [F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)
+                        for q, k, v, causal in calls]
+
+        note = ""
+        try:
+            run_with(calls, True)
+            gqa = True
+        except RuntimeError as e:  # backend without GQA: repeat KV heads (reads more bytes)
+            rep = inputs.q.shape[1] // inputs.k_cache.shape[2]
+            calls = [(q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1), c) for q, k, v, c in calls]
+            gqa = False
+            note = f"KV heads repeated x{rep} (enable_gqa failed: {str(e).splitlines()[0][:120]})"
+        return Prepared(lambda: run_with(calls, gqa), _groups_to_tokens, note)
+
+
+# ---------------------------------------------------------------------------------------------
+# FlexAttention (compiled), anchor
+
+
+_FLEX_COMPILED = None
+
+
+def _flex_compiled():
+    global _FLEX_COMPILED
+    if _FLEX_COMPILED is None:
+        import torch._dynamo
+        from torch.nn.attention.flex_attention import flex_attention
+
+        # One compile per shape: raise the recompile limit so no case falls back to eager flex
+        # (which materializes the score matrix).
+        for attr in ("cache_size_limit", "recompile_limit", "accumulated_cache_size_limit",
+                     "accumulated_recompile_limit"):
+            if hasattr(torch._dynamo.config, attr):
+                setattr(torch._dynamo.config, attr, max(getattr(torch._dynamo.config, attr), 256))
+        _FLEX_COMPILED = torch.compile(flex_attention, dynamic=False)
+    return _FLEX_COMPILED
+
+
+def flex_segment_call(g, *, window, softcap, sinks, device, flex_fn):
+    """A zero-argument flex call for one segment, in bottom-right causal alignment.
+
+    Sinks join the softmax denominator: ``out * sigmoid(lse - sink)``.
+    """
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    offset = g.seq_len - g.query_len  # absolute position of query 0
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        visible = kv_idx <= q_idx + offset
+        if window:
+            visible = visible & (kv_idx > q_idx + offset - window)
+        return visible
+
+    block_mask = None
+    if g.query_len > 1 or window:
+        block_mask = create_block_mask(mask_mod, None, None, g.query_len, g.seq_len, device=device)
+    def softcap_mod(score, b, h, q_idx, kv_idx):
+        return softcap * torch.tanh(score / softcap)
+
+    kwargs = dict(block_mask=block_mask, score_mod=softcap_mod if softcap else None, enable_gqa=True)
+    if sinks is None:
+        return lambda: flex_fn(g.q, g.k, g.v, **kwargs)
+    sink = sinks.view(1, -1, 1, 1)
+    try:
+        from torch.nn.attention.flex_attention import AuxRequest
+
+        def flex_with_lse():
+            out, aux = flex_fn(g.q, g.k, g.v, return_aux=AuxRequest(lse=True), **kwargs)
+            return out, aux.lse
+    except ImportError:  # torch < 2.9
+
+        def flex_with_lse():
+            return flex_fn(g.q, g.k, g.v, return_lse=True, **kwargs)
+
+    def run():
+        out, lse = flex_with_lse()
+        return out * torch.sigmoid(lse.unsqueeze(-1) - sink).to(out.dtype)
+
+    return run
+
+
+@dataclass
+class FlexProvider(Provider):
+    """``torch.nn.attention.flex_attention`` under ``torch.compile``, one call per segment."""
+
+    def available(self):
+        if not _has_gpu():
+            return False, "needs a CUDA GPU (compiled flex)"
+        try:
+            import torch.nn.attention.flex_attention  # noqa: F401
+        except ImportError as e:
+            return False, f"flex_attention missing: {e}"
+        return True, ""
+
+    def prepare(self, inputs):
+        flex_fn = _flex_compiled()
+        f = inputs.features
+        calls = [
+            flex_segment_call(g, window=f.get("sliding_window"), softcap=f.get("softcap"),
+                              sinks=f.get("sinks"), device=inputs.q.device, flex_fn=flex_fn)
+            for g in inputs.contiguous()
+        ]
+        return Prepared(lambda: [c() for c in calls], _groups_to_tokens)
+
+
+# ---------------------------------------------------------------------------------------------
+# FlashInfer: availability gate only
+
+
+HAS_FLASHINFER = importlib.util.find_spec("flashinfer") is not None
+
+
+@dataclass
+class FlashInferProvider(Provider):
+    """Placeholder: reports availability; the adapter is written once it can be tested."""
+
+    def available(self):
+        if not HAS_FLASHINFER:
+            return False, "flashinfer is not installed"
+        return False, "flashinfer is installed, but its adapter is not written yet"
+
+
+# ---------------------------------------------------------------------------------------------
+# Registry (name -> provider), in report column order.
+
+PROVIDERS: dict[str, Provider] = {
+    p.name: p
+    for p in [
+        PagedAttnProvider("pagedattn", description="paged_attention, automatic path"),
+        PagedAttnProvider("pagedattn-2d", path="unified", description="unified 2D kernel (forced)"),
+        PagedAttnProvider("pagedattn-split", path="split_kv", description="split-KV path (forced)"),
+        # Forced paths, added as they land:
+        # PagedAttnProvider("pagedattn-persistent", path="persistent"),
+        # PagedAttnProvider("pagedattn-prefill", path="prefill"),
+        SdpaProvider("sdpa-cudnn", anchor=True, backend="CUDNN_ATTENTION",
+                     description="torch SDPA, cuDNN backend, contiguous KV"),
+        SdpaProvider("sdpa-flash", anchor=True, backend="FLASH_ATTENTION",
+                     description="torch SDPA, FlashAttention-2 backend, contiguous KV"),
+        FlexProvider("flex", anchor=True, description="FlexAttention, torch.compile, contiguous KV"),
+        FlashInferProvider("flashinfer", description="FlashInfer (gate only)"),
+    ]
+}

@@ -1,0 +1,104 @@
+"""Results: the machine line, the JSON file and the short markdown table."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import os
+import platform
+from pathlib import Path
+
+import torch
+
+
+def machine_info(device: torch.device) -> dict:
+    import triton
+
+    info = {
+        "device": str(device),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "python": platform.python_version(),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "triton_interpret": os.environ.get("TRITON_INTERPRET", "0") == "1",
+    }
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        info.update(gpu=props.name, sm_count=props.multi_processor_count,
+                    memory_gib=round(props.total_memory / 2**30, 1), cuda=torch.version.cuda)
+    else:
+        info.update(gpu=None, sm_count=None, cpu=platform.processor() or platform.machine())
+    return info
+
+
+def _clean(x):
+    """JSON without NaN/inf (strict parsers reject them): non-finite floats become null."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: _clean(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_clean(v) for v in x]
+    return x
+
+
+def write_json(results: dict, path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(_clean(results), indent=1) + "\n")
+    return path
+
+
+def _metric(rec: dict) -> str:
+    """The main number of a record: GB/s for decode, TFLOP/s for prefill, % of floor otherwise."""
+    kind = rec["kind"]
+    if kind == "decode":
+        return f"{rec['gbps']:.4g} GB/s"
+    if kind == "prefill" or rec.get("pct_of_ceiling") is None:
+        return f"{rec['tflops']:.4g} TF/s"
+    return f"{rec['pct_of_ceiling']:.0f}% of floor"
+
+
+def _time(us: float) -> str:
+    return f"{us:.1f} us" if us < 10_000 else f"{us / 1e3:.1f} ms"
+
+
+def _cell(rec: dict | None) -> str:
+    if rec is None:
+        return ""
+    status = rec["status"]
+    if status == "ok":
+        cell = f"{_time(rec['time_us'])}, {_metric(rec)}"
+        if rec.get("ratio_to_best_anchor") is not None and not rec.get("anchor"):
+            cell += f", x{rec['ratio_to_best_anchor']:.2f}"
+        return cell
+    return {"fail": "WRONG", "error": "error", "skip": "-"}.get(status, status)
+
+
+def markdown_table(results: dict) -> str:
+    """One row per case, one column per provider: ``time, metric[, xR vs best anchor]``."""
+    records = results["records"]
+    providers = list(dict.fromkeys(r["provider"] for r in records))
+    cases = list(dict.fromkeys(r["case"] for r in records))
+    by_key = {(r["case"], r["provider"]): r for r in records}
+    m = results["machine"]
+    c = results.get("ceilings") or {}
+    lines = [
+        f"**{m.get('gpu') or m['device']}** (SMs {m.get('sm_count')}), torch {m['torch']}, "
+        f"triton {m['triton']}, {results['config']['dtype']}, {m['date']}",
+        "",
+    ]
+    if c:
+        lines += [f"Ceilings: read {c['read_gbps']:.0f} GB/s, bf16 matmul {c['matmul_tflops']:.0f} TFLOP/s. "
+                  "xR = best anchor's time / this time (> 1: faster).", ""]
+    lines.append("| case | " + " | ".join(providers) + " |")
+    lines.append("|---|" + "---|" * len(providers))
+    for case in cases:
+        lines.append(f"| {case} | " + " | ".join(_cell(by_key.get((case, p))) for p in providers) + " |")
+    problems = [r for r in records if r["status"] in ("fail", "error")]
+    if problems:
+        lines.append("")
+        for r in problems:
+            lines.append(f"- {r['provider']} on {r['case']}: {r['status']}: {r.get('reason', '')}")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,105 @@
+"""Timing: CUDA-graph replays for short calls, ``triton.testing.do_bench`` (median) otherwise.
+
+"Short" means under GRAPH_BELOW_US when replayed: the eager time of a call can be mostly host
+overhead (Python checks, torch.compile guards), so a graph is tried whenever eager is under
+GRAPH_TRY_US.
+
+Short calls are captured once per input copy into one graph (the runner passes several copies
+of small inputs, so replays rotate through more data than the L2 holds) and the median replay
+time is divided by the number of copies. On the CPU (Triton interpreter) one call is timed with
+``time.perf_counter``; those numbers only show that the suite runs.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Callable
+
+import torch
+
+GRAPH_BELOW_US = 200.0  # calls shorter than this (replayed) are reported as graph replays
+GRAPH_TRY_US = 1000.0  # eager time below which a graph is tried (eager may be host-bound)
+ROTATE_BYTES = 256 * 2**20  # small inputs are copied until the copies exceed this (L2 is ~60 MB)
+MAX_COPIES = 100
+
+
+def copies_for(nbytes: float, device: torch.device) -> int:
+    """How many input copies to rotate over, given the bytes one call touches.
+
+    1 on the CPU and when one call already touches ROTATE_BYTES.
+    """
+    if device.type == "cpu" or nbytes >= ROTATE_BYTES:
+        return 1
+    return int(min(MAX_COPIES, -(-ROTATE_BYTES // max(int(nbytes), 1))))
+
+
+def _cpu_time(fn: Callable) -> dict:
+    """One call (the correctness check before it served as the warm-up)."""
+    t0 = time.perf_counter()
+    fn()
+    return {"time_us": (time.perf_counter() - t0) * 1e6, "method": "cpu-once"}
+
+
+def _eager_us(fn: Callable, iters: int = 5) -> float:
+    fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1e3 / iters
+
+
+def graph_time_us(fns: list[Callable], *, budget_ms: float = 200.0) -> float:
+    """Median replay time of one graph that calls every fn once, divided by len(fns)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # warm-up on a side stream, as capture requires
+        for fn in fns:
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for fn in fns:
+            fn()
+    for _ in range(3):
+        graph.replay()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    graph.replay()
+    torch.cuda.synchronize()
+    one_ms = max((time.perf_counter() - t0) * 1e3, 1e-3)
+    reps = int(min(1000, max(10, budget_ms / one_ms)))
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+              for _ in range(reps)]
+    for start, end in events:
+        start.record()
+        graph.replay()
+        end.record()
+    torch.cuda.synchronize()
+    ms = statistics.median(s.elapsed_time(e) for s, e in events)
+    del graph
+    return ms * 1e3 / len(fns)
+
+
+def bench(fns: list[Callable], device: torch.device) -> dict:
+    """``{"time_us", "method"}`` for one call; ``fns`` run the same call on different input copies."""
+    if device.type == "cpu":
+        return _cpu_time(fns[0])
+    import triton.testing
+
+    eager = _eager_us(fns[0])
+    fallback = "do_bench"
+    if eager < GRAPH_TRY_US:
+        try:
+            us = graph_time_us(fns)
+            if us < GRAPH_BELOW_US:
+                return {"time_us": us, "method": f"cudagraph x{len(fns)} copies", "eager_us": eager}
+        except Exception as e:  # noqa: BLE001 - fall back, and say why
+            torch.cuda.synchronize()
+            fallback = f"do_bench (graph capture failed: {type(e).__name__}: {str(e)[:160]})"
+    ms = triton.testing.do_bench(fns[0], warmup=25, rep=100, return_mode="median")
+    return {"time_us": ms * 1e3, "method": fallback, "eager_us": eager}

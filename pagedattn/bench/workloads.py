@@ -1,0 +1,291 @@
+"""Benchmark workloads (SPEC.md "Reference workloads"): cases, their inputs and their work counts.
+
+A case is a batch written as segments ``(count, query_len, seq_len)``: ``count`` consecutive
+sequences with the same query and KV length. Decode B=8 L=4096 is ``[(8, 1, 4096)]``; the mixed
+batch is ``[(1, 2048, 2048), (63, 1, 2049)]``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+__all__ = [
+    "WORKLOADS", "Case", "CaseInputs", "ContiguousGroup", "make_cases", "build_inputs", "work",
+    "describe",
+]
+
+WORKLOADS = ("decode", "prefill", "extend", "mixed", "gptoss", "gemma")
+
+LLAMA = dict(num_q_heads=32, num_kv_heads=8, head_size=128)
+GPTOSS = dict(num_q_heads=64, num_kv_heads=8, head_size=64, sliding_window=128, sinks=True)
+GEMMA = dict(num_q_heads=8, num_kv_heads=4, head_size=256, sliding_window=1024, softcap=50.0)
+BLOCK_SIZE = 16
+MAX_DECODE_TOKENS = 4 * 1024 * 1024  # skip decode cases with B * L above this
+
+
+@dataclass(frozen=True)
+class Case:
+    """One benchmark case; ``params`` is JSON-ready (heads, segments, features)."""
+
+    name: str
+    workload: str  # one of WORKLOADS
+    kind: str  # decode | prefill | extend | mixed: which metric is the main one
+    params: dict = field(default_factory=dict)
+
+    @property
+    def segments(self) -> list[tuple[int, int, int]]:
+        return [tuple(s) for s in self.params["segments"]]
+
+    @property
+    def query_lens(self) -> list[int]:
+        return [q for n, q, _ in self.segments for _ in range(n)]
+
+    @property
+    def seq_lens(self) -> list[int]:
+        return [kv for n, _, kv in self.segments for _ in range(n)]
+
+    @property
+    def num_seqs(self) -> int:
+        return sum(n for n, _, _ in self.segments)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(n * q for n, q, _ in self.segments)
+
+    @property
+    def features(self) -> dict:
+        """Attention options beyond the Llama baseline (window, softcap, sinks)."""
+        p = self.params
+        return {k: p[k] for k in ("sliding_window", "softcap", "sinks") if p.get(k)}
+
+
+def _case(name, workload, kind, segments, shape, block_size=BLOCK_SIZE) -> Case:
+    params = dict(
+        num_q_heads=shape["num_q_heads"],
+        num_kv_heads=shape["num_kv_heads"],
+        head_size=shape["head_size"],
+        block_size=block_size,
+        segments=[list(s) for s in segments],
+        sliding_window=shape.get("sliding_window"),
+        softcap=shape.get("softcap"),
+        sinks=bool(shape.get("sinks", False)),
+    )
+    return Case(name=name, workload=workload, kind=kind, params=params)
+
+
+def _decode_cases(workload, prefix, shape, batches, contexts) -> list[Case]:
+    cases = []
+    for b in batches:
+        for ctx in contexts:
+            if b * ctx <= MAX_DECODE_TOKENS:
+                cases.append(_case(f"{prefix}decode B={b} L={ctx}", workload, "decode", [(b, 1, ctx)], shape))
+    return cases
+
+
+def _prefill_cases(workload, prefix, shape, lengths) -> list[Case]:
+    return [_case(f"{prefix}prefill S={s}", workload, "prefill", [(1, s, s)], shape) for s in lengths]
+
+
+def make_cases(workloads=WORKLOADS, *, quick: bool = False, tiny_heads: bool = False) -> list[Case]:
+    """The cases of the named workloads, in a stable order.
+
+    ``quick`` shrinks every length; ``tiny_heads`` (for the CPU interpreter) also shrinks the
+    head counts while keeping each workload's head size and features.
+    """
+    llama, gptoss, gemma = dict(LLAMA), dict(GPTOSS), dict(GEMMA)
+    if quick:
+        gptoss["sliding_window"] = 16
+        gemma["sliding_window"] = 32
+    if tiny_heads:
+        llama.update(num_q_heads=4, num_kv_heads=2, head_size=32)
+        gptoss.update(num_q_heads=4, num_kv_heads=2)
+        gemma.update(num_q_heads=2, num_kv_heads=1)
+
+    if quick:
+        decode_b, decode_l, prefill_s = (1, 2), (64, 200), (64,)
+        extend = (2, 16, 64)  # sequences, new tokens, context
+        mixed = (32, 3)  # prefill length, decodes
+        feat_b, feat_l, feat_s = 2, 64, 64
+    else:
+        decode_b, decode_l, prefill_s = (1, 8, 32, 128), (512, 4096, 32768), (512, 2048, 8192, 32768)
+        extend = (4, 512, 4096)
+        mixed = (2048, 63)
+        feat_b, feat_l, feat_s = 32, 4096, 4096
+
+    cases: list[Case] = []
+    for w in workloads:
+        if w == "decode":
+            cases += _decode_cases("decode", "", llama, decode_b, decode_l)
+        elif w == "prefill":
+            cases += _prefill_cases("prefill", "", llama, prefill_s)
+        elif w == "extend":
+            n, new, ctx = extend
+            cases.append(_case(f"extend {n}x{new}@{ctx}", "extend", "extend", [(n, new, ctx + new)], llama))
+        elif w == "mixed":
+            s, d = mixed
+            segs = [(1, s, s), (d, 1, s + 1)]
+            cases.append(_case(f"mixed 1x{s}+{d}x1@{s + 1}", "mixed", "mixed", segs, llama))
+        elif w in ("gptoss", "gemma"):
+            shape = gptoss if w == "gptoss" else gemma
+            cases += _decode_cases(w, f"{w} ", shape, (feat_b,), (feat_l,))
+            cases += _prefill_cases(w, f"{w} ", shape, (feat_s,))
+        else:
+            raise ValueError(f"unknown workload {w!r}; choose from {', '.join(WORKLOADS)}")
+    return cases
+
+
+# ---------------------------------------------------------------------------------------------
+# Work counts: what a call must read and compute, for GB/s, TFLOP/s and the floor time.
+
+
+def _visible_keys(q_len: int, kv_len: int, window: int | None) -> tuple[float, int]:
+    """(query-key pairs a causal call computes, keys it must read) for one sequence.
+
+    Without a window the pairs follow the spec's convention ``q*(kv-q) + q*q/2`` (S*S/2 for a
+    prefill); with one they are counted exactly.
+    """
+    first = kv_len - q_len  # position of the first query
+    if not window:
+        return q_len * first + q_len * q_len / 2, kv_len
+    # query at position p sees min(p + 1, W) keys; x = p + 1 runs over first+1 .. kv_len
+    lo, hi = first + 1, kv_len
+    below = max(0, min(hi, window) - lo + 1)  # x <= W: sum of x
+    below_sum = (lo + lo + below - 1) * below // 2 if below else 0
+    above = (hi - lo + 1) - below
+    keys_read = kv_len - max(0, first - window + 1)
+    return below_sum + above * window, keys_read
+
+
+def work(case: Case, dtype: torch.dtype) -> dict:
+    """``{"flops", "kv_bytes"}`` of one call; kv_bytes counts K and V of every key it must read."""
+    p = case.params
+    elt = torch.empty((), dtype=dtype).element_size()
+    flops, keys = 0.0, 0
+    for n, q, kv in case.segments:
+        pairs, read = _visible_keys(q, kv, p.get("sliding_window"))
+        flops += n * 4.0 * p["num_q_heads"] * p["head_size"] * pairs
+        keys += n * read
+    return {"flops": flops, "kv_bytes": float(keys * p["num_kv_heads"] * p["head_size"] * 2 * elt)}
+
+
+# ---------------------------------------------------------------------------------------------
+# Inputs
+
+
+@dataclass
+class ContiguousGroup:
+    """Sequences ``first .. first+count-1`` of one segment, in SDPA layout (heads before length)."""
+
+    first: int
+    count: int
+    query_len: int
+    seq_len: int
+    q: torch.Tensor  # [count, num_q_heads, query_len, head_size]
+    k: torch.Tensor  # [count, num_kv_heads, seq_len, head_size]
+    v: torch.Tensor  # [count, num_kv_heads, seq_len, head_size]
+
+
+@dataclass
+class CaseInputs:
+    """Everything one call of ``paged_attention`` needs, on one device."""
+
+    case: Case
+    q: torch.Tensor  # [num_tokens, num_q_heads, head_size]
+    k_cache: torch.Tensor  # [num_blocks, block_size, num_kv_heads, head_size]
+    v_cache: torch.Tensor
+    block_table: torch.Tensor  # [num_seqs, max_blocks_per_seq] int32
+    seq_lens: torch.Tensor  # [num_seqs] int32
+    query_start_loc: torch.Tensor  # [num_seqs + 1] int32
+    max_query_len: int
+    max_seq_len: int
+    features: dict  # causal, sliding_window, softcap, sinks (tensor) as paged_attention kwargs
+    _groups: list[ContiguousGroup] | None = None
+
+    def paged_args(self) -> tuple:
+        return (self.q, self.k_cache, self.v_cache, self.block_table, self.seq_lens, self.query_start_loc)
+
+    def paged_kwargs(self) -> dict:
+        return dict(max_query_len=self.max_query_len, max_seq_len=self.max_seq_len, **self.features)
+
+    def contiguous(self) -> list[ContiguousGroup]:
+        """Contiguous K/V (and Q) per segment, gathered from the cache once and kept."""
+        if self._groups is None:
+            self._groups = []
+            first, tok = 0, 0
+            bs = self.k_cache.shape[1]
+            for n, q_len, kv_len in self.case.segments:
+                pages = self.block_table[first:first + n, : -(-kv_len // bs)].long()
+                k = self.k_cache[pages].flatten(1, 2)[:, :kv_len].transpose(1, 2).contiguous()
+                v = self.v_cache[pages].flatten(1, 2)[:, :kv_len].transpose(1, 2).contiguous()
+                q = self.q[tok:tok + n * q_len].unflatten(0, (n, q_len)).transpose(1, 2).contiguous()
+                self._groups.append(ContiguousGroup(first, n, q_len, kv_len, q, k, v))
+                first += n
+                tok += n * q_len
+        return self._groups
+
+
+def build_inputs(case: Case, device, dtype: torch.dtype, *, seed: int = 0) -> CaseInputs:
+    """Random inputs for ``case``: unit-variance data, a random permutation of physical blocks.
+
+    Every sequence's K/V (its new tokens' included, as after ``write_kv``) already sits in the
+    cache; no block is shared and none is left zero.
+    """
+    p = case.params
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    hq, hk, d, bs = p["num_q_heads"], p["num_kv_heads"], p["head_size"], p["block_size"]
+    seq_lens = case.seq_lens
+    query_lens = case.query_lens
+    pages_per_seq = [-(-s // bs) for s in seq_lens]
+    num_blocks = sum(pages_per_seq)
+    max_pages = max(pages_per_seq)
+
+    perm = torch.randperm(num_blocks, generator=gen).to(torch.int32)
+    block_table = torch.zeros(len(seq_lens), max_pages, dtype=torch.int32)
+    start = 0
+    for s, n in enumerate(pages_per_seq):
+        block_table[s, :n] = perm[start:start + n]
+        start += n
+
+    def randn(*shape):
+        # Generated on the device itself (fast for multi-GB caches), seeded per call.
+        g = torch.Generator(device=device).manual_seed(int(torch.randint(2**62, (1,), generator=gen)))
+        return torch.randn(*shape, generator=g, device=device, dtype=dtype)
+
+    features = dict(causal=True)
+    if p.get("sliding_window"):
+        features["sliding_window"] = int(p["sliding_window"])
+    if p.get("softcap"):
+        features["softcap"] = float(p["softcap"])
+    if p.get("sinks"):
+        features["sinks"] = torch.randn(hq, generator=gen, dtype=torch.float32).to(device)
+
+    qsl = [0]
+    for q in query_lens:
+        qsl.append(qsl[-1] + q)
+    return CaseInputs(
+        case=case,
+        q=randn(case.num_tokens, hq, d),
+        k_cache=randn(num_blocks, bs, hk, d),
+        v_cache=randn(num_blocks, bs, hk, d),
+        block_table=block_table.to(device),
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
+        query_start_loc=torch.tensor(qsl, dtype=torch.int32, device=device),
+        max_query_len=max(query_lens),
+        max_seq_len=max(seq_lens),
+        features=features,
+    )
+
+
+def describe(case: Case) -> dict:
+    """Short JSON-ready description used by reports and plots."""
+    p = case.params
+    out = {k: p[k] for k in ("num_q_heads", "num_kv_heads", "head_size", "block_size")}
+    out["segments"] = p["segments"]
+    out.update({k: (True if k == "sinks" else v) for k, v in case.features.items()})
+    if case.kind == "decode":
+        out["batch"], out["context"] = case.num_seqs, case.seq_lens[0]
+    elif case.kind == "prefill":
+        out["seq_len"] = case.seq_lens[0]
+    return out

@@ -1,0 +1,41 @@
+"""Merge two attention states over disjoint key sets: (out_a, lse_a) + (out_b, lse_b)."""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def merge_states_kernel(
+    out_ptr,  # [num_tokens, num_heads, head_size]
+    lse_ptr,  # [num_tokens, num_heads] fp32
+    out_a_ptr,
+    lse_a_ptr,
+    out_b_ptr,
+    lse_b_ptr,
+    stride_o_t, stride_o_h,
+    stride_l_t, stride_l_h,
+    stride_a_t, stride_a_h,
+    stride_la_t, stride_la_h,
+    stride_b_t, stride_b_h,
+    stride_lb_t, stride_lb_h,
+    HEAD_SIZE: tl.constexpr,
+    HEAD_SIZE_PAD: tl.constexpr,
+):
+    """out = (e^{lse_a} out_a + e^{lse_b} out_b) / (e^{lse_a} + e^{lse_b}), lse = logaddexp."""
+    token = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1).to(tl.int64)
+    offs_d = tl.arange(0, HEAD_SIZE_PAD)
+    dim_ok = offs_d < HEAD_SIZE
+    lse_a = tl.load(lse_a_ptr + token * stride_la_t + head * stride_la_h).to(tl.float32)
+    lse_b = tl.load(lse_b_ptr + token * stride_lb_t + head * stride_lb_h).to(tl.float32)
+    m = tl.maximum(lse_a, lse_b)
+    shift = tl.where(m == float("-inf"), 0.0, m)
+    w_a = tl.exp(lse_a - shift)
+    w_b = tl.exp(lse_b - shift)
+    total = w_a + w_b
+    a = tl.load(out_a_ptr + token * stride_a_t + head * stride_a_h + offs_d, mask=dim_ok & (tl.broadcast_to(w_a, [HEAD_SIZE_PAD]) > 0), other=0.0)
+    b = tl.load(out_b_ptr + token * stride_b_t + head * stride_b_h + offs_d, mask=dim_ok & (tl.broadcast_to(w_b, [HEAD_SIZE_PAD]) > 0), other=0.0)
+    out = (w_a * a.to(tl.float32) + w_b * b.to(tl.float32)) / tl.where(total > 0.0, total, 1.0)
+    tl.store(out_ptr + token * stride_o_t + head * stride_o_h + offs_d, out.to(out_ptr.dtype.element_ty), mask=dim_ok)
+    lse = tl.where(total > 0.0, shift + tl.log(total), float("-inf"))
+    tl.store(lse_ptr + token * stride_l_t + head * stride_l_h, lse)

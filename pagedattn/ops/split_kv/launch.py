@@ -1,0 +1,50 @@
+"""Launcher of the split-KV path: the segment kernel, then the reduction of the partials."""
+
+from __future__ import annotations
+
+import torch
+import triton
+
+from pagedattn.ops.split_kv.kernel import reduce_splits_kernel, split_kv_attention_kernel
+from pagedattn.ops.unified.launch import AttentionArgs, common_kernel_args, q_block_grid_size
+from pagedattn.plan import Tiles
+
+
+def launch_split_kv(
+    out: torch.Tensor,
+    lse: torch.Tensor | None,
+    a: AttentionArgs,
+    tiles: Tiles,
+    *,
+    num_splits: int,
+    segment_size: int,
+    partial_out: torch.Tensor,
+    partial_lse: torch.Tensor,
+) -> None:
+    num_tokens, num_q_heads, head_size = a.q.shape
+    if num_tokens == 0 or a.seq_lens.shape[0] == 0:
+        return
+    grid = (q_block_grid_size(a, tiles), a.k_cache.shape[2], num_splits)
+    split_kv_attention_kernel[grid](
+        partial_out_ptr=partial_out,
+        partial_lse_ptr=partial_lse,
+        stride_po_t=partial_out.stride(0), stride_po_h=partial_out.stride(1), stride_po_s=partial_out.stride(2),
+        stride_pl_t=partial_lse.stride(0), stride_pl_h=partial_lse.stride(1),
+        segment_size=segment_size,
+        **common_kernel_args(a, tiles),
+    )
+    reduce_splits_kernel[(num_tokens, num_q_heads)](
+        out_ptr=out,
+        lse_ptr=lse,
+        partial_out_ptr=partial_out,
+        partial_lse_ptr=partial_lse,
+        stride_o_t=out.stride(0), stride_o_h=out.stride(1),
+        stride_lse_t=lse.stride(0) if lse is not None else 0,
+        stride_lse_h=lse.stride(1) if lse is not None else 0,
+        stride_po_t=partial_out.stride(0), stride_po_h=partial_out.stride(1), stride_po_s=partial_out.stride(2),
+        stride_pl_t=partial_lse.stride(0), stride_pl_h=partial_lse.stride(1),
+        num_splits=num_splits,
+        HEAD_SIZE=head_size,
+        HEAD_SIZE_PAD=triton.next_power_of_2(head_size),
+        num_warps=1 if head_size <= 64 else 2,
+    )

@@ -1,0 +1,199 @@
+"""The work of one program of the paged-attention kernels, in pieces shared by every path.
+
+A program owns one Q block (BLOCK_Q query tokens of one sequence x the NUM_QUERIES_PER_KV
+query heads of one KV head, BLOCK_M rows in all) and a range of that sequence's keys. The 2D
+kernel gives it every visible key; the split-KV kernel one segment; the persistent kernel takes
+(Q block, segment) items from a work list. Pointers, strides and flags follow the kernels'
+argument names.
+"""
+
+import triton
+import triton.language as tl
+
+from pagedattn.ops.common.attention_math import (
+    LOG2E,
+    causal_window_mask,
+    online_softmax_step,
+    score_mods,
+)
+
+
+@triton.jit
+def find_seq_idx(query_start_loc_ptr, q_block_idx, num_seqs, BLOCK_Q: tl.constexpr):
+    """The sequence owning global Q block ``q_block_idx``.
+
+    Sequence s owns the Q blocks from ``query_start_loc[s] // BLOCK_Q + s`` on; this start is
+    non-decreasing in s, so a binary search finds the last s whose start is <= q_block_idx.
+    The ``+ s`` leaves room for one partial block per sequence.
+    """
+    lo = tl.full([], 0, tl.int32)
+    hi = tl.full([], 0, tl.int32) + num_seqs
+    while lo < hi:
+        mid = (lo + hi) // 2
+        start = tl.load(query_start_loc_ptr + mid) // BLOCK_Q + mid
+        if start <= q_block_idx:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo - 1
+
+
+@triton.jit
+def prefix_visible(prefix_ranges_ptr, seq, stride_pr_s, stride_pr_r, num_prefix_ranges, q_pos, k_pos):
+    """[M, N]: the pair (p, k) lies inside one bidirectional prefix range of sequence ``seq``."""
+    vis = (q_pos[:, None] < 0) & (k_pos[None, :] < 0)  # all False (keys are >= 0), [M, N]
+    base = prefix_ranges_ptr + seq * stride_pr_s
+    for r in range(num_prefix_ranges):
+        start = tl.load(base + r * stride_pr_r)
+        end = tl.load(base + r * stride_pr_r + 1)
+        in_q = (q_pos >= start) & (q_pos < end)
+        in_k = (k_pos >= start) & (k_pos < end)
+        vis = vis | (in_q[:, None] & in_k[None, :])
+    return vis
+
+
+@triton.jit
+def prefix_kv_bounds(prefix_ranges_ptr, seq, stride_pr_s, stride_pr_r, num_prefix_ranges,
+                     p_first, p_last, kv_lo, kv_hi):
+    """Widen [kv_lo, kv_hi) to every prefix range that holds a query position of the block."""
+    base = prefix_ranges_ptr + seq * stride_pr_s
+    for r in range(num_prefix_ranges):
+        start = tl.load(base + r * stride_pr_r)
+        end = tl.load(base + r * stride_pr_r + 1)
+        hit = (start < end) & (start <= p_last) & (end > p_first)
+        kv_lo = tl.where(hit, tl.minimum(kv_lo, start), kv_lo)
+        kv_hi = tl.where(hit, tl.maximum(kv_hi, end), kv_hi)
+    return kv_lo, kv_hi
+
+
+@triton.jit
+def locate_q_block(query_start_loc_ptr, seq_lens_ptr, q_block_idx, num_seqs, BLOCK_Q: tl.constexpr):
+    """(seq, q_start, q_len, q_block_local, seq_len, valid) of global Q block ``q_block_idx``."""
+    seq = find_seq_idx(query_start_loc_ptr, q_block_idx, num_seqs, BLOCK_Q)
+    q_start = tl.load(query_start_loc_ptr + seq)
+    q_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
+    q_block_local = q_block_idx - (q_start // BLOCK_Q + seq)
+    seq_len = tl.load(seq_lens_ptr + seq)
+    valid = q_block_local * BLOCK_Q < q_len
+    return seq, q_start, q_len, q_block_local, seq_len, valid
+
+
+@triton.jit
+def q_block_rows(q_start, q_len, q_block_local, context_len, kv_head,
+                 NUM_QUERIES_PER_KV: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr):
+    """Per row of the block: (token index int64, q head int64, row valid, absolute position)."""
+    offs_m = tl.arange(0, BLOCK_M)
+    q_tok = q_block_local * BLOCK_Q + offs_m // NUM_QUERIES_PER_KV  # within the sequence
+    head = kv_head * NUM_QUERIES_PER_KV + offs_m % NUM_QUERIES_PER_KV
+    row_ok = (offs_m < BLOCK_Q * NUM_QUERIES_PER_KV) & (q_tok < q_len)
+    token = (q_start + q_tok).to(tl.int64)
+    return token, head.to(tl.int64), row_ok, context_len + q_tok
+
+
+@triton.jit
+def visible_kv_bounds(prefix_ranges_ptr, seq, stride_pr_s, stride_pr_r, num_prefix_ranges,
+                      seq_len, q_len, context_len, q_block_local, sliding_window,
+                      BLOCK_Q: tl.constexpr, IS_CAUSAL: tl.constexpr, USE_PREFIX: tl.constexpr):
+    """[kv_lo, kv_hi): the keys that any row of the Q block can see."""
+    p_first = context_len + q_block_local * BLOCK_Q
+    p_last = tl.minimum(p_first + BLOCK_Q, context_len + q_len) - 1
+    kv_lo = seq_len * 0
+    kv_hi = seq_len
+    if IS_CAUSAL:
+        kv_hi = tl.minimum(kv_hi, p_last + 1)
+    if sliding_window > 0:
+        kv_lo = tl.maximum(kv_lo, p_first - sliding_window + 1)
+        if not IS_CAUSAL:
+            kv_hi = tl.minimum(kv_hi, p_last + sliding_window)
+    if USE_PREFIX:
+        kv_lo, kv_hi = prefix_kv_bounds(
+            prefix_ranges_ptr, seq, stride_pr_s, stride_pr_r, num_prefix_ranges,
+            p_first, p_last, kv_lo, kv_hi,
+        )
+        kv_lo = tl.maximum(kv_lo, 0)
+        kv_hi = tl.minimum(kv_hi, seq_len)
+    return kv_lo, kv_hi
+
+
+@triton.jit
+def load_q_block(q_ptr, token, head, row_ok, stride_q_t, stride_q_h,
+                 HEAD_SIZE: tl.constexpr, HEAD_SIZE_PAD: tl.constexpr):
+    offs_d = tl.arange(0, HEAD_SIZE_PAD)
+    mask = row_ok[:, None] & (offs_d < HEAD_SIZE)[None, :]
+    ptrs = q_ptr + token[:, None] * stride_q_t + head[:, None] * stride_q_h + offs_d[None, :]
+    return tl.load(ptrs, mask=mask, other=0.0)  # [BLOCK_M, HEAD_SIZE_PAD]
+
+
+@triton.jit
+def init_softmax_state(sinks_ptr, head, row_ok, with_sink,
+                       BLOCK_M: tl.constexpr, HEAD_SIZE_PAD: tl.constexpr, USE_SINKS: tl.constexpr):
+    """(m_i, l_i, acc) in base 2; the sink logit enters as a key of weight e^sink and no value.
+
+    ``with_sink`` is False for programs that must not count the sink (all split-KV segments but
+    the first), so the merged result counts it exactly once.
+    """
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    if USE_SINKS:
+        sink = tl.load(sinks_ptr + head, mask=row_ok, other=float("-inf")).to(tl.float32)
+        m_i = tl.where(with_sink, sink * LOG2E, m_i)
+    l_i = tl.where(m_i > float("-inf"), 1.0, 0.0)
+    acc = tl.zeros([BLOCK_M, HEAD_SIZE_PAD], dtype=tl.float32)
+    return m_i, l_i, acc
+
+
+@triton.jit
+def attend_kv_range(
+    q, m_i, l_i, acc, q_pos, row_ok, slope, k_scale, v_scale,
+    k_cache_ptr, v_cache_ptr, block_row_ptr, prefix_ranges_ptr,
+    seq, kv_head, tile_lo, kv_lo, kv_hi,
+    stride_k_b, stride_k_s, stride_k_h,
+    stride_v_b, stride_v_s, stride_v_h,
+    stride_pr_s, stride_pr_r, num_prefix_ranges,
+    scale, softcap, sliding_window,
+    HEAD_SIZE: tl.constexpr, HEAD_SIZE_PAD: tl.constexpr, PAGE_SIZE: tl.constexpr,
+    TILE_N: tl.constexpr, IS_CAUSAL: tl.constexpr, USE_SOFTCAP: tl.constexpr,
+    ALIBI_MODE: tl.constexpr, DOT_PRECISION: tl.constexpr, USE_PREFIX: tl.constexpr,
+    KV_FP8: tl.constexpr,
+):
+    """Online softmax over keys [max(tile_lo, kv_lo), kv_hi) in TILE_N steps from ``tile_lo``.
+
+    Each key is found through the block table: position k lives in physical block
+    ``block_row[k // PAGE_SIZE]`` at slot ``k % PAGE_SIZE``.
+    """
+    offs_d = tl.arange(0, HEAD_SIZE_PAD)
+    offs_n = tl.arange(0, TILE_N)
+    dim_ok = offs_d < HEAD_SIZE
+    for start in range(tile_lo, kv_hi, TILE_N):
+        k_pos = start + offs_n  # [TILE_N]
+        k_ok = (k_pos >= kv_lo) & (k_pos < kv_hi)
+        page = tl.load(block_row_ptr + k_pos // PAGE_SIZE, mask=k_ok, other=0).to(tl.int64)
+        in_page = (k_pos % PAGE_SIZE).to(tl.int64)
+        k_off = page * stride_k_b + in_page * stride_k_s + kv_head * stride_k_h
+        v_off = page * stride_v_b + in_page * stride_v_s + kv_head * stride_v_h
+        k = tl.load(
+            k_cache_ptr + k_off[None, :] + offs_d[:, None],
+            mask=dim_ok[:, None] & k_ok[None, :],
+            other=0.0,
+        )  # [HEAD_SIZE_PAD, TILE_N]
+        v = tl.load(
+            v_cache_ptr + v_off[:, None] + offs_d[None, :],
+            mask=k_ok[:, None] & dim_ok[None, :],
+            other=0.0,
+        )  # [TILE_N, HEAD_SIZE_PAD]
+        if KV_FP8:
+            k = (k.to(tl.float32) * k_scale).to(q.dtype)
+            v = (v.to(tl.float32) * v_scale).to(q.dtype)
+
+        s = tl.dot(q, k, input_precision=DOT_PRECISION) * scale  # [BLOCK_M, TILE_N]
+        s = score_mods(s, q_pos, k_pos, softcap, slope, USE_SOFTCAP, ALIBI_MODE)
+        vis = causal_window_mask(q_pos, k_pos, sliding_window, IS_CAUSAL)
+        if USE_PREFIX:
+            vis = vis | prefix_visible(
+                prefix_ranges_ptr, seq, stride_pr_s, stride_pr_r, num_prefix_ranges, q_pos, k_pos
+            )
+        vis = vis & k_ok[None, :] & row_ok[:, None]
+        s = tl.where(vis, s * LOG2E, float("-inf"))
+
+        p, alpha, m_i, l_i = online_softmax_step(m_i, l_i, s)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+    return m_i, l_i, acc

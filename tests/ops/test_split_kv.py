@@ -1,0 +1,123 @@
+"""Split-KV path and batch invariance against the float64 reference, on the interpreter."""
+
+import zlib
+
+import pytest
+import torch
+
+from pagedattn import paged_attention, plan_attention
+from pagedattn.reference import paged_attention_ref
+from pagedattn.testing import BATCHES, FEATURES, TOLERANCES, feature_kwargs, make_paged_batch
+from tests.conftest import DEVICE
+
+SPEC_DECODE = [(8, 300), (3, 5), (1, 77), (0, 4), (2, 2), (1, 1)]  # speculative: up to 8 tokens
+
+
+def run_split(batch, kwargs, *, num_splits=None, batch_invariant=False, segment_size=64):
+    plan = plan_attention(
+        batch.query_start_loc.cpu(), batch.seq_lens.cpu(), num_q_heads=batch.q.shape[1],
+        num_kv_heads=batch.k_cache.shape[2], head_size=batch.q.shape[2], device=DEVICE,
+        path="split_kv", num_splits=num_splits, batch_invariant=batch_invariant, segment_size=segment_size,
+    )
+    assert plan.path == "split_kv"
+    plan.partial_out.fill_(float("nan"))  # an unwritten partial must not go unnoticed
+    plan.partial_lse.fill_(float("nan"))
+    out = torch.full_like(batch.q, float("nan"))
+    return paged_attention(*batch.args(), out=out, return_lse=True, plan=plan, **kwargs)
+
+
+def assert_matches_reference(batch, kwargs, out, lse):
+    ref_out, ref_lse = paged_attention_ref(*batch.args(), **kwargs)
+    atol, rtol = TOLERANCES[batch.q.dtype]
+    assert not torch.isnan(out).any() and not torch.isnan(lse).any()
+    torch.testing.assert_close(out.double(), ref_out, atol=atol, rtol=rtol)
+    finite = torch.isfinite(ref_lse)
+    assert torch.equal(finite, torch.isfinite(lse))
+    torch.testing.assert_close(lse.double()[finite], ref_lse[finite], atol=atol, rtol=rtol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=["fp16", "fp32"])
+@pytest.mark.parametrize("feature", FEATURES)
+def test_split_features(feature, dtype):
+    g = torch.Generator().manual_seed(zlib.crc32(feature.encode()))
+    cases = SPEC_DECODE + ([(7, 3)] if "noncausal" in feature else [])
+    batch = make_paged_batch(cases, dtype=dtype, device=DEVICE, generator=g)
+    kwargs = feature_kwargs(feature, batch.q.shape[1], len(cases), device=DEVICE, generator=g)
+    out, lse = run_split(batch, kwargs, num_splits=3)
+    assert_matches_reference(batch, kwargs, out, lse)
+
+
+@pytest.mark.parametrize("num_splits", [1, 2, 7, 17], ids=lambda n: f"splits{n}")
+@pytest.mark.parametrize("batch_kind", ["decode", "mixed"])
+def test_split_counts(num_splits, batch_kind):
+    # 17 splits over at most 463 keys in 64-key tiles: most segments are empty.
+    g = torch.Generator().manual_seed(num_splits)
+    batch = make_paged_batch(BATCHES[batch_kind], dtype=torch.float32, device=DEVICE, generator=g)
+    kwargs = {"sinks": torch.randn(4, generator=g).to(DEVICE), "sliding_window": 150}
+    out, lse = run_split(batch, kwargs, num_splits=num_splits)
+    assert_matches_reference(batch, kwargs, out, lse)
+
+
+def test_split_fp8_and_alibi():
+    g = torch.Generator().manual_seed(21)
+    batch = make_paged_batch(SPEC_DECODE, dtype=torch.float16, cache_dtype=torch.float8_e4m3fn, device=DEVICE, generator=g)
+    kwargs = {"k_scale": 0.8, "v_scale": torch.tensor(1.2, device=DEVICE),
+              "alibi_slopes": torch.rand(4, generator=g).to(DEVICE), "softcap": 3.0}
+    out, lse = run_split(batch, kwargs, num_splits=5)
+    assert_matches_reference(batch, kwargs, out, lse)
+
+
+def test_batch_invariant_interpreter():
+    """The same sequence alone, in a batch of 7 and in a batch of 100: identical bits."""
+    g = torch.Generator().manual_seed(33)
+    target = [(1, 300)]
+    others = [(int(torch.randint(0, 3, (1,), generator=g)), int(torch.randint(5, 70, (1,), generator=g)))
+              for _ in range(99)]
+    results = []
+    for cases in (target, others[:3] + target + others[3:6], others[:50] + target + others[50:]):
+        cases = [(min(q, kv), kv) for q, kv in cases]
+        batch = make_paged_batch(cases, num_q_heads=4, num_kv_heads=2, dtype=torch.float32, device=DEVICE,
+                                 generator=torch.Generator().manual_seed(5))
+        idx = cases.index(target[0])
+        # Same data for the target sequence in every batch: copy it in from a fixed source.
+        src = make_paged_batch(target, num_q_heads=4, num_kv_heads=2, dtype=torch.float32, device=DEVICE,
+                               generator=torch.Generator().manual_seed(6))
+        pages = src.block_table[0, :19].long()
+        dst_pages = batch.block_table[idx, :19].long()
+        batch.k_cache[dst_pages] = src.k_cache[pages]
+        batch.v_cache[dst_pages] = src.v_cache[pages]
+        t0 = int(batch.query_start_loc[idx])
+        batch.q[t0:t0 + 1] = src.q
+        out, lse = run_split(batch, {"sinks": torch.linspace(-1, 1, 4, device=DEVICE)},
+                             batch_invariant=True, segment_size=64)
+        results.append((out[t0:t0 + 1].clone(), lse[t0:t0 + 1].clone()))
+    for out, lse in results[1:]:
+        assert torch.equal(out, results[0][0]) and torch.equal(lse, results[0][1])
+
+
+def test_auto_rule():
+    sms = 4  # the interpreter's assumed SM count
+    decode = plan_attention([0, 1], [5000], num_q_heads=4, num_kv_heads=2, head_size=32, device=DEVICE)
+    assert decode.path == "split_kv" and decode.num_splits > 1
+    assert decode.partial_out.shape == (1, 4, decode.num_splits, 32)
+    wide = plan_attention(list(range(0, 4 * sms + 1)), [5000] * (4 * sms), num_q_heads=4, num_kv_heads=2,
+                          head_size=32, device=DEVICE)
+    assert wide.path == "unified"  # 2 KV heads x 16 sequences fill 4 * 4 programs
+    prefill = plan_attention([0, 100], [5000], num_q_heads=4, num_kv_heads=2, head_size=32, device=DEVICE)
+    assert prefill.path == "unified"
+    short = plan_attention([0, 1], [100], num_q_heads=4, num_kv_heads=2, head_size=32, device=DEVICE)
+    assert short.path == "unified"
+
+
+def test_plan_mismatch_raises():
+    g = torch.Generator().manual_seed(1)
+    batch = make_paged_batch(BATCHES["decode"], dtype=torch.float16, device=DEVICE, generator=g)
+    plan = plan_attention(batch.query_start_loc, batch.seq_lens, num_q_heads=8, num_kv_heads=2, head_size=32,
+                          device=DEVICE)
+    with pytest.raises(ValueError, match="plan"):
+        paged_attention(*batch.args(), plan=plan)
+    small = plan_attention([0, 1], [10], num_q_heads=4, num_kv_heads=2, head_size=32, device=DEVICE)
+    with pytest.raises(ValueError, match="plan"):
+        paged_attention(*batch.args(), plan=small)
+    with pytest.raises(ValueError, match="path"):
+        plan_attention([0, 1], [10], num_q_heads=4, num_kv_heads=2, head_size=32, path="bogus")

@@ -1,0 +1,56 @@
+"""The benchmark suite runs end to end (--quick) and its records pass the correctness gate."""
+
+import json
+import math
+
+import pytest
+
+from pagedattn.bench.cli import main
+
+
+def test_bench_quick_decode_mixed(tmp_path, capsys):
+    out = tmp_path / "results.json"
+    md = tmp_path / "table.md"
+    rc = main(["--quick", "--workload", "decode,mixed", "--provider", "pagedattn",
+               "--json", str(out), "--markdown", str(md)])
+    assert rc == 0
+    data = json.loads(out.read_text())
+    assert {"machine", "config", "ceilings", "providers", "records"} <= set(data)
+    for key in ("torch", "triton", "date", "gpu", "sm_count"):
+        assert key in data["machine"]
+    records = data["records"]
+    assert {r["workload"] for r in records} == {"decode", "mixed"}
+    assert len(records) >= 5
+    for r in records:
+        assert r["provider"] == "pagedattn"
+        assert r["ok"] is True, r
+        assert r["status"] == "ok"
+        assert math.isfinite(r["time_us"]) and r["time_us"] > 0
+        assert r["max_err"] <= r["tolerance"]
+        for key in ("gbps", "tflops", "pct_of_ceiling", "ratio_to_best_anchor"):
+            assert key in r
+    table = md.read_text()
+    assert "| decode B=1 L=64 |" in table
+    assert table in capsys.readouterr().out
+
+
+def test_bench_rejects_unknown_names(tmp_path):
+    with pytest.raises(SystemExit):
+        main(["--quick", "--workload", "nope", "--json", str(tmp_path / "r.json")])
+    with pytest.raises(SystemExit):
+        main(["--quick", "--provider", "nope", "--json", str(tmp_path / "r.json")])
+
+
+def test_workload_counts():
+    import torch
+
+    from pagedattn.bench.workloads import make_cases, work
+
+    cases = {c.name: c for c in make_cases()}
+    assert "decode B=128 L=32768" in cases  # B*L = 4M tokens, the limit, is kept
+    prefill = work(cases["prefill S=2048"], torch.bfloat16)
+    assert prefill["flops"] == 4 * 32 * 2048 * 2048 * 128 / 2
+    decode = work(cases["decode B=8 L=4096"], torch.bfloat16)
+    assert decode["kv_bytes"] == 8 * 4096 * 8 * 128 * 2 * 2
+    gptoss = work(cases["gptoss decode B=32 L=4096"], torch.bfloat16)
+    assert gptoss["kv_bytes"] == 32 * 128 * 8 * 64 * 2 * 2  # only the window is read
