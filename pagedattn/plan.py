@@ -37,6 +37,7 @@ class Tiles:
     block_q: int
     tile_n: int  # keys per step of the inner loop
     num_warps: int
+    num_stages: int = 2
 
 
 @dataclass

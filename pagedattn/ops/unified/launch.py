@@ -72,7 +72,7 @@ def common_kernel_args(a: AttentionArgs, tiles: Tiles) -> dict:
         ALIBI_MODE=a.alibi_mode,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=tiles.num_warps,
-        num_stages=2,
+        num_stages=tiles.num_stages,
     )
 
 
