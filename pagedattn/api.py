@@ -209,7 +209,8 @@ def paged_attention(
         group = num_q_heads // num_kv_heads
         tiles = pick_tiles(max_query_len, group, head_size)
         q_blocks = num_seqs * -(-max_query_len // tiles.block_q)
-        splits = choose_num_splits(q_blocks, num_kv_heads, max_query_len, max_seq_len, num_sms(device))
+        splits = choose_num_splits(q_blocks, num_kv_heads, max_query_len, max_seq_len, num_sms(device),
+                                   sliding_window)
         if splits == 1:
             launch_unified(out, lse, args, tiles)
         else:

@@ -25,7 +25,7 @@ import triton
 
 SPLIT_KV_MAX_QUERY_LEN = 8
 PROGRAMS_PER_SM = 4
-MIN_SEGMENT_TOKENS = 256
+MIN_SEGMENT_TOKENS = 128
 MAX_SPLITS = 128
 INVARIANT_SEGMENT_TOKENS = 1024
 PATHS = ("auto", "unified", "split_kv")
@@ -81,21 +81,29 @@ def pick_tiles(max_query_len: int, num_queries_per_kv: int, head_size: int, *, f
     """Tile shapes from the shapes alone (``fixed``: independent of the batch, for invariance).
 
     Decode gets the smallest M that ``tl.dot`` accepts (16), filled by the query heads of one
-    KV head; longer queries get 64-row blocks so each K/V tile serves more rows.
+    KV head; longer queries get 64-row blocks so each K/V tile serves more rows. Decode tiles
+    (64 keys, 4 warps, 2 stages) won the H200 sweep in docs/perf-notes.md.
     """
     head_size_pad = max(16, triton.next_power_of_2(head_size))
     short = fixed or max_query_len <= 1
     block_m = max(16 if short else 64, triton.next_power_of_2(num_queries_per_kv))
     block_q = block_m // num_queries_per_kv
-    tile_n = 32 if head_size_pad > 128 or short else 64
-    num_warps = 4 if block_m * head_size_pad <= 16 * 256 else 8
+    tile_n = 32 if head_size_pad > 128 else 64
+    num_warps = 4 if block_m * head_size_pad <= 64 * 128 else 8
     if _is_interpreter():
         num_warps = 1
-    return Tiles(block_m, block_q, tile_n, num_warps)
+    return Tiles(block_m, block_q, tile_n, num_warps, num_stages=2)
 
 
-def choose_num_splits(num_q_blocks: int, num_kv_heads: int, max_query_len: int, max_seq_len: int, sms: int) -> int:
-    """The module docstring's rule; 1 means the unified path."""
+def choose_num_splits(num_q_blocks: int, num_kv_heads: int, max_query_len: int, max_seq_len: int, sms: int,
+                      sliding_window: int | None = None) -> int:
+    """The module docstring's rule; 1 means the unified path.
+
+    With a sliding window a query sees at most ``sliding_window + max_query_len - 1`` keys, and
+    that length (not the sequence's) decides how many segments are worth it.
+    """
+    if sliding_window:
+        max_seq_len = min(max_seq_len, sliding_window + max_query_len - 1)
     if max_query_len > SPLIT_KV_MAX_QUERY_LEN or max_seq_len <= MIN_SEGMENT_TOKENS:
         return 1
     programs_2d = max(1, num_q_blocks * num_kv_heads)
@@ -126,6 +134,7 @@ def plan_attention(
     batch_invariant: bool = False,
     segment_size: int = INVARIANT_SEGMENT_TOKENS,
     max_num_tokens: int | None = None,
+    sliding_window: int | None = None,
 ) -> AttentionPlan:
     """Plan one engine step.
 
@@ -142,6 +151,8 @@ def plan_attention(
         that depend on the head shape only. Workspace: ``num_tokens * num_q_heads *
         ceil(max_seq_len / segment_size) * head_size * 4`` bytes (large for long prefills).
     max_num_tokens : workspace capacity in tokens (default: this batch's token count).
+    sliding_window : the layers' window, if any: it bounds the keys a query reads, which the
+        split rule uses (correctness never depends on it).
 
     Examples
     --------
@@ -180,7 +191,8 @@ def plan_attention(
             splits = num_splits
         else:
             num_q_blocks = sum(-(-n // tiles.block_q) for n in q_lens)
-            splits = choose_num_splits(num_q_blocks, num_kv_heads, max_query_len, max_seq_len, num_sms(device))
+            splits = choose_num_splits(num_q_blocks, num_kv_heads, max_query_len, max_seq_len, num_sms(device),
+                                       sliding_window)
         if path == "auto":
             path = "split_kv" if splits > 1 else "unified"
     if path == "unified":

@@ -84,6 +84,7 @@ class PagedAttnProvider(Provider):
         plan = plan_attention(
             inputs.query_start_loc.cpu(), inputs.seq_lens.cpu(), num_q_heads=q.shape[1],
             num_kv_heads=k_cache.shape[2], head_size=q.shape[2], device=q.device, path=self.path,
+            sliding_window=inputs.features.get("sliding_window"),
         )
         kwargs = dict(inputs.paged_kwargs(), plan=plan)
         out = torch.empty_like(q)
