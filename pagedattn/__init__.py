@@ -6,7 +6,14 @@ The public functions are imported lazily, so that ``TRITON_INTERPRET`` can still
 
 __version__ = "0.1.0"
 
-__all__ = ["paged_attention", "write_kv", "merge_attention_states", "plan_attention", "AttentionPlan"]
+__all__ = [
+    "paged_attention",
+    "write_kv",
+    "merge_attention_states",
+    "plan_attention",
+    "AttentionPlan",
+    "validate_metadata",
+]
 
 _PUBLIC = {
     "paged_attention": "pagedattn.api",
@@ -14,6 +21,7 @@ _PUBLIC = {
     "merge_attention_states": "pagedattn.api",
     "plan_attention": "pagedattn.plan",
     "AttentionPlan": "pagedattn.plan",
+    "validate_metadata": "pagedattn.validate",
 }
 
 

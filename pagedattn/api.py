@@ -23,6 +23,7 @@ from pagedattn.ops.merge.kernel import merge_states_kernel
 from pagedattn.ops.split_kv.launch import launch_split_kv
 from pagedattn.ops.unified.launch import AttentionArgs, launch_unified
 from pagedattn.plan import AttentionPlan, choose_num_splits, num_sms, pick_tiles
+from pagedattn.validate import validate_metadata, validation_requested
 
 __all__ = ["paged_attention", "write_kv", "merge_attention_states"]
 
@@ -68,6 +69,8 @@ def paged_attention(
     out: torch.Tensor | None = None,
     return_lse: bool = False,
     plan: AttentionPlan | None = None,
+    validate: bool = False,
+    allow_shared_blocks: bool = False,
 ):
     """Attention of a mixed batch (prefill, extend, decode) over a paged KV cache.
 
@@ -119,6 +122,13 @@ def paged_attention(
         / ``lse`` when they are not given, and never synchronizes. Without a plan the path is
         chosen by the same rule from ``max_query_len`` / ``max_seq_len`` and the split-KV
         workspace is allocated per call.
+    validate : bool
+        Check the metadata first (:func:`pagedattn.validate_metadata`; one host sync) and raise
+        ValueError naming the sequence and index of a bad entry. Also on for every call with
+        ``PAGEDATTN_VALIDATE=1``. Without it, bad block ids or lengths are masked in the kernel
+        (never read out of bounds) but not reported.
+    allow_shared_blocks : bool
+        With ``validate``: whether a block may appear in two sequences (prefix caching).
 
     Returns
     -------
@@ -169,6 +179,11 @@ def paged_attention(
         check_tensor("out", out, dtypes=(q.dtype,), device=device)
         check_shape("out", out, tuple(q.shape))
 
+    if validation_requested(validate):
+        validate_metadata(
+            block_table, seq_lens, query_start_loc, num_tokens=num_tokens, num_blocks=num_blocks,
+            block_size=block_size, causal=causal, allow_shared_blocks=allow_shared_blocks,
+        )
     if plan is not None:
         _check_plan(plan, q, k_cache)
     elif max_query_len is None or max_seq_len is None:
@@ -311,6 +326,7 @@ def write_kv(
     *,
     k_scale: float | torch.Tensor | None = None,
     v_scale: float | torch.Tensor | None = None,
+    validate: bool = False,
 ) -> None:
     """Scatter new tokens' K/V into the paged cache, in place.
 
@@ -324,6 +340,9 @@ def write_kv(
         ``slot = block * block_size + offset``; a slot of -1 skips the token (padding).
     k_scale, v_scale : float or 1-element float32 tensor, optional
         Quantization scales of an fp8 cache (default 1.0; ignored for other caches).
+    validate : bool
+        Raise ValueError for a slot outside [-1, num_blocks * block_size) (one host sync; also
+        with ``PAGEDATTN_VALIDATE=1``). Without it such slots are skipped.
 
     Examples
     --------
@@ -341,6 +360,9 @@ def write_kv(
     check_shape("slot_mapping", slot_mapping, (num_tokens,))
     check_scale_arg("k_scale", k_scale, device)
     check_scale_arg("v_scale", v_scale, device)
+    if validation_requested(validate):
+        validate_metadata(None, None, None, num_tokens=num_tokens, num_blocks=k_cache.shape[0],
+                          block_size=k_cache.shape[1], slot_mapping=slot_mapping)
     if num_tokens == 0:
         return
     fp8 = k_cache.dtype in FP8_DTYPES
@@ -357,6 +379,7 @@ def write_kv(
         stride_k_b=k_cache.stride(0), stride_k_s=k_cache.stride(1), stride_k_h=k_cache.stride(2),
         stride_v_b=v_cache.stride(0), stride_v_s=v_cache.stride(1), stride_v_h=v_cache.stride(2),
         num_tokens=num_tokens,
+        num_slots=k_cache.shape[0] * k_cache.shape[1],
         HEAD_SIZE=head_size,
         HEAD_SIZE_PAD=triton.next_power_of_2(head_size),
         PAGE_SIZE=k_cache.shape[1],

@@ -15,7 +15,7 @@ def _store_row(src_ptr, dst_ptr, offs_d, dim_ok, scale_ptr, CACHE_FP8: tl.conste
 
 
 @triton.heuristics({"CACHE_FP8": lambda args: args["k_scale_ptr"] is not None})
-@triton.jit(do_not_specialize=["num_tokens"])
+@triton.jit(do_not_specialize=["num_tokens", "num_slots"])
 def write_kv_kernel(
     key_ptr,  # [num_tokens, num_kv_heads, head_size]
     value_ptr,
@@ -29,16 +29,20 @@ def write_kv_kernel(
     stride_k_b, stride_k_s, stride_k_h,
     stride_v_b, stride_v_s, stride_v_h,
     num_tokens,
+    num_slots,
     HEAD_SIZE: tl.constexpr,
     HEAD_SIZE_PAD: tl.constexpr,
     PAGE_SIZE: tl.constexpr,
     CACHE_FP8: tl.constexpr,
 ):
-    """k_cache[slot // PAGE_SIZE, slot % PAGE_SIZE, h] = key[t, h] (divided by k_scale for fp8)."""
+    """k_cache[slot // PAGE_SIZE, slot % PAGE_SIZE, h] = key[t, h] (divided by k_scale for fp8).
+
+    Slots outside [0, num_slots) (-1 marks padding) are skipped, so no slot can write past the cache.
+    """
     token = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1).to(tl.int64)
     slot = tl.load(slot_mapping_ptr + token).to(tl.int64)
-    if slot < 0:
+    if (slot < 0) | (slot >= num_slots):
         return
     page = slot // PAGE_SIZE
     in_page = slot % PAGE_SIZE

@@ -32,7 +32,7 @@ from pagedattn.ops.unified.program import (
         "KV_FP8": lambda args: args["k_scale_ptr"] is not None,
     }
 )
-@triton.jit(do_not_specialize=["num_seqs", "num_prefix_ranges", "sliding_window", "segment_size"])
+@triton.jit(do_not_specialize=["num_seqs", "num_tokens", "num_blocks", "max_blocks_per_seq", "num_prefix_ranges", "sliding_window", "segment_size"])
 def split_kv_attention_kernel(
     partial_out_ptr,  # [num_tokens, num_q_heads, num_splits, head_size] fp32
     partial_lse_ptr,  # [num_tokens, num_q_heads, num_splits] fp32
@@ -58,6 +58,9 @@ def split_kv_attention_kernel(
     softcap,
     sliding_window,
     num_seqs,
+    num_tokens,
+    num_blocks,
+    max_blocks_per_seq,
     num_prefix_ranges,
     segment_size,
     NUM_QUERIES_PER_KV: tl.constexpr,
@@ -86,7 +89,7 @@ def split_kv_attention_kernel(
         return
     context_len = seq_len - q_len
     token, head, row_ok, q_pos = q_block_rows(
-        q_start, q_len, q_block_local, context_len, kv_head, NUM_QUERIES_PER_KV, BLOCK_Q, BLOCK_M
+        q_start, q_len, q_block_local, context_len, kv_head, num_tokens, NUM_QUERIES_PER_KV, BLOCK_Q, BLOCK_M
     )
     kv_lo, kv_hi = visible_kv_bounds(
         prefix_ranges_ptr, seq, stride_pr_s, stride_pr_r, num_prefix_ranges,
@@ -119,7 +122,7 @@ def split_kv_attention_kernel(
     m_i, l_i, acc = attend_kv_range(
         q, m_i, l_i, acc, q_pos, row_ok, slope, k_scale, v_scale,
         k_cache_ptr, v_cache_ptr, block_table_ptr + seq.to(tl.int64) * stride_bt_s, prefix_ranges_ptr,
-        seq, kv_head, tile_lo, kv_lo, seg_end,
+        seq, kv_head, tile_lo, kv_lo, seg_end, num_blocks, max_blocks_per_seq,
         stride_k_b, stride_k_s, stride_k_h, stride_v_b, stride_v_s, stride_v_h,
         stride_pr_s, stride_pr_r, num_prefix_ranges, scale, softcap, sliding_window,
         HEAD_SIZE, HEAD_SIZE_PAD, PAGE_SIZE, TILE_N, IS_CAUSAL, USE_SOFTCAP, ALIBI_MODE,

@@ -30,7 +30,7 @@ from pagedattn.ops.unified.program import (
         "KV_FP8": lambda args: args["k_scale_ptr"] is not None,
     }
 )
-@triton.jit(do_not_specialize=["num_seqs", "num_prefix_ranges", "sliding_window"])
+@triton.jit(do_not_specialize=["num_seqs", "num_tokens", "num_blocks", "max_blocks_per_seq", "num_prefix_ranges", "sliding_window"])
 def unified_attention_kernel(
     out_ptr,  # [num_tokens, num_q_heads, head_size]
     lse_ptr,  # [num_tokens, num_q_heads] fp32 or None
@@ -56,6 +56,9 @@ def unified_attention_kernel(
     softcap,
     sliding_window,
     num_seqs,
+    num_tokens,
+    num_blocks,
+    max_blocks_per_seq,
     num_prefix_ranges,
     NUM_QUERIES_PER_KV: tl.constexpr,
     HEAD_SIZE: tl.constexpr,
@@ -82,7 +85,7 @@ def unified_attention_kernel(
         return
     context_len = seq_len - q_len  # negative for cross attention with more queries than keys
     token, head, row_ok, q_pos = q_block_rows(
-        q_start, q_len, q_block_local, context_len, kv_head, NUM_QUERIES_PER_KV, BLOCK_Q, BLOCK_M
+        q_start, q_len, q_block_local, context_len, kv_head, num_tokens, NUM_QUERIES_PER_KV, BLOCK_Q, BLOCK_M
     )
     q = load_q_block(q_ptr, token, head, row_ok, stride_q_t, stride_q_h, HEAD_SIZE, HEAD_SIZE_PAD)
     kv_lo, kv_hi = visible_kv_bounds(
@@ -102,7 +105,7 @@ def unified_attention_kernel(
     m_i, l_i, acc = attend_kv_range(
         q, m_i, l_i, acc, q_pos, row_ok, slope, k_scale, v_scale,
         k_cache_ptr, v_cache_ptr, block_table_ptr + seq.to(tl.int64) * stride_bt_s, prefix_ranges_ptr,
-        seq, kv_head, (kv_lo // TILE_N) * TILE_N, kv_lo, kv_hi,
+        seq, kv_head, (kv_lo // TILE_N) * TILE_N, kv_lo, kv_hi, num_blocks, max_blocks_per_seq,
         stride_k_b, stride_k_s, stride_k_h, stride_v_b, stride_v_s, stride_v_h,
         stride_pr_s, stride_pr_r, num_prefix_ranges, scale, softcap, sliding_window,
         HEAD_SIZE, HEAD_SIZE_PAD, PAGE_SIZE, TILE_N, IS_CAUSAL, USE_SOFTCAP, ALIBI_MODE,

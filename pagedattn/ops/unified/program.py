@@ -68,25 +68,35 @@ def prefix_kv_bounds(prefix_ranges_ptr, seq, stride_pr_s, stride_pr_r, num_prefi
 
 @triton.jit
 def locate_q_block(query_start_loc_ptr, seq_lens_ptr, q_block_idx, num_seqs, BLOCK_Q: tl.constexpr):
-    """(seq, q_start, q_len, q_block_local, seq_len, valid) of global Q block ``q_block_idx``."""
+    """(seq, q_start, q_len, q_block_local, seq_len, valid) of global Q block ``q_block_idx``.
+
+    The metadata is not trusted: rows are later masked to tokens in [0, num_tokens) and keys to
+    pages inside the block table and the cache (see ``q_block_rows`` and ``attend_kv_range``).
+    """
     seq = find_seq_idx(query_start_loc_ptr, q_block_idx, num_seqs, BLOCK_Q)
+    found = seq >= 0  # False only if query_start_loc[0] > 0 (corrupt metadata)
+    seq = tl.maximum(seq, 0)
     q_start = tl.load(query_start_loc_ptr + seq)
     q_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
     q_block_local = q_block_idx - (q_start // BLOCK_Q + seq)
     seq_len = tl.load(seq_lens_ptr + seq)
-    valid = q_block_local * BLOCK_Q < q_len
+    valid = found & (q_block_local * BLOCK_Q < q_len)
     return seq, q_start, q_len, q_block_local, seq_len, valid
 
 
 @triton.jit
-def q_block_rows(q_start, q_len, q_block_local, context_len, kv_head,
+def q_block_rows(q_start, q_len, q_block_local, context_len, kv_head, num_tokens,
                  NUM_QUERIES_PER_KV: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr):
-    """Per row of the block: (token index int64, q head int64, row valid, absolute position)."""
+    """Per row of the block: (token index int64, q head int64, row valid, absolute position).
+
+    A row is valid only inside its sequence and inside [0, num_tokens), whatever
+    query_start_loc says.
+    """
     offs_m = tl.arange(0, BLOCK_M)
     q_tok = q_block_local * BLOCK_Q + offs_m // NUM_QUERIES_PER_KV  # within the sequence
     head = kv_head * NUM_QUERIES_PER_KV + offs_m % NUM_QUERIES_PER_KV
-    row_ok = (offs_m < BLOCK_Q * NUM_QUERIES_PER_KV) & (q_tok < q_len)
     token = (q_start + q_tok).to(tl.int64)
+    row_ok = (offs_m < BLOCK_Q * NUM_QUERIES_PER_KV) & (q_tok < q_len) & (token >= 0) & (token < num_tokens)
     return token, head.to(tl.int64), row_ok, context_len + q_tok
 
 
@@ -145,7 +155,7 @@ def init_softmax_state(sinks_ptr, head, row_ok, with_sink,
 def attend_kv_range(
     q, m_i, l_i, acc, q_pos, row_ok, slope, k_scale, v_scale,
     k_cache_ptr, v_cache_ptr, block_row_ptr, prefix_ranges_ptr,
-    seq, kv_head, tile_lo, kv_lo, kv_hi,
+    seq, kv_head, tile_lo, kv_lo, kv_hi, num_blocks, max_blocks_per_seq,
     stride_k_b, stride_k_s, stride_k_h,
     stride_v_b, stride_v_s, stride_v_h,
     stride_pr_s, stride_pr_r, num_prefix_ranges,
@@ -158,15 +168,17 @@ def attend_kv_range(
     """Online softmax over keys [max(tile_lo, kv_lo), kv_hi) in TILE_N steps from ``tile_lo``.
 
     Each key is found through the block table: position k lives in physical block
-    ``block_row[k // PAGE_SIZE]`` at slot ``k % PAGE_SIZE``.
+    ``block_row[k // PAGE_SIZE]`` at slot ``k % PAGE_SIZE``. A key whose page lies past the
+    table's row or whose block id lies outside [0, num_blocks) is masked, never dereferenced.
     """
     offs_d = tl.arange(0, HEAD_SIZE_PAD)
     offs_n = tl.arange(0, TILE_N)
     dim_ok = offs_d < HEAD_SIZE
     for start in range(tile_lo, kv_hi, TILE_N):
         k_pos = start + offs_n  # [TILE_N]
-        k_ok = (k_pos >= kv_lo) & (k_pos < kv_hi)
+        k_ok = (k_pos >= kv_lo) & (k_pos < kv_hi) & (k_pos // PAGE_SIZE < max_blocks_per_seq)
         page = tl.load(block_row_ptr + k_pos // PAGE_SIZE, mask=k_ok, other=0).to(tl.int64)
+        k_ok = k_ok & (page >= 0) & (page < num_blocks)
         in_page = (k_pos % PAGE_SIZE).to(tl.int64)
         k_off = page * stride_k_b + in_page * stride_k_s + kv_head * stride_k_h
         v_off = page * stride_v_b + in_page * stride_v_s + kv_head * stride_v_h
