@@ -20,6 +20,7 @@ from pagedattn._checks import (
 from pagedattn.ops.common.attention_math import ALIBI_LINEAR, ALIBI_NONE, ALIBI_SQRT
 from pagedattn.ops.kv_write.kernel import write_kv_kernel
 from pagedattn.ops.merge.kernel import merge_states_kernel
+from pagedattn.ops.persistent.launch import launch_persistent
 from pagedattn.ops.split_kv.launch import launch_split_kv
 from pagedattn.ops.unified.launch import AttentionArgs, launch_unified
 from pagedattn.plan import AttentionPlan, choose_num_splits, num_sms, pick_tiles
@@ -117,8 +118,8 @@ def paged_attention(
         Also return lse ``[num_tokens, num_q_heads]`` float32 (natural log, sink included; -inf
         for a row that sees no key, whose output is 0).
     plan : AttentionPlan, optional
-        From :func:`pagedattn.plan_attention` for this step: fixes the path (unified or
-        split-KV), the tiles and owns the workspaces, so the call allocates nothing but ``out``
+        From :func:`pagedattn.plan_attention` for this step: fixes the path (unified,
+        split-KV or persistent), the tiles and owns the workspaces, so the call allocates nothing but ``out``
         / ``lse`` when they are not given, and never synchronizes. Without a plan the path is
         chosen by the same rule from ``max_query_len`` / ``max_seq_len`` and the split-KV
         workspace is allocated per call.
@@ -235,6 +236,8 @@ def paged_attention(
                             partial_out=partial_out, partial_lse=partial_lse)
     elif plan.path == "unified":
         launch_unified(out, lse, args, plan.tiles)
+    elif plan.path == "persistent":
+        launch_persistent(out, lse, args, plan)
     else:
         launch_split_kv(out, lse, args, plan.tiles, num_splits=plan.num_splits, segment_size=plan.segment_size,
                         partial_out=plan.partial_out, partial_lse=plan.partial_lse)

@@ -28,7 +28,9 @@ PROGRAMS_PER_SM = 4
 MIN_SEGMENT_TOKENS = 128
 MAX_SPLITS = 128
 INVARIANT_SEGMENT_TOKENS = 1024
-PATHS = ("auto", "unified", "split_kv")
+PERSISTENT_MAX_SPLITS = 64
+PATHS = ("auto", "unified", "split_kv", "persistent")
+SCHEDULES = ("static", "atomic")
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,45 @@ class AttentionPlan:
     batch_invariant: bool
     partial_out: torch.Tensor | None
     partial_lse: torch.Tensor | None
+    # persistent path only: the device work lists, their capacity and the fixed grid
+    work_items: torch.Tensor | None = None  # [max_items, 5] int32: seq, q block, kv head, split, splits
+    work_counts: torch.Tensor | None = None  # [2] int32: items, reduce rows
+    work_counter: torch.Tensor | None = None  # [1] int32 (atomic schedule)
+    reduce_rows: torch.Tensor | None = None  # [max_num_tokens, 2] int32: token, splits
+    num_programs: int = 0
+    schedule: str = "static"
+    max_num_seqs: int = 0
+    sliding_window: int | None = None
+
+    def update(self, query_start_loc, seq_lens) -> None:
+        """Re-plan a persistent plan for a new batch in place (same buffers, same grid).
+
+        For CUDA graphs: capture ``paged_attention(..., plan=plan)`` once at the maximum shape,
+        then per step write the step's metadata into the captured input buffers, call
+        ``plan.update(query_start_loc, seq_lens)`` with the same metadata on the host, and replay.
+        Raises ValueError if the batch exceeds the capacity the plan was made for.
+        """
+        if self.path != "persistent":
+            raise ValueError(f"update() re-plans persistent plans only; this plan's path is {self.path!r}")
+        qsl, lens = _host_list(query_start_loc), _host_list(seq_lens)
+        if len(lens) > self.max_num_seqs or (qsl and qsl[-1] > self.max_num_tokens):
+            raise ValueError(
+                f"batch of {len(lens)} sequences / {qsl[-1] if qsl else 0} tokens exceeds the plan's capacity "
+                f"({self.max_num_seqs} sequences, {self.max_num_tokens} tokens)"
+            )
+        items, rows = persistent_work_list(
+            qsl, lens, tiles=self.tiles, num_kv_heads=self.num_kv_heads, num_programs=self.num_programs,
+            max_splits=self.partial_out.shape[2], sliding_window=self.sliding_window,
+        )
+        if items.shape[0] > self.work_items.shape[0]:
+            raise ValueError(f"{items.shape[0]} work items exceed the plan's capacity {self.work_items.shape[0]}")
+        device = self.work_items.device
+        self.work_items[: items.shape[0]].copy_(items.to(device))
+        self.reduce_rows[: rows.shape[0]].copy_(rows.to(device))
+        self.work_counts.copy_(torch.tensor([items.shape[0], rows.shape[0]], dtype=torch.int32).to(device))
+        q_lens = [b - a for a, b in zip(qsl[:-1], qsl[1:])]
+        self.max_query_len = max(q_lens + [0])
+        self.max_seq_len = max(lens + [0])
 
 
 def _is_interpreter() -> bool:
@@ -121,6 +162,41 @@ def _host_list(x) -> list[int]:
     return [int(v) for v in x]
 
 
+def persistent_work_list(qsl, lens, *, tiles: Tiles, num_kv_heads: int, num_programs: int, max_splits: int,
+                         sliding_window: int | None = None):
+    """(items [n, 5] int32, reduce rows [m, 2] int32) for the persistent kernel.
+
+    Every Q block is one item per KV head, or several (its key range cut in equal segments)
+    when its queries are short: segments of ``max(MIN_SEGMENT_TOKENS, total keys / (2 *
+    num_programs))`` keys, so the list holds about two items per program of similar size
+    and static striding balances.
+    """
+    blocks = []  # (seq, q block, visible keys, q_len)
+    for s, (a, b) in enumerate(zip(qsl[:-1], qsl[1:])):
+        q_len = b - a
+        if q_len <= 0:
+            continue
+        visible = max(lens[s], 0)
+        if sliding_window:
+            visible = min(visible, sliding_window + q_len - 1)
+        for qb in range(-(-q_len // tiles.block_q)):
+            blocks.append((s, qb, visible, q_len))
+    total = sum(v for _, _, v, q in blocks if q <= SPLIT_KV_MAX_QUERY_LEN) * num_kv_heads
+    segment = max(MIN_SEGMENT_TOKENS, -(-total // max(1, 2 * num_programs)))
+    items, rows = [], []
+    for s, qb, visible, q_len in blocks:
+        n = 1
+        if q_len <= SPLIT_KV_MAX_QUERY_LEN:
+            n = max(1, min(-(-visible // segment), max_splits))
+        items += [(s, qb, h, i, n) for h in range(num_kv_heads) for i in range(n)]
+        if n > 1:
+            first = qsl[s] + qb * tiles.block_q
+            rows += [(t, n) for t in range(first, min(first + tiles.block_q, qsl[s + 1]))]
+    items_t = torch.tensor(items, dtype=torch.int32).reshape(-1, 5)
+    rows_t = torch.tensor(rows, dtype=torch.int32).reshape(-1, 2)
+    return items_t, rows_t
+
+
 def plan_attention(
     query_start_loc,
     seq_lens,
@@ -135,6 +211,10 @@ def plan_attention(
     segment_size: int = INVARIANT_SEGMENT_TOKENS,
     max_num_tokens: int | None = None,
     sliding_window: int | None = None,
+    max_num_seqs: int | None = None,
+    max_context_len: int | None = None,
+    num_programs: int | None = None,
+    schedule: str = "static",
 ) -> AttentionPlan:
     """Plan one engine step.
 
@@ -153,6 +233,10 @@ def plan_attention(
     max_num_tokens : workspace capacity in tokens (default: this batch's token count).
     sliding_window : the layers' window, if any: it bounds the keys a query reads, which the
         split rule uses (correctness never depends on it).
+    max_num_seqs, max_context_len : persistent path: the capacity to plan for (defaults: this
+        batch), so that :meth:`AttentionPlan.update` can re-plan any batch up to it in place.
+    num_programs : persistent path: the fixed grid (default ``PROGRAMS_PER_SM * num_sms``).
+    schedule : persistent path: ``"static"`` striding or ``"atomic"`` work counter.
 
     Examples
     --------
@@ -179,8 +263,8 @@ def plan_attention(
         tiles = pick_tiles(max_query_len, group, head_size, fixed=True)
         if segment_size < tiles.tile_n or segment_size % tiles.tile_n:
             raise ValueError(f"segment_size must be a positive multiple of {tiles.tile_n}, got {segment_size}")
-        if path == "unified":
-            raise ValueError("batch_invariant=True runs the split_kv path; path='unified' conflicts")
+        if path in ("unified", "persistent"):
+            raise ValueError(f"batch_invariant=True runs the split_kv path; path={path!r} conflicts")
         path, segment = "split_kv", segment_size
         splits = max(1, -(-max_seq_len // segment))
     else:
@@ -195,6 +279,13 @@ def plan_attention(
                                        sliding_window)
         if path == "auto":
             path = "split_kv" if splits > 1 else "unified"
+    if path == "persistent":
+        return _plan_persistent(
+            qsl, lens, tiles=tiles, num_q_heads=num_q_heads, num_kv_heads=num_kv_heads, head_size=head_size,
+            device=device, max_num_tokens=max_num_tokens, max_num_seqs=max(len(lens), max_num_seqs or 0),
+            max_context_len=max(max_seq_len, max_context_len or 0), num_programs=num_programs,
+            schedule=schedule, sliding_window=sliding_window,
+        )
     if path == "unified":
         splits = 1
 
@@ -208,3 +299,27 @@ def plan_attention(
         num_q_heads=num_q_heads, num_kv_heads=num_kv_heads, head_size=head_size,
         batch_invariant=batch_invariant, partial_out=partial_out, partial_lse=partial_lse,
     )
+
+
+def _plan_persistent(qsl, lens, *, tiles, num_q_heads, num_kv_heads, head_size, device, max_num_tokens,
+                     max_num_seqs, max_context_len, num_programs, schedule, sliding_window) -> AttentionPlan:
+    if schedule not in SCHEDULES:
+        raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
+    num_programs = num_programs or PROGRAMS_PER_SM * num_sms(device)
+    max_splits = max(1, min(PERSISTENT_MAX_SPLITS, -(-max_context_len // MIN_SEGMENT_TOKENS)))
+    max_q_blocks = max_num_tokens // tiles.block_q + max_num_seqs
+    max_items = max(1, max_q_blocks * num_kv_heads * max_splits)
+    plan = AttentionPlan(
+        path="persistent", tiles=tiles, num_splits=max_splits, segment_size=0,
+        max_query_len=0, max_seq_len=0, max_num_tokens=max_num_tokens,
+        num_q_heads=num_q_heads, num_kv_heads=num_kv_heads, head_size=head_size, batch_invariant=False,
+        partial_out=torch.empty(max_num_tokens, num_q_heads, max_splits, head_size, dtype=torch.float32, device=device),
+        partial_lse=torch.empty(max_num_tokens, num_q_heads, max_splits, dtype=torch.float32, device=device),
+        work_items=torch.zeros(max_items, 5, dtype=torch.int32, device=device),
+        work_counts=torch.zeros(2, dtype=torch.int32, device=device),
+        work_counter=torch.zeros(1, dtype=torch.int32, device=device),
+        reduce_rows=torch.zeros(max(1, max_num_tokens), 2, dtype=torch.int32, device=device),
+        num_programs=num_programs, schedule=schedule, max_num_seqs=max_num_seqs, sliding_window=sliding_window,
+    )
+    plan.update(qsl, lens)
+    return plan

@@ -13,6 +13,7 @@ import triton.language as tl
 from pagedattn.ops.common.attention_math import (
     LOG2E,
     causal_window_mask,
+    finalize_softmax,
     online_softmax_step,
     score_mods,
 )
@@ -67,8 +68,8 @@ def prefix_kv_bounds(prefix_ranges_ptr, seq, stride_pr_s, stride_pr_r, num_prefi
 
 
 @triton.jit
-def locate_q_block(query_start_loc_ptr, seq_lens_ptr, q_block_idx, num_seqs, BLOCK_Q: tl.constexpr):
-    """(seq, q_start, q_len, q_block_local, seq_len, valid) of global Q block ``q_block_idx``.
+def locate_q_block(query_start_loc_ptr, q_block_idx, num_seqs, BLOCK_Q: tl.constexpr):
+    """(seq, q_block_local, valid) of global Q block ``q_block_idx``.
 
     The metadata is not trusted: rows are later masked to tokens in [0, num_tokens) and keys to
     pages inside the block table and the cache (see ``q_block_rows`` and ``attend_kv_range``).
@@ -79,9 +80,7 @@ def locate_q_block(query_start_loc_ptr, seq_lens_ptr, q_block_idx, num_seqs, BLO
     q_start = tl.load(query_start_loc_ptr + seq)
     q_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
     q_block_local = q_block_idx - (q_start // BLOCK_Q + seq)
-    seq_len = tl.load(seq_lens_ptr + seq)
-    valid = found & (q_block_local * BLOCK_Q < q_len)
-    return seq, q_start, q_len, q_block_local, seq_len, valid
+    return seq, q_block_local, found & (q_block_local * BLOCK_Q < q_len)
 
 
 @triton.jit
@@ -209,3 +208,126 @@ def attend_kv_range(
         p, alpha, m_i, l_i = online_softmax_step(m_i, l_i, s)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
     return m_i, l_i, acc
+
+
+@triton.jit
+def attend_segment(
+    q_ptr, k_cache_ptr, v_cache_ptr, block_table_ptr, query_start_loc_ptr, seq_lens_ptr,
+    sinks_ptr, alibi_slopes_ptr, prefix_ranges_ptr, k_scale_ptr, v_scale_ptr,
+    seq, q_block_local, kv_head, split, num_splits, segment_size,
+    stride_q_t, stride_q_h,
+    stride_k_b, stride_k_s, stride_k_h,
+    stride_v_b, stride_v_s, stride_v_h,
+    stride_bt_s, stride_pr_s, stride_pr_r,
+    scale, softcap, sliding_window, num_tokens, num_blocks, max_blocks_per_seq, num_prefix_ranges,
+    NUM_QUERIES_PER_KV: tl.constexpr, HEAD_SIZE: tl.constexpr, HEAD_SIZE_PAD: tl.constexpr,
+    PAGE_SIZE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, TILE_N: tl.constexpr,
+    IS_CAUSAL: tl.constexpr, USE_SOFTCAP: tl.constexpr, ALIBI_MODE: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, USE_SINKS: tl.constexpr, USE_PREFIX: tl.constexpr, KV_FP8: tl.constexpr,
+):
+    """Attention of one Q block over segment ``split`` of ``num_splits`` of its visible keys.
+
+    Returns (out, lse, token, head, row_ok): out [BLOCK_M, HEAD_SIZE_PAD] normalized fp32, lse
+    [BLOCK_M] natural log. ``segment_size == 0`` cuts the visible range into ``num_splits``
+    equal tile-aligned pieces (one piece: the whole range, the 2D kernel); ``segment_size > 0``
+    gives split i the absolute positions [i * segment_size, (i + 1) * segment_size), the same
+    cut whatever else is in the batch (batch-invariant mode). The sink joins split 0 only.
+    """
+    q_start = tl.load(query_start_loc_ptr + seq)
+    q_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
+    seq_len = tl.load(seq_lens_ptr + seq)
+    context_len = seq_len - q_len  # negative for cross attention with more queries than keys
+    token, head, row_ok, q_pos = q_block_rows(
+        q_start, q_len, q_block_local, context_len, kv_head, num_tokens, NUM_QUERIES_PER_KV, BLOCK_Q, BLOCK_M
+    )
+    kv_lo, kv_hi = visible_kv_bounds(
+        prefix_ranges_ptr, seq, stride_pr_s, stride_pr_r, num_prefix_ranges,
+        seq_len, q_len, context_len, q_block_local, sliding_window, BLOCK_Q, IS_CAUSAL, USE_PREFIX,
+    )
+    first_tile = (kv_lo // TILE_N) * TILE_N
+    if segment_size > 0:
+        seg_start = split * segment_size
+        seg_end = seg_start + segment_size
+        tile_lo = tl.maximum(seg_start, first_tile)
+    else:
+        tiles = tl.cdiv(tl.cdiv(kv_hi - first_tile, TILE_N), num_splits)
+        seg_start = first_tile + split * tiles * TILE_N
+        seg_end = seg_start + tiles * TILE_N
+        tile_lo = seg_start
+    seg_end = tl.minimum(seg_end, kv_hi)
+
+    q = load_q_block(q_ptr, token, head, row_ok, stride_q_t, stride_q_h, HEAD_SIZE, HEAD_SIZE_PAD)
+    slope = tl.zeros([BLOCK_M], dtype=tl.float32)
+    if ALIBI_MODE != 0:
+        slope = tl.load(alibi_slopes_ptr + head, mask=row_ok, other=0.0)
+    k_scale = 1.0
+    v_scale = 1.0
+    if KV_FP8:
+        k_scale = tl.load(k_scale_ptr)
+        v_scale = tl.load(v_scale_ptr)
+    m_i, l_i, acc = init_softmax_state(sinks_ptr, head, row_ok, split == 0, BLOCK_M, HEAD_SIZE_PAD, USE_SINKS)
+    m_i, l_i, acc = attend_kv_range(
+        q, m_i, l_i, acc, q_pos, row_ok, slope, k_scale, v_scale,
+        k_cache_ptr, v_cache_ptr, block_table_ptr + seq.to(tl.int64) * stride_bt_s, prefix_ranges_ptr,
+        seq, kv_head, tile_lo, kv_lo, seg_end, num_blocks, max_blocks_per_seq,
+        stride_k_b, stride_k_s, stride_k_h, stride_v_b, stride_v_s, stride_v_h,
+        stride_pr_s, stride_pr_r, num_prefix_ranges, scale, softcap, sliding_window,
+        HEAD_SIZE, HEAD_SIZE_PAD, PAGE_SIZE, TILE_N, IS_CAUSAL, USE_SOFTCAP, ALIBI_MODE,
+        DOT_PRECISION, USE_PREFIX, KV_FP8,
+    )
+    out, lse = finalize_softmax(acc, m_i, l_i)
+    return out, lse, token, head, row_ok
+
+
+@triton.jit
+def store_rows(out_ptr, lse_ptr, out, lse, token, head, row_ok, stride_o_t, stride_o_h, stride_lse_t, stride_lse_h,
+               HEAD_SIZE: tl.constexpr, HEAD_SIZE_PAD: tl.constexpr, RETURN_LSE: tl.constexpr):
+    """Store a Q block's final rows (out in out_ptr's dtype; lse when RETURN_LSE)."""
+    offs_d = tl.arange(0, HEAD_SIZE_PAD)
+    tl.store(
+        out_ptr + token[:, None] * stride_o_t + head[:, None] * stride_o_h + offs_d[None, :],
+        out.to(out_ptr.dtype.element_ty),
+        mask=row_ok[:, None] & (offs_d < HEAD_SIZE)[None, :],
+    )
+    if RETURN_LSE:
+        tl.store(lse_ptr + token * stride_lse_t + head * stride_lse_h, lse, mask=row_ok)
+
+
+@triton.jit
+def store_partial(partial_out_ptr, partial_lse_ptr, out, lse, token, head, row_ok, split,
+                  stride_po_t, stride_po_h, stride_po_s, stride_pl_t, stride_pl_h,
+                  HEAD_SIZE: tl.constexpr, HEAD_SIZE_PAD: tl.constexpr):
+    """Store a Q block's partial rows for split ``split`` (fp32 out, lse)."""
+    offs_d = tl.arange(0, HEAD_SIZE_PAD)
+    row = token * stride_po_t + head * stride_po_h + split * stride_po_s
+    tl.store(partial_out_ptr + row[:, None] + offs_d[None, :], out,
+             mask=row_ok[:, None] & (offs_d < HEAD_SIZE)[None, :])
+    tl.store(partial_lse_ptr + token * stride_pl_t + head * stride_pl_h + split, lse, mask=row_ok)
+
+
+@triton.jit
+def merge_partials(partial_out_row, partial_lse_row, num_splits, stride_po_s,
+                   HEAD_SIZE: tl.constexpr, HEAD_SIZE_PAD: tl.constexpr):
+    """(out [HEAD_SIZE_PAD], lse) of one row from its ``num_splits`` partials, in split order.
+
+    out = sum_i e^{lse_i - lse} out_i, lse = log sum_i e^{lse_i}; partials with lse -inf are not
+    read. The fixed order makes the result deterministic.
+    """
+    offs_d = tl.arange(0, HEAD_SIZE_PAD)
+    dim_ok = offs_d < HEAD_SIZE
+    lse_max = tl.load(partial_lse_row)
+    for i in range(1, num_splits):
+        lse_max = tl.maximum(lse_max, tl.load(partial_lse_row + i))
+    shift = tl.where(lse_max == float("-inf"), 0.0, lse_max)
+    acc = tl.zeros([HEAD_SIZE_PAD], dtype=tl.float32)
+    total = tl.full([], 0.0, tl.float32)
+    for i in range(num_splits):
+        lse_i = tl.load(partial_lse_row + i)
+        w = tl.exp(lse_i - shift)
+        has_keys = tl.broadcast_to(lse_i, [HEAD_SIZE_PAD]) > float("-inf")  # (interpreter: no scalar & vector)
+        part = tl.load(partial_out_row + i * stride_po_s + offs_d, mask=dim_ok & has_keys, other=0.0)
+        acc += w * part
+        total += w
+    out = acc / tl.where(total > 0.0, total, 1.0)
+    lse = tl.where(total > 0.0, shift + tl.log(total), float("-inf"))
+    return out, lse

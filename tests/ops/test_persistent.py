@@ -1,0 +1,59 @@
+"""Persistent path on the interpreter: a tiny fixed grid over mixed batches, both schedules,
+and re-planning a captured-size plan in place for smaller batches."""
+
+import pytest
+import torch
+
+from pagedattn import paged_attention, plan_attention
+from pagedattn.reference import paged_attention_ref
+from pagedattn.testing import BATCHES, TOLERANCES, feature_kwargs, make_paged_batch
+from tests.conftest import DEVICE
+
+
+def check(batch, plan, kwargs):
+    out = torch.full_like(batch.q, float("nan"))
+    out, lse = paged_attention(*batch.args(), out=out, return_lse=True, plan=plan, **kwargs)
+    ref_out, ref_lse = paged_attention_ref(*batch.args(), **kwargs)
+    atol, rtol = TOLERANCES[batch.q.dtype]
+    torch.testing.assert_close(out.double(), ref_out, atol=atol, rtol=rtol)
+    finite = torch.isfinite(ref_lse)
+    assert torch.equal(finite, torch.isfinite(lse))
+    torch.testing.assert_close(lse.double()[finite], ref_lse[finite], atol=atol, rtol=rtol)
+
+
+@pytest.mark.parametrize("schedule", ["static", "atomic"])
+@pytest.mark.parametrize("feature", ["causal", "sinks", "window_noncausal", "alibi", "prefix"])
+def test_persistent_three_programs(feature, schedule):
+    g = torch.Generator().manual_seed(len(feature))
+    cases = BATCHES["mixed"] + [(8, 300), (2, 2)]
+    batch = make_paged_batch(cases, dtype=torch.float32, device=DEVICE, generator=g)
+    kwargs = feature_kwargs(feature, 4, len(cases), device=DEVICE, generator=g)
+    plan = plan_attention(batch.query_start_loc, batch.seq_lens, num_q_heads=4, num_kv_heads=2, head_size=32,
+                          device=DEVICE, path="persistent", num_programs=3, schedule=schedule)
+    assert int(plan.work_counts[1]) > 0, "expected some split rows"
+    plan.partial_out.fill_(float("nan"))
+    check(batch, plan, kwargs)
+
+
+def test_persistent_update_in_place():
+    """One plan at a maximum shape, re-planned for smaller and different batches (the graph recipe)."""
+    g = torch.Generator().manual_seed(1)
+    plan = plan_attention([0] + list(range(1, 9)), [500] * 8, num_q_heads=4, num_kv_heads=2, head_size=32,
+                          device=DEVICE, path="persistent", num_programs=5, max_num_tokens=24)
+    buffers = (plan.work_items.data_ptr(), plan.partial_out.data_ptr(), plan.work_counts.data_ptr())
+    for cases in ([(1, 450)], [(1, 17), (1, 300), (3, 9)], [(1, 1)] * 8, [(4, 400), (8, 100), (0, 5)]):
+        batch = make_paged_batch(cases, dtype=torch.float16, device=DEVICE, generator=g)
+        plan.update(batch.query_start_loc, batch.seq_lens)
+        assert (plan.work_items.data_ptr(), plan.partial_out.data_ptr(), plan.work_counts.data_ptr()) == buffers
+        check(batch, plan, {"sliding_window": 200})
+    with pytest.raises(ValueError, match="capacity"):
+        plan.update([0] + list(range(1, 11)), [5] * 10)
+
+
+def test_persistent_fp8_softcap():
+    g = torch.Generator().manual_seed(2)
+    batch = make_paged_batch(BATCHES["decode"], dtype=torch.float16, cache_dtype=torch.float8_e4m3fn,
+                             device=DEVICE, generator=g)
+    plan = plan_attention(batch.query_start_loc, batch.seq_lens, num_q_heads=4, num_kv_heads=2, head_size=32,
+                          device=DEVICE, path="persistent", num_programs=2)
+    check(batch, plan, {"k_scale": 0.5, "v_scale": 2.0, "softcap": 2.0})
