@@ -89,7 +89,8 @@ def run_check(device: str | None = None, *, quiet: bool = False) -> list[dict]:
         )
         return paged_attention(*batch.args(), plan=plan, **kwargs)
 
-    paths = {name: (lambda *a, _p=name, **kw: run_path(_p, *a, **kw)) for name in ("auto", "unified", "split_kv")}
+    paths = {name: (lambda *a, _p=name, **kw: run_path(_p, *a, **kw))
+             for name in ("auto", "unified", "split_kv", "persistent")}
     rows = []
     g = torch.Generator().manual_seed(0)
     for feature, batch_name, dtype, shape, cache_dtype in _attention_rows(device):

@@ -166,3 +166,60 @@ def test_merge_gpu():
     ref = w[0, ..., None] * out_a.double() + w[1, ..., None] * out_b.double()
     torch.testing.assert_close(out.double(), ref, atol=3e-2, rtol=3e-2)
     torch.testing.assert_close(lse.double(), torch.logaddexp(lse_a.double(), lse_b.double()))
+
+
+@pytest.mark.parametrize("schedule", ["static", "atomic"])
+@pytest.mark.parametrize("feature", ["causal", "sinks", "softcap", "alibi", "prefix", "fp8"])
+def test_persistent_gpu(feature, schedule):
+    from pagedattn import plan_attention
+
+    g = torch.Generator().manual_seed(len(feature) + 7)
+    cases = SPEC_DECODE + [(129, 463), (1, 9000)]
+    cache_dtype = torch.float8_e4m3fn if feature == "fp8" else None
+    batch = make_paged_batch(cases, dtype=torch.bfloat16, cache_dtype=cache_dtype, device="cuda", generator=g, **LLAMA)
+    kwargs = {"k_scale": 0.6, "v_scale": 1.4} if feature == "fp8" else feature_kwargs(feature, 32, len(cases), device="cuda", generator=g)
+    plan = plan_attention(batch.query_start_loc, batch.seq_lens, num_q_heads=32, num_kv_heads=8, head_size=128,
+                          device="cuda", path="persistent", schedule=schedule)
+    out = torch.full_like(batch.q, float("nan"))
+    out, lse = paged_attention(*batch.args(), out=out, return_lse=True, plan=plan, **kwargs)
+    ref_out, ref_lse = paged_attention_ref(*batch.args(), **kwargs)
+    torch.testing.assert_close(out.double(), ref_out, atol=3e-2, rtol=3e-2)
+    finite = torch.isfinite(ref_lse)
+    torch.testing.assert_close(lse.double()[finite], ref_lse[finite], atol=3e-2, rtol=3e-2)
+
+
+def test_graph_capture_once_replay_many_gpu():
+    """Capture at the maximum shape once; replay for changing batches via plan.update."""
+    from pagedattn import plan_attention
+
+    max_seqs, max_ctx = 32, 4096
+    big = make_paged_batch([(1, max_ctx)] * max_seqs, dtype=torch.bfloat16, device="cuda",
+                           generator=torch.Generator().manual_seed(0), **LLAMA)
+    q, kc, vc, bt = big.q, big.k_cache, big.v_cache, big.block_table
+    sl, qsl = big.seq_lens.clone(), big.query_start_loc.clone()
+    out = torch.empty_like(q)
+    plan = plan_attention(qsl.cpu(), sl.cpu(), num_q_heads=32, num_kv_heads=8, head_size=128, device="cuda",
+                          path="persistent", max_num_seqs=max_seqs, max_num_tokens=max_seqs, max_context_len=max_ctx)
+
+    def step():
+        paged_attention(q, kc, vc, bt, sl, qsl, plan=plan, out=out, max_query_len=1, max_seq_len=max_ctx)
+
+    step()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    g = torch.Generator().manual_seed(1)
+    for b in (1, 5, 32, 17):
+        lens = torch.randint(1, max_ctx + 1, (b,), generator=g, dtype=torch.int32)
+        starts = torch.arange(b + 1, dtype=torch.int32)
+        sl[:b].copy_(lens)
+        sl[b:].zero_()
+        qsl.copy_(torch.arange(max_seqs + 1, dtype=torch.int32).clamp(max=b))
+        q[:b].copy_(torch.randn(b, 32, 128, generator=g).to("cuda", torch.bfloat16))
+        plan.update(starts, lens)
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        ref, _ = paged_attention_ref(q[:b], kc, vc, bt[:b], sl[:b], qsl[: b + 1])
+        torch.testing.assert_close(out[:b].double(), ref, atol=3e-2, rtol=3e-2)

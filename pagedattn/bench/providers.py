@@ -276,8 +276,8 @@ PROVIDERS: dict[str, Provider] = {
         PagedAttnProvider("pagedattn", description="paged_attention, automatic path"),
         PagedAttnProvider("pagedattn-2d", path="unified", description="unified 2D kernel (forced)"),
         PagedAttnProvider("pagedattn-split", path="split_kv", description="split-KV path (forced)"),
+        PagedAttnProvider("pagedattn-persistent", path="persistent", description="persistent path (forced)"),
         # Forced paths, added as they land:
-        # PagedAttnProvider("pagedattn-persistent", path="persistent"),
         # PagedAttnProvider("pagedattn-prefill", path="prefill"),
         SdpaProvider("sdpa-cudnn", anchor=True, backend="CUDNN_ATTENTION",
                      description="torch SDPA, cuDNN backend, contiguous KV"),
