@@ -167,9 +167,9 @@ def persistent_work_list(qsl, lens, *, tiles: Tiles, num_kv_heads: int, num_prog
     """(items [n, 5] int32, reduce rows [m, 2] int32) for the persistent kernel.
 
     Every Q block is one item per KV head, or several (its key range cut in equal segments)
-    when its queries are short: segments of ``max(MIN_SEGMENT_TOKENS, total keys / (2 *
-    num_programs))`` keys, so the list holds about two items per program of similar size
-    and static striding balances.
+    when its queries are short and the unsplit items would not fill the grid: segments of
+    ``max(MIN_SEGMENT_TOKENS, total keys / (2 * num_programs))`` keys, so the list holds about
+    two items per program of similar size and static striding balances.
     """
     blocks = []  # (seq, q block, visible keys, q_len)
     for s, (a, b) in enumerate(zip(qsl[:-1], qsl[1:])):
@@ -183,6 +183,8 @@ def persistent_work_list(qsl, lens, *, tiles: Tiles, num_kv_heads: int, num_prog
             blocks.append((s, qb, visible, q_len))
     total = sum(v for _, _, v, q in blocks if q <= SPLIT_KV_MAX_QUERY_LEN) * num_kv_heads
     segment = max(MIN_SEGMENT_TOKENS, -(-total // max(1, 2 * num_programs)))
+    if len(blocks) * num_kv_heads >= num_programs:
+        segment = 1 << 62  # a full grid without splitting: no partials to write and merge
     items, rows = [], []
     for s, qb, visible, q_len in blocks:
         n = 1
