@@ -8,20 +8,26 @@ __version__ = "0.1.0"
 
 __all__ = [
     "paged_attention",
+    "varlen_attention",
     "write_kv",
     "merge_attention_states",
     "plan_attention",
     "AttentionPlan",
     "validate_metadata",
+    "mla_decode",
+    "write_mla_kv",
 ]
 
 _PUBLIC = {
     "paged_attention": "pagedattn.api",
+    "varlen_attention": "pagedattn.api",
     "write_kv": "pagedattn.api",
     "merge_attention_states": "pagedattn.api",
     "plan_attention": "pagedattn.plan",
     "AttentionPlan": "pagedattn.plan",
     "validate_metadata": "pagedattn.validate",
+    "mla_decode": "pagedattn.mla",
+    "write_mla_kv": "pagedattn.mla",
 }
 
 

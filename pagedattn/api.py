@@ -21,12 +21,20 @@ from pagedattn.ops.common.attention_math import ALIBI_LINEAR, ALIBI_NONE, ALIBI_
 from pagedattn.ops.kv_write.kernel import write_kv_kernel
 from pagedattn.ops.merge.kernel import merge_states_kernel
 from pagedattn.ops.persistent.launch import launch_persistent
+from pagedattn.ops.prefill.launch import launch_prefill
 from pagedattn.ops.split_kv.launch import launch_split_kv
 from pagedattn.ops.unified.launch import AttentionArgs, launch_unified
-from pagedattn.plan import AttentionPlan, choose_num_splits, num_sms, pick_tiles
+from pagedattn.plan import (
+    PREFILL_MIN_QUERY_LEN,
+    AttentionPlan,
+    choose_num_splits,
+    num_sms,
+    pick_prefill_tiles,
+    pick_tiles,
+)
 from pagedattn.validate import validate_metadata, validation_requested
 
-__all__ = ["paged_attention", "write_kv", "merge_attention_states"]
+__all__ = ["paged_attention", "varlen_attention", "write_kv", "merge_attention_states"]
 
 
 def _scale_tensor(x, device: torch.device) -> torch.Tensor:
@@ -221,7 +229,10 @@ def paged_attention(
         v_scale=_scale_tensor(v_scale, device) if fp8 else None,
     )
 
-    if plan is None:
+    if plan is None and max_query_len >= PREFILL_MIN_QUERY_LEN:
+        _launch_prefill_and_rest(out, lse, args, pick_prefill_tiles(head_size, q.dtype), max_query_len,
+                                 PREFILL_MIN_QUERY_LEN)
+    elif plan is None:
         group = num_q_heads // num_kv_heads
         tiles = pick_tiles(max_query_len, group, head_size)
         q_blocks = num_seqs * -(-max_query_len // tiles.block_q)
@@ -238,9 +249,116 @@ def paged_attention(
         launch_unified(out, lse, args, plan.tiles)
     elif plan.path == "persistent":
         launch_persistent(out, lse, args, plan)
+    elif plan.path == "prefill":
+        _launch_prefill_and_rest(out, lse, args, plan.prefill_tiles, plan.max_query_len, plan.prefill_min_q_len)
     else:
         launch_split_kv(out, lse, args, plan.tiles, num_splits=plan.num_splits, segment_size=plan.segment_size,
                         partial_out=plan.partial_out, partial_lse=plan.partial_lse)
+    return (out, lse) if return_lse else out
+
+
+def _launch_prefill_and_rest(out, lse, args: AttentionArgs, prefill_tiles, max_query_len: int, min_q_len: int):
+    """Sequences with >= min_q_len queries: the large-tile kernel; the others: the unified kernel."""
+    launch_prefill(out, lse, args, prefill_tiles, max_query_len=max_query_len, min_q_len=min_q_len)
+    if min_q_len > 1:
+        group = args.q.shape[1] // args.k_cache.shape[2]
+        args.max_q_len_served = min_q_len - 1
+        launch_unified(out, lse, args, pick_tiles(min_q_len - 1, group, args.q.shape[2]))
+
+
+def varlen_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    *,
+    max_query_len: int | None = None,
+    scale: float | None = None,
+    causal: bool = True,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
+    alibi_slopes: torch.Tensor | None = None,
+    alibi_sqrt: bool = False,
+    sinks: torch.Tensor | None = None,
+    prefix_ranges: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    return_lse: bool = False,
+):
+    """Attention over contiguous K/V of several sequences (prefill; also what an encoder calls).
+
+    Sequence s owns queries ``q[cu_seqlens_q[s]:cu_seqlens_q[s+1]]`` and keys/values
+    ``k[cu_seqlens_k[s]:cu_seqlens_k[s+1]]``; its queries are its last tokens (query j sits at
+    position ``kv_len_s - q_len_s + j``), so the features mean what they mean in
+    :func:`paged_attention`. Runs the large-tile kernel.
+
+    Parameters
+    ----------
+    q : ``[num_tokens, num_q_heads, head_size]`` float16, bfloat16 or float32
+    k, v : ``[total_kv_tokens, num_kv_heads, head_size]`` q's dtype
+    cu_seqlens_q, cu_seqlens_k : ``[num_seqs + 1]`` int32
+    max_query_len : int, optional
+        Host maximum of the query lengths (else computed with one host sync).
+    scale, causal, sliding_window, softcap, alibi_slopes, alibi_sqrt, sinks, prefix_ranges, out,
+    return_lse : as in :func:`paged_attention`.
+
+    Returns
+    -------
+    out, or ``(out, lse)`` when ``return_lse``.
+
+    Examples
+    --------
+    >>> out = varlen_attention(q, k, v, cu_q, cu_k, max_query_len=2048, causal=True)
+    """
+    check_tensor("q", q, ndim=3, dtypes=FLOAT_DTYPES)
+    device = q.device
+    num_tokens, num_q_heads, head_size = q.shape
+    check_tensor("k", k, ndim=3, dtypes=(q.dtype,), device=device)
+    check_tensor("v", v, ndim=3, dtypes=(q.dtype,), device=device)
+    check_shape("v", v, tuple(k.shape))
+    check_head_size("q", head_size)
+    if k.shape[2] != head_size:
+        raise ValueError(f"k head_size {k.shape[2]} differs from q head_size {head_size}")
+    num_kv_heads = k.shape[1]
+    if num_kv_heads == 0 or num_q_heads % num_kv_heads != 0:
+        raise ValueError(f"q has {num_q_heads} heads, which is not a multiple of k's {num_kv_heads} KV heads")
+    check_tensor("cu_seqlens_q", cu_seqlens_q, ndim=1, dtypes=(torch.int32,), device=device)
+    check_tensor("cu_seqlens_k", cu_seqlens_k, ndim=1, dtypes=(torch.int32,), device=device)
+    num_seqs = cu_seqlens_q.shape[0] - 1
+    check_shape("cu_seqlens_k", cu_seqlens_k, (num_seqs + 1,))
+    check_optional_int("max_query_len", max_query_len, minimum=0)
+    check_optional_int("sliding_window", sliding_window, minimum=1)
+    if softcap is not None and not (isinstance(softcap, (int, float)) and softcap >= 0):
+        raise ValueError(f"softcap must be a float >= 0 or None, got {softcap!r}")
+    check_per_head("alibi_slopes", alibi_slopes, num_q_heads, device)
+    if alibi_sqrt and alibi_slopes is None:
+        raise ValueError("alibi_sqrt=True needs alibi_slopes")
+    check_per_head("sinks", sinks, num_q_heads, device)
+    if prefix_ranges is not None:
+        check_tensor("prefix_ranges", prefix_ranges, ndim=3, dtypes=(torch.int32,), device=device)
+        check_shape("prefix_ranges", prefix_ranges, (num_seqs, None, 2))
+    if out is not None:
+        check_tensor("out", out, dtypes=(q.dtype,), device=device)
+        check_shape("out", out, tuple(q.shape))
+    else:
+        out = torch.empty_like(q)
+    if max_query_len is None:
+        lens = cu_seqlens_q[1:] - cu_seqlens_q[:-1]
+        max_query_len = int(lens.max().item()) if num_seqs > 0 else 0
+    lse = torch.empty(num_tokens, num_q_heads, dtype=torch.float32, device=device) if return_lse else None
+    if alibi_slopes is None:
+        alibi_mode = ALIBI_NONE.value
+    else:
+        alibi_mode = (ALIBI_SQRT if alibi_sqrt else ALIBI_LINEAR).value
+    args = AttentionArgs(
+        q=q, k_cache=k, v_cache=v, block_table=None, seq_lens=None, query_start_loc=cu_seqlens_q,
+        scale=float(scale if scale is not None else 1.0 / math.sqrt(head_size)),
+        causal=bool(causal), sliding_window=int(sliding_window or 0), softcap=float(softcap or 0.0),
+        alibi_mode=alibi_mode, alibi_slopes=alibi_slopes, sinks=sinks, prefix_ranges=prefix_ranges,
+        k_scale=None, v_scale=None,
+    )
+    launch_prefill(out, lse, args, pick_prefill_tiles(head_size, q.dtype), max_query_len=max_query_len,
+                   cu_seqlens_k=cu_seqlens_k)
     return (out, lse) if return_lse else out
 
 

@@ -6,6 +6,8 @@ metadata; it may synchronize once if given device tensors) and passes it to ever
 
 The path rule (``path="auto"``):
 
+* If some sequence has at least ``PREFILL_MIN_QUERY_LEN`` queries, those sequences run the
+  large-tile prefill kernel and the others the unified kernel, in one call ("prefill").
 * Long queries (``max_query_len > SPLIT_KV_MAX_QUERY_LEN``) take the unified ("2D") path: the
   Q blocks of the prefill/extend tokens already give the GPU enough programs.
 * Otherwise count the 2D grid, ``num_q_blocks * num_kv_heads``. If it reaches
@@ -29,7 +31,8 @@ MIN_SEGMENT_TOKENS = 128
 MAX_SPLITS = 128
 INVARIANT_SEGMENT_TOKENS = 1024
 PERSISTENT_MAX_SPLITS = 64
-PATHS = ("auto", "unified", "split_kv", "persistent")
+PREFILL_MIN_QUERY_LEN = 128
+PATHS = ("auto", "unified", "split_kv", "persistent", "prefill")
 SCHEDULES = ("static", "atomic")
 
 
@@ -73,6 +76,9 @@ class AttentionPlan:
     schedule: str = "static"
     max_num_seqs: int = 0
     sliding_window: int | None = None
+    # prefill path: sequences with at least prefill_min_q_len queries run the large-tile kernel
+    prefill_tiles: Tiles | None = None
+    prefill_min_q_len: int = 0
 
     def update(self, query_start_loc, seq_lens) -> None:
         """Re-plan a persistent plan for a new batch in place (same buffers, same grid).
@@ -134,6 +140,16 @@ def pick_tiles(max_query_len: int, num_queries_per_kv: int, head_size: int, *, f
     if _is_interpreter():
         num_warps = 1
     return Tiles(block_m, block_q, tile_n, num_warps, num_stages=2)
+
+
+def pick_prefill_tiles(head_size: int, dtype: torch.dtype) -> Tiles:
+    """Tiles of the large-tile prefill kernel: 128 query rows x 64 keys for heads up to 128."""
+    head_size_pad = max(16, triton.next_power_of_2(head_size))
+    if _is_interpreter():
+        return Tiles(32, 32, 32, 1, 1)
+    if dtype == torch.float32 or head_size_pad > 128:
+        return Tiles(64, 64, 32, 4 if head_size_pad <= 64 else 8, 2)
+    return Tiles(128, 128, 64, 4 if head_size_pad <= 64 else 8, 3)
 
 
 def choose_num_splits(num_q_blocks: int, num_kv_heads: int, max_query_len: int, max_seq_len: int, sms: int,
@@ -217,6 +233,7 @@ def plan_attention(
     max_context_len: int | None = None,
     num_programs: int | None = None,
     schedule: str = "static",
+    dtype: torch.dtype = torch.bfloat16,
 ) -> AttentionPlan:
     """Plan one engine step.
 
@@ -226,7 +243,10 @@ def plan_attention(
     seq_lens : ``[num_seqs]`` ints
     num_q_heads, num_kv_heads, head_size : the attention shape of every layer of the step.
     device : where the workspaces live (the kernels' device).
-    path : ``"auto"`` (the module docstring's rule), ``"unified"`` or ``"split_kv"``.
+    path : ``"auto"`` (the module docstring's rule), ``"unified"``, ``"split_kv"``,
+        ``"persistent"`` or ``"prefill"`` (every sequence through the large-tile kernel; under
+        ``"auto"`` sequences with >= PREFILL_MIN_QUERY_LEN queries take it and the rest the
+        unified kernel, in the same call).
     num_splits : force the split count of the split-KV path.
     batch_invariant : every sequence's output bitwise independent of the rest of the batch:
         the split-KV path with ``segment_size`` keys per split at fixed positions and tiles
@@ -239,6 +259,7 @@ def plan_attention(
         batch), so that :meth:`AttentionPlan.update` can re-plan any batch up to it in place.
     num_programs : persistent path: the fixed grid (default ``PROGRAMS_PER_SM * num_sms``).
     schedule : persistent path: ``"static"`` striding or ``"atomic"`` work counter.
+    dtype : q's dtype (the prefill path's tiles depend on it).
 
     Examples
     --------
@@ -247,6 +268,7 @@ def plan_attention(
     """
     if path not in PATHS:
         raise ValueError(f"path must be one of {PATHS}, got {path!r}")
+    path_requested = path
     if num_q_heads % num_kv_heads != 0:
         raise ValueError(f"num_q_heads {num_q_heads} is not a multiple of num_kv_heads {num_kv_heads}")
     qsl = _host_list(query_start_loc)
@@ -279,7 +301,9 @@ def plan_attention(
             num_q_blocks = sum(-(-n // tiles.block_q) for n in q_lens)
             splits = choose_num_splits(num_q_blocks, num_kv_heads, max_query_len, max_seq_len, num_sms(device),
                                        sliding_window)
-        if path == "auto":
+        if path == "auto" and max_query_len >= PREFILL_MIN_QUERY_LEN:
+            path = "prefill"
+        elif path == "auto":
             path = "split_kv" if splits > 1 else "unified"
     if path == "persistent":
         return _plan_persistent(
@@ -287,6 +311,14 @@ def plan_attention(
             device=device, max_num_tokens=max_num_tokens, max_num_seqs=max(len(lens), max_num_seqs or 0),
             max_context_len=max(max_seq_len, max_context_len or 0), num_programs=num_programs,
             schedule=schedule, sliding_window=sliding_window,
+        )
+    if path == "prefill":
+        return AttentionPlan(
+            path="prefill", tiles=tiles, num_splits=1, segment_size=0, max_query_len=max_query_len,
+            max_seq_len=max_seq_len, max_num_tokens=max_num_tokens, num_q_heads=num_q_heads,
+            num_kv_heads=num_kv_heads, head_size=head_size, batch_invariant=False, partial_out=None,
+            partial_lse=None, prefill_tiles=pick_prefill_tiles(head_size, dtype),
+            prefill_min_q_len=PREFILL_MIN_QUERY_LEN if path_requested == "auto" else 0,
         )
     if path == "unified":
         splits = 1

@@ -267,3 +267,80 @@ def write_kv_ref(
                 x = (x.to(torch.float32) / _as_scale(sc)).clamp(-448.0, 448.0)
             dst[b, o] = x.to(dst.dtype)
     return k_out, v_out
+
+
+def mla_decode_ref(
+    q_nope: torch.Tensor,
+    q_pe: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    *,
+    scale: float,
+    kv_scale=None,
+    compute_dtype: torch.dtype = torch.float64,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Reference for :func:`pagedattn.mla_decode` (MLA in the latent space, causal).
+
+    Every head attends to the shared latent rows ``[c_kv | k_pe]`` of its sequence:
+    ``s = scale * (q_nope . c_kv + q_pe . k_pe)``, values ``c_kv``. Heads are not expanded, so
+    128 heads at 32K keys stay small. Returns ``(out, lse)`` in ``compute_dtype``: out
+    ``[num_tokens, num_heads, latent_dim]``, lse ``[num_tokens, num_heads]`` (natural log).
+    """
+    num_tokens, num_heads, latent_dim = q_nope.shape
+    block_size, row_dim = kv_cache.shape[1], kv_cache.shape[2]
+    out = torch.zeros(num_tokens, num_heads, latent_dim, dtype=compute_dtype, device=q_nope.device)
+    lse = torch.full((num_tokens, num_heads), float("-inf"), dtype=compute_dtype, device=q_nope.device)
+    qsl = query_start_loc.tolist()
+    lens = seq_lens.tolist()
+    for s in range(len(lens)):
+        q0, q1 = qsl[s], qsl[s + 1]
+        if q1 == q0:
+            continue
+        seq_len = lens[s]
+        pages = block_table[s, : -(-seq_len // block_size)].to(torch.int64)
+        rows = kv_cache[pages].reshape(-1, row_dim)[:seq_len].to(compute_dtype)
+        if kv_cache.dtype == torch.float8_e4m3fn:
+            rows = rows * _as_scale(kv_scale)
+        c_kv, k_pe = rows[:, :latent_dim], rows[:, latent_dim:]
+        scores = torch.einsum("qhd,kd->hqk", q_nope[q0:q1].to(compute_dtype), c_kv)
+        scores = (scores + torch.einsum("qhd,kd->hqk", q_pe[q0:q1].to(compute_dtype), k_pe)) * scale
+        k_pos = torch.arange(seq_len, device=q_nope.device)
+        q_pos = torch.arange(q1 - q0, device=q_nope.device) + (seq_len - (q1 - q0))
+        vis = visible_mask(q_pos, k_pos, causal=True, sliding_window=None)
+        scores = scores.masked_fill(~vis[None], float("-inf"))
+        l = torch.logsumexp(scores, dim=-1)  # [heads, q_len]
+        finite = torch.isfinite(l)
+        weights = torch.where(finite[..., None], torch.exp(scores - torch.where(finite, l, 0.0)[..., None]), 0.0)
+        out[q0:q1] = torch.einsum("hqk,kd->qhd", weights, c_kv)
+        lse[q0:q1] = l.transpose(0, 1)
+    return out, lse
+
+
+def write_mla_kv_ref(
+    c_kv: torch.Tensor,
+    k_pe: torch.Tensor,
+    kv_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    *,
+    kv_scale=None,
+) -> torch.Tensor:
+    """Reference for :func:`pagedattn.write_mla_kv`: returns an updated copy of the cache.
+
+    Slots outside ``[0, num_blocks * block_size)`` (-1 marks padding) are skipped.
+    """
+    cache = kv_cache.clone()
+    num_blocks, block_size = kv_cache.shape[:2]
+    for i, slot in enumerate(slot_mapping.tolist()):
+        if slot < 0 or slot >= num_blocks * block_size:
+            continue
+        b, o = divmod(slot, block_size)
+        x = torch.cat([c_kv[i], k_pe[i]])
+        if cache.dtype == torch.float8_e4m3fn:
+            x = (x.to(torch.float32) / _as_scale(kv_scale)).clamp(-448.0, 448.0)
+        cache[b, o] = x.to(cache.dtype)
+    return cache
+
+
+__all__ += ["mla_decode_ref", "write_mla_kv_ref"]

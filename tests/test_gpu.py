@@ -223,3 +223,45 @@ def test_graph_capture_once_replay_many_gpu():
         torch.cuda.synchronize()
         ref, _ = paged_attention_ref(q[:b], kc, vc, bt[:b], sl[:b], qsl[: b + 1])
         torch.testing.assert_close(out[:b].double(), ref, atol=3e-2, rtol=3e-2)
+
+
+@pytest.mark.parametrize("feature", FEATURES)
+def test_varlen_gpu(feature):
+    from pagedattn import varlen_attention
+    from pagedattn.reference import varlen_attention_ref
+
+    g = torch.Generator().manual_seed(len(feature) + 50)
+    cases = [(1500, 1500), (300, 2100), (1, 999), (129, 129)] + ([(40, 9)] if "noncausal" in feature else [])
+    cu_q = torch.tensor([0] + [q for q, _ in cases]).cumsum(0).to(torch.int32)
+    cu_k = torch.tensor([0] + [k for _, k in cases]).cumsum(0).to(torch.int32)
+    q = torch.randn(int(cu_q[-1]), 32, 128, generator=g).to("cuda", torch.bfloat16)
+    k = torch.randn(int(cu_k[-1]), 8, 128, generator=g).to("cuda", torch.bfloat16)
+    v = torch.randn(int(cu_k[-1]), 8, 128, generator=g).to("cuda", torch.bfloat16)
+    kwargs = feature_kwargs(feature, 32, len(cases), device="cuda", generator=g)
+    out, lse = varlen_attention(q, k, v, cu_q.cuda(), cu_k.cuda(), return_lse=True, **kwargs)
+    ref_out, ref_lse = varlen_attention_ref(q, k, v, cu_q, cu_k, **kwargs)
+    torch.testing.assert_close(out.double(), ref_out, atol=3e-2, rtol=3e-2)
+    finite = torch.isfinite(ref_lse)
+    torch.testing.assert_close(lse.double()[finite], ref_lse[finite], atol=3e-2, rtol=3e-2)
+
+
+@pytest.mark.parametrize("head_size", [64, 128, 256])
+@pytest.mark.parametrize("feature", ["causal", "fp8", "softcap", "sinks"])
+def test_paged_prefill_gpu(feature, head_size):
+    from pagedattn import plan_attention
+
+    g = torch.Generator().manual_seed(head_size + len(feature))
+    cases = [(2048, 2048), (1, 2049), (512, 4608), (3, 70), (129, 129)]
+    cache_dtype = torch.float8_e4m3fn if feature == "fp8" else None
+    shape = dict(LLAMA, head_size=head_size)
+    batch = make_paged_batch(cases, dtype=torch.bfloat16, cache_dtype=cache_dtype, device="cuda", generator=g, **shape)
+    kwargs = {"k_scale": 0.6, "v_scale": 1.4} if feature == "fp8" else feature_kwargs(feature, 32, len(cases), device="cuda", generator=g)
+    plan = plan_attention(batch.query_start_loc, batch.seq_lens, num_q_heads=32, num_kv_heads=8,
+                          head_size=head_size, device="cuda")
+    assert plan.path == "prefill"
+    out = torch.full_like(batch.q, float("nan"))
+    out, lse = paged_attention(*batch.args(), out=out, return_lse=True, plan=plan, **kwargs)
+    ref_out, ref_lse = paged_attention_ref(*batch.args(), **kwargs)
+    torch.testing.assert_close(out.double(), ref_out, atol=3e-2, rtol=3e-2)
+    finite = torch.isfinite(ref_lse)
+    torch.testing.assert_close(lse.double()[finite], ref_lse[finite], atol=3e-2, rtol=3e-2)

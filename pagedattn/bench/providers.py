@@ -84,7 +84,7 @@ class PagedAttnProvider(Provider):
         plan = plan_attention(
             inputs.query_start_loc.cpu(), inputs.seq_lens.cpu(), num_q_heads=q.shape[1],
             num_kv_heads=k_cache.shape[2], head_size=q.shape[2], device=q.device, path=self.path,
-            sliding_window=inputs.features.get("sliding_window"),
+            sliding_window=inputs.features.get("sliding_window"), dtype=q.dtype,
         )
         kwargs = dict(inputs.paged_kwargs(), plan=plan)
         out = torch.empty_like(q)
@@ -277,8 +277,7 @@ PROVIDERS: dict[str, Provider] = {
         PagedAttnProvider("pagedattn-2d", path="unified", description="unified 2D kernel (forced)"),
         PagedAttnProvider("pagedattn-split", path="split_kv", description="split-KV path (forced)"),
         PagedAttnProvider("pagedattn-persistent", path="persistent", description="persistent path (forced)"),
-        # Forced paths, added as they land:
-        # PagedAttnProvider("pagedattn-prefill", path="prefill"),
+        PagedAttnProvider("pagedattn-prefill", path="prefill", description="large-tile prefill kernel (forced)"),
         SdpaProvider("sdpa-cudnn", anchor=True, backend="CUDNN_ATTENTION",
                      description="torch SDPA, cuDNN backend, contiguous KV"),
         SdpaProvider("sdpa-flash", anchor=True, backend="FLASH_ATTENTION",

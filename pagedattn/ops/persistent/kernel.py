@@ -96,6 +96,7 @@ def persistent_attention_kernel(
     num_blocks,
     max_blocks_per_seq,
     num_prefix_ranges,
+    max_q_len_served,  # unused: the work list names the Q blocks
     NUM_QUERIES_PER_KV: tl.constexpr,
     HEAD_SIZE: tl.constexpr,
     HEAD_SIZE_PAD: tl.constexpr,

@@ -20,7 +20,8 @@ from pagedattn.ops.unified.program import attend_segment, locate_q_block, merge_
     }
 )
 @triton.jit(do_not_specialize=[
-    "num_seqs", "num_tokens", "num_blocks", "max_blocks_per_seq", "num_prefix_ranges", "sliding_window", "segment_size",
+    "num_seqs", "num_tokens", "num_blocks", "max_blocks_per_seq", "num_prefix_ranges", "sliding_window",
+    "max_q_len_served", "segment_size",
 ])
 def split_kv_attention_kernel(
     partial_out_ptr,  # [num_tokens, num_q_heads, num_splits, head_size] fp32
@@ -52,6 +53,7 @@ def split_kv_attention_kernel(
     num_blocks,
     max_blocks_per_seq,
     num_prefix_ranges,
+    max_q_len_served,
     NUM_QUERIES_PER_KV: tl.constexpr,
     HEAD_SIZE: tl.constexpr,
     HEAD_SIZE_PAD: tl.constexpr,
@@ -68,7 +70,7 @@ def split_kv_attention_kernel(
     KV_FP8: tl.constexpr,
 ):
     """Partial softmax(mods(scale * q k^T) + mask) v over one segment of a sequence's keys."""
-    seq, q_block_local, valid = locate_q_block(query_start_loc_ptr, tl.program_id(0), num_seqs, BLOCK_Q)
+    seq, q_block_local, valid = locate_q_block(query_start_loc_ptr, tl.program_id(0), num_seqs, max_q_len_served, BLOCK_Q)
     if not valid:
         return
     split = tl.program_id(2)

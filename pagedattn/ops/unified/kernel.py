@@ -24,6 +24,7 @@ from pagedattn.ops.unified.program import attend_segment, locate_q_block, store_
 )
 @triton.jit(do_not_specialize=[
     "num_seqs", "num_tokens", "num_blocks", "max_blocks_per_seq", "num_prefix_ranges", "sliding_window",
+    "max_q_len_served",
 ])
 def unified_attention_kernel(
     out_ptr,  # [num_tokens, num_q_heads, head_size]
@@ -54,6 +55,7 @@ def unified_attention_kernel(
     num_blocks,
     max_blocks_per_seq,
     num_prefix_ranges,
+    max_q_len_served,
     NUM_QUERIES_PER_KV: tl.constexpr,
     HEAD_SIZE: tl.constexpr,
     HEAD_SIZE_PAD: tl.constexpr,
@@ -71,7 +73,7 @@ def unified_attention_kernel(
     RETURN_LSE: tl.constexpr,
 ):
     """out = softmax(mods(scale * q k^T) + mask) v, over the pages of one sequence."""
-    seq, q_block_local, valid = locate_q_block(query_start_loc_ptr, tl.program_id(0), num_seqs, BLOCK_Q)
+    seq, q_block_local, valid = locate_q_block(query_start_loc_ptr, tl.program_id(0), num_seqs, max_q_len_served, BLOCK_Q)
     if not valid:
         return
     out, lse, token, head, row_ok = attend_segment(

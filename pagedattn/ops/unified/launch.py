@@ -31,6 +31,7 @@ class AttentionArgs:
     prefix_ranges: torch.Tensor | None
     k_scale: torch.Tensor | None  # [1] fp32 for an fp8 cache
     v_scale: torch.Tensor | None
+    max_q_len_served: int = 2**31 - 1  # longer sequences go to the prefill kernel
 
 
 def common_kernel_args(a: AttentionArgs, tiles: Tiles) -> dict:
@@ -63,6 +64,7 @@ def common_kernel_args(a: AttentionArgs, tiles: Tiles) -> dict:
         num_blocks=k_cache.shape[0],
         max_blocks_per_seq=a.block_table.shape[1],
         num_prefix_ranges=pr.shape[1] if pr is not None else 0,
+        max_q_len_served=a.max_q_len_served,
         NUM_QUERIES_PER_KV=q.shape[1] // k_cache.shape[2],
         HEAD_SIZE=q.shape[2],
         HEAD_SIZE_PAD=max(16, triton.next_power_of_2(q.shape[2])),

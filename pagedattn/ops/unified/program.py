@@ -68,8 +68,11 @@ def prefix_kv_bounds(prefix_ranges_ptr, seq, stride_pr_s, stride_pr_r, num_prefi
 
 
 @triton.jit
-def locate_q_block(query_start_loc_ptr, q_block_idx, num_seqs, BLOCK_Q: tl.constexpr):
+def locate_q_block(query_start_loc_ptr, q_block_idx, num_seqs, max_q_len_served, BLOCK_Q: tl.constexpr):
     """(seq, q_block_local, valid) of global Q block ``q_block_idx``.
+
+    Sequences with more than ``max_q_len_served`` queries are not valid here: the large-tile
+    prefill kernel serves them in the same call.
 
     The metadata is not trusted: rows are later masked to tokens in [0, num_tokens) and keys to
     pages inside the block table and the cache (see ``q_block_rows`` and ``attend_kv_range``).
@@ -80,7 +83,7 @@ def locate_q_block(query_start_loc_ptr, q_block_idx, num_seqs, BLOCK_Q: tl.const
     q_start = tl.load(query_start_loc_ptr + seq)
     q_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
     q_block_local = q_block_idx - (q_start // BLOCK_Q + seq)
-    return seq, q_block_local, found & (q_block_local * BLOCK_Q < q_len)
+    return seq, q_block_local, found & (q_block_local * BLOCK_Q < q_len) & (q_len <= max_q_len_served)
 
 
 @triton.jit

@@ -1,0 +1,85 @@
+"""Helpers of the PyTorch-op backends (sdpa, flex): one sequence's K/V, visibility and biases.
+
+These follow SPEC.md's rules directly; they are written apart from ``pagedattn.reference`` so
+that comparing a backend with the reference is a comparison of two implementations.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def scale_value(x) -> float:
+    """An fp8 dequantization scale as a float (a tensor costs one host sync)."""
+    if x is None:
+        return 1.0
+    if isinstance(x, torch.Tensor):
+        return float(x.reshape(-1)[0].item())
+    return float(x)
+
+
+def sequence_kv(k_cache, v_cache, block_table_row, seq_len: int, dtype, k_scale=None, v_scale=None):
+    """The contiguous ``[seq_len, num_kv_heads, head_size]`` K and V of one sequence, in ``dtype``."""
+    block_size = k_cache.shape[1]
+    pages = block_table_row[: -(-seq_len // block_size)].long()
+    k = k_cache.index_select(0, pages).flatten(0, 1)[:seq_len]
+    v = v_cache.index_select(0, pages).flatten(0, 1)[:seq_len]
+    if k_cache.dtype == torch.float8_e4m3fn:
+        k = (k.float() * scale_value(k_scale)).to(dtype)
+        v = (v.float() * scale_value(v_scale)).to(dtype)
+    return k.to(dtype), v.to(dtype)
+
+
+def visible(q_pos: torch.Tensor, seq_len: int, *, causal: bool, sliding_window, prefix_rows) -> torch.Tensor:
+    """``[len(q_pos), seq_len]`` bool: (causal and window rule) or (p and k in one prefix range)."""
+    p = q_pos[:, None]
+    k = torch.arange(seq_len, device=q_pos.device)[None, :]
+    vis = torch.ones(p.shape[0], seq_len, dtype=torch.bool, device=q_pos.device)
+    if causal:
+        vis = vis & (k <= p)
+    if sliding_window:
+        vis = vis & (k > p - sliding_window)
+        if not causal:
+            vis = vis & (k < p + sliding_window)
+    if prefix_rows is not None:
+        for start, end in prefix_rows:
+            if start < end:
+                vis = vis | ((p >= start) & (p < end) & (k >= start) & (k < end))
+    return vis
+
+
+def alibi_bias(q_pos: torch.Tensor, seq_len: int, slopes: torch.Tensor, sqrt: bool) -> torch.Tensor:
+    """``[num_q_heads, len(q_pos), seq_len]`` float32: ``slope * (k - p)``, or ``-slope * sqrt(p - k)``."""
+    rel = (torch.arange(seq_len, device=q_pos.device)[None, :] - q_pos[:, None]).float()
+    slopes = slopes.float()[:, None, None]
+    if sqrt:
+        return -slopes * torch.sqrt(torch.clamp(-rel, min=0))[None]
+    return slopes * rel[None]
+
+
+def loop_sequences(metadata, device):
+    """``(seq, q0, q1, seq_len, q_pos)`` for each sequence with queries (host ints; q_pos on ``device``)."""
+    qsl = metadata.query_start_loc_host
+    for s, seq_len in enumerate(metadata.seq_lens_host):
+        q0, q1 = qsl[s], qsl[s + 1]
+        if q1 > q0:
+            yield s, q0, q1, seq_len, torch.arange(q1 - q0, device=device) + (seq_len - (q1 - q0))
+
+
+def default_scale(scale, head_size: int) -> float:
+    return 1.0 / math.sqrt(head_size) if scale is None else float(scale)
+
+
+def prepare_out(q: torch.Tensor, out, return_lse: bool):
+    if out is None:
+        out = torch.zeros_like(q)
+    else:
+        if out.shape != q.shape or out.dtype != q.dtype:
+            raise ValueError(f"out must have q's shape {list(q.shape)} and dtype {q.dtype}")
+        out.zero_()
+    lse = None
+    if return_lse:
+        lse = torch.full(q.shape[:2], float("-inf"), dtype=torch.float32, device=q.device)
+    return out, lse

@@ -1,0 +1,415 @@
+"""The ``router`` backend: three-path routing of a mixed batch (SPEC.md, "Three-path routing").
+
+Sequences are ordered as ``[decode | extend | prefill | empty]``:
+
+* decode, ``query_len == 1``: one ``paged_attention`` call whose plan takes the planner's
+  decode rule (the split-KV path when the grid would not fill the GPU);
+* extend, ``1 < query_len < seq_len``: the cached part of the context is gathered in chunks of
+  at most ``chunk_tokens`` keys (summed over the extend sequences of a step) into a contiguous
+  workspace laid out as pages; the new tokens attend each chunk without the causal rule (every
+  cached key precedes them) with ``return_lse``, attend the new tokens (also gathered) with the
+  caller's causal rule, and the parts are merged with :func:`pagedattn.merge_attention_states`.
+  This is exact: the sink term joins one part only, and an ALiBi chunk's constant position
+  offset is added back to its lse;
+* prefill, ``query_len >= seq_len`` (``>`` only without the causal rule): :func:`run_prefill`,
+  kept as one function so that a large-tile prefill kernel can replace it;
+* empty, ``query_len == 0``: nothing to compute.
+
+A sliding window, prefix ranges or ALiBi-sqrt make a chunk's visibility depend on absolute
+positions that a gathered chunk does not keep, so with those features (named in the plan's
+``BackendConfig``) extend sequences run as one ``paged_attention`` call instead (exact too; a
+window bounds the keys read anyway).
+
+:func:`route_order` gives the permutation (and its inverse) of sequences and of tokens. The
+router accepts a batch in any order and writes outputs back in the caller's token order; an
+engine that reorders its batch once per step with ``route_order`` (and plans the reordered
+batch) saves the two per-layer gathers (``RouteOrder.is_identity``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from pagedattn.backends.base import AttentionBackend, BackendConfig, BatchMetadata
+from pagedattn.backends.triton_backend import triton_device_reason
+
+__all__ = ["DEFAULT_CHUNK_TOKENS", "KINDS", "RouteOrder", "RouterPlan", "RouterBackend", "route_order", "run_prefill"]
+
+DEFAULT_CHUNK_TOKENS = 32768
+KINDS = ("decode", "extend", "prefill", "empty")
+# Features whose masks depend on absolute positions: extend runs unchunked with them.
+POSITIONAL_FEATURES = frozenset({"window", "prefix", "alibi_sqrt"})
+
+
+def _kind(query_len: int, seq_len: int) -> str:
+    if query_len == 0:
+        return "empty"
+    if query_len == 1:
+        return "decode"
+    if query_len < seq_len:
+        return "extend"
+    return "prefill"
+
+
+@dataclass
+class RouteOrder:
+    """The routed order of one batch.
+
+    ``seq_perm[i]`` is the caller's index of the i-th routed sequence and ``seq_inv_perm[s]`` the
+    routed position of the caller's sequence s (both ``[num_seqs]`` int64, on the device);
+    ``token_perm`` / ``token_inv_perm`` ``[num_tokens]`` int64 are the same for tokens
+    (``q_routed = q[token_perm]``, ``out = out_routed[token_inv_perm]``). ``counts`` and
+    ``token_counts`` give the number of sequences / tokens of each kind in :data:`KINDS`.
+    """
+
+    seq_perm: torch.Tensor
+    seq_inv_perm: torch.Tensor
+    token_perm: torch.Tensor
+    token_inv_perm: torch.Tensor
+    seq_perm_host: list
+    counts: dict
+    token_counts: dict
+    is_identity: bool
+
+    def seq_range(self, kind: str) -> tuple[int, int]:
+        start = sum(self.counts[k] for k in KINDS[: KINDS.index(kind)])
+        return start, start + self.counts[kind]
+
+    def token_range(self, kind: str) -> tuple[int, int]:
+        start = sum(self.token_counts[k] for k in KINDS[: KINDS.index(kind)])
+        return start, start + self.token_counts[kind]
+
+
+def _host_list(x) -> list:
+    if isinstance(x, torch.Tensor):
+        return [int(v) for v in x.tolist()]
+    return [int(v) for v in x]
+
+
+def route_order(query_start_loc, seq_lens, *, device="cpu") -> RouteOrder:
+    """Order sequences as ``[decode | extend | prefill | empty]`` (stable within each kind).
+
+    Parameters
+    ----------
+    query_start_loc : ``[num_seqs + 1]`` ints (list or tensor; a device tensor costs a sync)
+    seq_lens : ``[num_seqs]`` ints
+    device : where the permutation tensors go.
+
+    Examples
+    --------
+    >>> order = route_order([0, 40, 41, 46], [40, 1328, 18])
+    >>> order.seq_perm_host            # decode (seq 1), extend (seq 2), prefill (seq 0)
+    [1, 2, 0]
+    """
+    qsl = _host_list(query_start_loc)
+    lens = _host_list(seq_lens)
+    if len(qsl) != len(lens) + 1:
+        raise ValueError(f"query_start_loc has {len(qsl)} entries; expected len(seq_lens) + 1 = {len(lens) + 1}")
+    kinds = [_kind(b - a, n) for a, b, n in zip(qsl[:-1], qsl[1:], lens)]
+    perm = sorted(range(len(lens)), key=lambda s: KINDS.index(kinds[s]))
+    counts = {k: kinds.count(k) for k in KINDS}
+    token_counts = {k: sum(qsl[s + 1] - qsl[s] for s in range(len(lens)) if kinds[s] == k) for k in KINDS}
+    token_perm = [t for s in perm for t in range(qsl[s], qsl[s + 1])]
+    inv = [0] * len(perm)
+    for i, s in enumerate(perm):
+        inv[s] = i
+    token_inv = [0] * len(token_perm)
+    for i, t in enumerate(token_perm):
+        token_inv[t] = i
+
+    def t64(x):
+        return torch.tensor(x, dtype=torch.int64, device=device)
+
+    return RouteOrder(
+        seq_perm=t64(perm), seq_inv_perm=t64(inv), token_perm=t64(token_perm), token_inv_perm=t64(token_inv),
+        seq_perm_host=perm, counts=counts, token_counts=token_counts,
+        is_identity=perm == list(range(len(perm))) and token_perm == list(range(len(token_perm))),
+    )
+
+
+@dataclass
+class _Part:
+    """One kind's sub-batch: routed sequence / token ranges, its metadata (routed order) and plan."""
+
+    kind: str
+    seqs: tuple
+    tokens: tuple
+    metadata: BatchMetadata
+    plan: object = None
+    chunks: "_ExtendChunks | None" = None
+
+
+@dataclass
+class _ChunkStep:
+    """One gathered part of the extend sub-batch: key range ``[a, b)`` of each extend sequence."""
+
+    ranges: list
+    causal: bool  # the new-token part keeps the caller's causal rule; context chunks need none
+    # made by _ExtendChunks.materialize:
+    seq_lens_host: list = field(default_factory=list)
+    src_slots: torch.Tensor | None = None  # [workspace tokens used] int64: cache slot of each
+    block_table: torch.Tensor | None = None
+    seq_lens: torch.Tensor | None = None
+    alibi_shift: torch.Tensor | None = None  # [extend tokens] float32: seq_len - chunk end
+    plan: object = None
+
+    def pages(self, block_size: int) -> list:
+        return [-(-(b - a) // block_size) for a, b in self.ranges]
+
+
+@dataclass
+class _ExtendChunks:
+    """The chunked-context schedule of the extend sub-batch and its workspace (pages of the
+    cache's block size, so the workspace is itself a paged cache with an arange block table)."""
+
+    new_tokens: _ChunkStep
+    context: list
+    ws_k: torch.Tensor | None = None
+    ws_v: torch.Tensor | None = None
+    key: tuple = ()
+
+    def materialize(self, part: _Part, config: BackendConfig, block_size: int, cache_dtype: torch.dtype) -> None:
+        """Device tensors, plans and workspaces (once per step: in plan, or by the first layer's call)."""
+        from pagedattn.plan import plan_attention
+
+        key = (block_size, cache_dtype)
+        if self.key == key:
+            return
+        device = part.metadata.block_table.device
+        md = part.metadata
+        bt = md.block_table.long()
+        steps = [self.new_tokens, *self.context]
+        blocks = max(max(sum(st.pages(block_size)) for st in steps), 1)
+        self.ws_k = torch.empty(blocks, block_size, config.num_kv_heads, config.head_size,
+                                dtype=cache_dtype, device=device)
+        self.ws_v = torch.empty_like(self.ws_k)
+        q_lens = md.query_lens_host
+        for step in steps:
+            seq_index, positions, pages = [], [], step.pages(block_size)
+            table = torch.zeros(len(step.ranges), max(pages + [1]), dtype=torch.int32)
+            offset = 0
+            for s, ((a, b), p) in enumerate(zip(step.ranges, pages)):
+                seq_index += [s] * (p * block_size)
+                positions += list(range(a, b)) + [-1] * (p * block_size - (b - a))  # -1: page padding
+                table[s, :p] = torch.arange(offset, offset + p, dtype=torch.int32)
+                offset += p
+            seq_index = torch.tensor(seq_index, dtype=torch.int64, device=device)
+            pos = torch.tensor(positions, dtype=torch.int64, device=device)
+            page_pos = pos.clamp(min=0)
+            slots = bt[seq_index, page_pos // block_size] * block_size + page_pos % block_size
+            step.src_slots = torch.where(pos >= 0, slots, torch.zeros_like(slots))
+            step.block_table = table.to(device)
+            step.seq_lens_host = [b - a for a, b in step.ranges]
+            step.seq_lens = torch.tensor(step.seq_lens_host, dtype=torch.int32, device=device)
+            shift = [float(n - b) for (a, b), n, ql in zip(step.ranges, md.seq_lens_host, q_lens) for _ in range(ql)]
+            step.alibi_shift = torch.tensor(shift, dtype=torch.float32, device=device)
+            step.plan = plan_attention(
+                md.query_start_loc_host, step.seq_lens_host, num_q_heads=config.num_q_heads,
+                num_kv_heads=config.num_kv_heads, head_size=config.head_size, device=device,
+            )
+        self.key = key
+
+
+def _schedule_extend(q_lens: list, seq_lens: list, chunk_tokens: int) -> _ExtendChunks:
+    """Split every extend sequence's cached keys ``[0, seq_len - query_len)`` into steps of at most
+    ``chunk_tokens`` keys in all (filled greedily); the new tokens form one more part."""
+    context = [n - q for q, n in zip(q_lens, seq_lens)]
+    new = _ChunkStep(ranges=[(c, n) for c, n in zip(context, seq_lens)], causal=True)
+    steps = []
+    done = [0] * len(context)
+    while any(d < c for d, c in zip(done, context)):
+        budget = chunk_tokens
+        ranges = []
+        for s, c in enumerate(context):
+            take = min(c - done[s], budget)
+            ranges.append((done[s], done[s] + take))
+            done[s] += take
+            budget -= take
+        steps.append(_ChunkStep(ranges=ranges, causal=False))
+    return _ExtendChunks(new_tokens=new, context=steps)
+
+
+@dataclass
+class RouterPlan:
+    """What :meth:`RouterBackend.plan` makes: the order and one :class:`_Part` per non-empty kind."""
+
+    order: RouteOrder
+    parts: dict
+    config: BackendConfig
+    chunk_tokens: int
+
+
+def _sub_metadata(md: BatchMetadata, order: RouteOrder, kind: str) -> BatchMetadata:
+    s0, s1 = order.seq_range(kind)
+    idx = order.seq_perm[s0:s1].to(md.block_table.device)
+    seqs = order.seq_perm_host[s0:s1]
+    q_lens = [md.query_start_loc_host[s + 1] - md.query_start_loc_host[s] for s in seqs]
+    lens = [md.seq_lens_host[s] for s in seqs]
+    qsl = [0]
+    for n in q_lens:
+        qsl.append(qsl[-1] + n)
+    return BatchMetadata(
+        block_table=md.block_table.index_select(0, idx),
+        seq_lens=md.seq_lens.index_select(0, idx),
+        query_start_loc=torch.tensor(qsl, dtype=torch.int32, device=md.query_start_loc.device),
+        query_start_loc_host=qsl, seq_lens_host=lens,
+        max_query_len=max(q_lens + [0]), max_seq_len=max(lens + [0]), backend="triton",
+    )
+
+
+def run_prefill(q, k_cache, v_cache, part: _Part, *, out, **features):
+    """The prefill path (query_len == seq_len: the whole context is new).
+
+    Today ``paged_attention`` over the cache; the place where a large-tile prefill kernel over
+    the fresh contiguous K/V (``pagedattn.varlen_attention``) will be called instead.
+    """
+    from pagedattn.api import paged_attention
+
+    md = part.metadata
+    return paged_attention(
+        q, k_cache, v_cache, md.block_table, md.seq_lens, md.query_start_loc,
+        max_query_len=md.max_query_len, max_seq_len=md.max_seq_len, plan=part.plan, out=out, **features,
+    )
+
+
+def _run_paged(q, k_cache, v_cache, part: _Part, *, out, **features):
+    from pagedattn.api import paged_attention
+
+    md = part.metadata
+    return paged_attention(
+        q, k_cache, v_cache, md.block_table, md.seq_lens, md.query_start_loc,
+        max_query_len=md.max_query_len, max_seq_len=md.max_seq_len, plan=part.plan, out=out, **features,
+    )
+
+
+def _run_extend_chunked(q, k_cache, v_cache, part: _Part, config: BackendConfig, *, out, return_lse, causal=True,
+                        sinks=None, alibi_slopes=None, alibi_sqrt=False, **features):
+    from pagedattn.api import merge_attention_states, paged_attention
+
+    chunks = part.chunks
+    chunks.materialize(part, config, k_cache.shape[1], k_cache.dtype)
+    md = part.metadata
+    num_kv_heads, head_size = k_cache.shape[2], k_cache.shape[3]
+    k_flat = k_cache.view(-1, num_kv_heads, head_size)
+    v_flat = v_cache.view(-1, num_kv_heads, head_size)
+    ws_k_flat = chunks.ws_k.view(-1, num_kv_heads, head_size)
+    ws_v_flat = chunks.ws_v.view(-1, num_kv_heads, head_size)
+
+    def attend(step: _ChunkStep, **extra):
+        # every cached key precedes the new tokens: a context chunk needs no causal rule
+        extra["causal"] = causal if step.causal else False
+        n = step.src_slots.shape[0]
+        torch.index_select(k_flat, 0, step.src_slots, out=ws_k_flat[:n])
+        torch.index_select(v_flat, 0, step.src_slots, out=ws_v_flat[:n])
+        return paged_attention(
+            q, chunks.ws_k, chunks.ws_v, step.block_table, step.seq_lens, md.query_start_loc,
+            max_query_len=md.max_query_len, max_seq_len=max(step.seq_lens_host + [0]), plan=step.plan,
+            return_lse=True, alibi_slopes=alibi_slopes, alibi_sqrt=alibi_sqrt, **features, **extra,
+        )
+
+    # The sink joins exactly one part's denominator; merging then counts it once.
+    acc_out, acc_lse = attend(chunks.new_tokens, sinks=sinks)
+    last = len(chunks.context) - 1
+    for i, step in enumerate(chunks.context):
+        o, lse = attend(step)
+        if alibi_slopes is not None:
+            # the chunk's keys sit (seq_len - chunk_end) further from the queries than the kernel saw
+            lse = lse - alibi_slopes.float()[None, :] * step.alibi_shift[:, None]
+        acc_out, acc_lse = merge_attention_states(o, lse, acc_out, acc_lse, out=out if i == last else None)
+    if not chunks.context:
+        out.copy_(acc_out)
+    return (out, acc_lse) if return_lse else out
+
+
+class RouterBackend(AttentionBackend):
+    """Decode / extend / prefill routed to their own paths (module docstring).
+
+    ``plan`` options: ``chunk_tokens`` (default 32768), ``decode_path`` (``"auto"``,
+    ``"split_kv"`` or ``"unified"``; default ``"auto"``, the planner's split-KV rule),
+    ``block_size`` (the cache's page size: given, the extend workspaces are made in ``plan``;
+    otherwise by the first layer's call), ``sliding_window`` (a planning hint).
+    """
+
+    name = "router"
+    min_head_size = 8
+    max_head_size = 256
+
+    def supports_head_size(self, head_size: int) -> bool:
+        return 8 <= head_size <= 256 and head_size % 8 == 0
+
+    def device_reason(self, device, dtype):
+        return triton_device_reason(device, dtype)
+
+    def _plan_state(self, md: BatchMetadata, config: BackendConfig, *, chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+                    decode_path: str = "auto", block_size: int | None = None, sliding_window: int | None = None):
+        from pagedattn.plan import plan_attention
+
+        if not isinstance(chunk_tokens, int) or chunk_tokens < 1:
+            raise ValueError(f"chunk_tokens must be a positive int, got {chunk_tokens!r}")
+        device = md.block_table.device
+        order = route_order(md.query_start_loc_host, md.seq_lens_host, device=device)
+        parts = {}
+        for kind in ("decode", "extend", "prefill"):
+            if order.counts[kind] == 0:
+                continue
+            sub = _sub_metadata(md, order, kind)
+            part = _Part(kind, order.seq_range(kind), order.token_range(kind), sub)
+            chunked = kind == "extend" and not (config.features & POSITIONAL_FEATURES)
+            if chunked:
+                part.chunks = _schedule_extend(sub.query_lens_host, sub.seq_lens_host, chunk_tokens)
+                if block_size is not None:
+                    part.chunks.materialize(part, config, block_size, config.cache_dtype)
+            else:
+                part.plan = plan_attention(
+                    sub.query_start_loc_host, sub.seq_lens_host, num_q_heads=config.num_q_heads,
+                    num_kv_heads=config.num_kv_heads, head_size=config.head_size, device=config.device,
+                    path=decode_path if kind == "decode" else "auto", sliding_window=sliding_window,
+                )
+            parts[kind] = part
+        return RouterPlan(order=order, parts=parts, config=config, chunk_tokens=chunk_tokens)
+
+    def forward(self, q, k_cache, v_cache, metadata, *, out=None, return_lse=False, prefix_ranges=None, **features):
+        self._check_metadata(metadata)
+        plan: RouterPlan = metadata.state
+        order = plan.order
+        if q.shape[0] != metadata.num_tokens:
+            raise ValueError(f"q has {q.shape[0]} tokens; the plan's batch has {metadata.num_tokens}")
+        if features.get("sliding_window") or prefix_ranges is not None or features.get("alibi_sqrt"):
+            extend = plan.parts.get("extend")
+            if extend is not None and extend.chunks is not None:
+                raise ValueError(
+                    "this call uses a sliding window, prefix_ranges or alibi_sqrt, but the router's plan was made "
+                    "for a BackendConfig without them (its extend sequences are chunked); plan with those features"
+                )
+        if out is None:
+            out = torch.empty_like(q)
+        if order.is_identity:
+            q_r, out_r = q, out
+        else:
+            q_r, out_r = q.index_select(0, order.token_perm), torch.empty_like(q)
+        lse_r = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device) if return_lse else None
+        for kind, part in plan.parts.items():
+            t0, t1 = part.tokens
+            if t1 == t0:
+                continue
+            kw = dict(features)
+            if prefix_ranges is not None:
+                kw["prefix_ranges"] = prefix_ranges.index_select(0, order.seq_perm[part.seqs[0]:part.seqs[1]])
+            if kind == "extend" and part.chunks is not None:
+                res = _run_extend_chunked(q_r[t0:t1], k_cache, v_cache, part, plan.config, out=out_r[t0:t1],
+                                          return_lse=return_lse, **kw)
+            elif kind == "prefill":
+                res = run_prefill(q_r[t0:t1], k_cache, v_cache, part, out=out_r[t0:t1], return_lse=return_lse, **kw)
+            else:
+                res = _run_paged(q_r[t0:t1], k_cache, v_cache, part, out=out_r[t0:t1], return_lse=return_lse, **kw)
+            if return_lse:
+                lse_r[t0:t1] = res[1]
+        if not order.is_identity:
+            out.index_copy_(0, order.token_perm, out_r)
+            if return_lse:
+                lse = torch.empty_like(lse_r)
+                lse.index_copy_(0, order.token_perm, lse_r)
+                lse_r = lse
+        return (out, lse_r) if return_lse else out

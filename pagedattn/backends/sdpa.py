@@ -1,0 +1,58 @@
+"""The ``sdpa`` backend: ``torch.nn.functional.scaled_dot_product_attention`` per sequence."""
+
+from __future__ import annotations
+
+import torch
+
+from pagedattn.backends._common import (
+    alibi_bias,
+    default_scale,
+    loop_sequences,
+    prepare_out,
+    sequence_kv,
+    visible,
+)
+from pagedattn.backends.base import FEATURES, AttentionBackend
+
+
+class SdpaBackend(AttentionBackend):
+    """K/V gathered per sequence from the paged cache, an explicit mask built from SPEC.md's rules.
+
+    The mask is boolean, or a float bias (``-inf`` where not visible) when ALiBi is on. SDPA
+    has no logit softcap, no sink term in its denominator and returns no log-sum-exp, so
+    ``softcap``, ``sinks`` and ``lse`` are not supported. An fp8 cache is dequantized while
+    gathering. A query that sees no key gets output 0.
+    """
+
+    name = "sdpa"
+    feature_names = FEATURES - {"softcap", "sinks", "lse"}
+
+    def forward(self, q, k_cache, v_cache, metadata, *, scale=None, causal=True, sliding_window=None,
+                softcap=None, alibi_slopes=None, alibi_sqrt=False, sinks=None, prefix_ranges=None,
+                k_scale=None, v_scale=None, out=None, return_lse=False):
+        self._check_metadata(metadata)
+        unsupported = [n for n, on in (("softcap", bool(softcap)), ("sinks", sinks is not None),
+                                       ("return_lse", return_lse)) if on]
+        if unsupported:
+            raise ValueError(f"the sdpa backend does not support {', '.join(unsupported)}")
+        sdpa = torch.nn.functional.scaled_dot_product_attention
+        scale = default_scale(scale, q.shape[-1])
+        out, _ = prepare_out(q, out, False)
+        prefix_host = prefix_ranges.tolist() if prefix_ranges is not None else None
+        for s, q0, q1, seq_len, q_pos in loop_sequences(metadata, q.device):
+            if seq_len == 0:
+                continue
+            k, v = sequence_kv(k_cache, v_cache, metadata.block_table[s], seq_len, q.dtype, k_scale, v_scale)
+            vis = visible(q_pos, seq_len, causal=causal, sliding_window=sliding_window,
+                          prefix_rows=None if prefix_host is None else prefix_host[s])
+            if alibi_slopes is not None:
+                bias = alibi_bias(q_pos, seq_len, alibi_slopes, alibi_sqrt)
+                mask = bias.masked_fill(~vis[None], float("-inf")).to(q.dtype)[None]
+            else:
+                mask = vis[None, None]
+            o = sdpa(
+                q[q0:q1].transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
+                attn_mask=mask, scale=scale, enable_gqa=True,
+            )[0].transpose(0, 1)
+            out[q0:q1] = torch.where(vis.any(1)[:, None, None], o, torch.zeros((), dtype=o.dtype, device=o.device))
+        return out

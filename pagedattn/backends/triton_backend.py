@@ -1,0 +1,62 @@
+"""The ``triton`` backend (the default): :func:`pagedattn.paged_attention` with a plan."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from pagedattn.backends.base import AttentionBackend, BackendConfig, BatchMetadata
+
+
+def interpreter_on() -> bool:
+    """Whether Triton runs its interpreter (``TRITON_INTERPRET=1``), read at each call."""
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def triton_device_reason(device: torch.device, dtype: torch.dtype) -> str | None:
+    """Why the Triton kernels cannot run on ``device`` with ``dtype`` here, or None."""
+    if device.type == "cpu":
+        if not interpreter_on():
+            return "the Triton kernels need a GPU, or TRITON_INTERPRET=1 on the CPU"
+        if dtype == torch.bfloat16:
+            return "bfloat16 does not work in Triton's interpreter (TRITON_INTERPRET=1)"
+    elif device.type not in ("cuda", "xpu"):
+        return f"Triton does not target device type {device.type!r}"
+    return None
+
+
+class TritonBackend(AttentionBackend):
+    """Every feature, through the unified / split-KV kernels; the planner picks the path.
+
+    ``plan`` options (passed to :func:`pagedattn.plan_attention`): ``path``, ``num_splits``,
+    ``batch_invariant``, ``segment_size``, ``max_num_tokens``, ``sliding_window``.
+    """
+
+    name = "triton"
+    min_head_size = 8
+    max_head_size = 256
+
+    def supports_head_size(self, head_size: int) -> bool:
+        return 8 <= head_size <= 256 and head_size % 8 == 0
+
+    def device_reason(self, device, dtype):
+        return triton_device_reason(device, dtype)
+
+    def _plan_state(self, md: BatchMetadata, config: BackendConfig, **options):
+        from pagedattn.plan import plan_attention
+
+        return plan_attention(
+            md.query_start_loc_host, md.seq_lens_host, num_q_heads=config.num_q_heads,
+            num_kv_heads=config.num_kv_heads, head_size=config.head_size, device=config.device, **options,
+        )
+
+    def forward(self, q, k_cache, v_cache, metadata, **features):
+        from pagedattn.api import paged_attention
+
+        self._check_metadata(metadata)
+        return paged_attention(
+            q, k_cache, v_cache, metadata.block_table, metadata.seq_lens, metadata.query_start_loc,
+            max_query_len=metadata.max_query_len, max_seq_len=metadata.max_seq_len,
+            plan=metadata.state, **features,
+        )

@@ -1,0 +1,5 @@
+"""Integrations with other libraries (optional dependencies, imported on use).
+
+``pagedattn.integrations.transformers``: ``attn_implementation="pagedattn"`` for Hugging Face
+transformers (``pip install pagedattn[integrations]``).
+"""

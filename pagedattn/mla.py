@@ -1,0 +1,232 @@
+"""Multi-head latent attention (MLA) decode and the latent-cache write: validate, then launch.
+
+The cache holds one row per token, ``[c_kv | k_pe]`` (DeepSeek-V2/V3: 512 latent + 64 rope =
+576), shared by every head. Decode works in the latent space ("absorbed" queries); prefill
+decompresses the latent and takes the ordinary attention path.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from pagedattn._checks import (
+    FLOAT_DTYPES,
+    FP8_DTYPES,
+    check_optional_int,
+    check_scale_arg,
+    check_shape,
+    check_tensor,
+)
+from pagedattn.ops.mla.launch import (
+    MLA_MAX_QUERY_LEN,
+    MLATiles,
+    choose_mla_splits,
+    launch_mla_decode,
+    launch_write_mla_kv,
+    pick_mla_tiles,
+)
+from pagedattn.plan import num_sms
+
+__all__ = ["mla_decode", "write_mla_kv"]
+
+MAX_LATENT_DIM = 512
+MAX_ROPE_DIM = 128
+
+
+def _check_dims(latent_name: str, latent_dim: int, rope_name: str, rope_dim: int) -> None:
+    for name, what, dim, top in ((latent_name, "latent", latent_dim, MAX_LATENT_DIM),
+                                 (rope_name, "rope", rope_dim, MAX_ROPE_DIM)):
+        if not (16 <= dim <= top) or dim % 16:
+            raise ValueError(f"{name}: {what} dim {dim} is not supported; use a multiple of 16 from 16 to {top}")
+
+
+def _scale_tensor(x, device: torch.device) -> torch.Tensor:
+    """A 1-element fp32 device tensor for the fp8 scale; a float becomes a device fill (no sync)."""
+    if x is None:
+        x = 1.0
+    if isinstance(x, torch.Tensor):
+        return x.reshape(1)
+    return torch.full((1,), float(x), dtype=torch.float32, device=device)
+
+
+def _workspace(num_tokens: int, num_heads: int, num_splits: int, latent_dim: int, device: torch.device):
+    """Split-KV partials: out ``[num_tokens, num_heads, num_splits, latent_dim]`` and lse, fp32."""
+    partial_out = torch.empty(num_tokens, num_heads, num_splits, latent_dim, dtype=torch.float32, device=device)
+    partial_lse = torch.empty(num_tokens, num_heads, num_splits, dtype=torch.float32, device=device)
+    return partial_out, partial_lse
+
+
+def mla_decode(
+    q_nope: torch.Tensor,
+    q_pe: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    *,
+    scale: float,
+    max_query_len: int | None = None,
+    max_seq_len: int | None = None,
+    kv_scale: float | torch.Tensor | None = None,
+    num_splits: int | None = None,
+    out: torch.Tensor | None = None,
+    return_lse: bool = False,
+):
+    """MLA decode (and speculative decode, up to 8 query tokens a sequence) over a paged latent cache.
+
+    ``s = scale * (q_nope . c_kv + q_pe . k_pe)`` for every head against the shared latent row
+    ``[c_kv | k_pe]`` of each key; ``out = softmax(s) c_kv``. Query j of sequence s sits at
+    position ``seq_lens[s] - query_len_s + j`` and sees keys ``0 .. position`` (causal). The new
+    tokens' latents must already be in the cache (see :func:`write_mla_kv`).
+
+    Parameters
+    ----------
+    q_nope : ``[num_tokens, num_heads, latent_dim]`` float16, bfloat16 or float32
+        The query absorbed into the latent space (``latent_dim`` 512 for DeepSeek-V2/V3).
+    q_pe : ``[num_tokens, num_heads, rope_dim]`` q_nope's dtype
+        The rotary part of the query (``rope_dim`` 64).
+    kv_cache : ``[num_blocks, block_size, latent_dim + rope_dim]`` q_nope's dtype or float8_e4m3fn
+        Per token ``[c_kv | k_pe]``; for fp8 the value is ``kv_cache * kv_scale``.
+    block_table : ``[num_seqs, max_blocks_per_seq]`` int32
+    seq_lens : ``[num_seqs]`` int32
+        KV length of each sequence, new tokens included.
+    query_start_loc : ``[num_seqs + 1]`` int32
+        Sequence s owns ``q_nope[query_start_loc[s]:query_start_loc[s+1]]``; at most 8 tokens.
+    scale : float
+        Score scale (DeepSeek: ``1 / sqrt(qk_nope_head_dim + qk_rope_head_dim)``, times the YaRN
+        factor where used).
+    max_query_len, max_seq_len : int, optional
+        Host-side maxima; with both given (or ``num_splits`` and ``max_query_len``) the call never
+        synchronizes with the host.
+    kv_scale : float or 1-element float32 tensor, optional
+        Dequantization scale of an fp8 cache (default 1.0; ignored for other caches).
+    num_splits : int, optional
+        Split each sequence's keys into this many segments merged in order (default: enough to
+        fill the GPU, see :mod:`pagedattn.ops.mla.launch`).
+    out : ``[num_tokens, num_heads, latent_dim]`` q_nope's dtype, optional
+        Written in place and returned.
+    return_lse : bool
+        Also return lse ``[num_tokens, num_heads]`` float32 (natural log; -inf for a row that
+        sees no key, whose output is 0).
+
+    Returns
+    -------
+    out, or ``(out, lse)`` when ``return_lse``.
+
+    Examples
+    --------
+    >>> out = mla_decode(q_nope, q_pe, kv_cache, block_table, seq_lens, query_start_loc,
+    ...                  scale=192 ** -0.5, max_query_len=1, max_seq_len=4096)
+    """
+    return _mla_decode(
+        q_nope, q_pe, kv_cache, block_table, seq_lens, query_start_loc, scale=scale,
+        max_query_len=max_query_len, max_seq_len=max_seq_len, kv_scale=kv_scale, num_splits=num_splits,
+        out=out, return_lse=return_lse,
+    )
+
+
+def _mla_decode(q_nope, q_pe, kv_cache, block_table, seq_lens, query_start_loc, *, scale, max_query_len=None,
+                max_seq_len=None, kv_scale=None, num_splits=None, out=None, return_lse=False,
+                tiles: MLATiles | None = None):
+    """:func:`mla_decode` with optional fixed tiles (tests and tile sweeps)."""
+    check_tensor("q_nope", q_nope, ndim=3, dtypes=FLOAT_DTYPES)
+    device = q_nope.device
+    num_tokens, num_heads, latent_dim = q_nope.shape
+    check_tensor("q_pe", q_pe, ndim=3, dtypes=(q_nope.dtype,), device=device)
+    check_shape("q_pe", q_pe, (num_tokens, num_heads, None))
+    rope_dim = q_pe.shape[2]
+    _check_dims("q_nope", latent_dim, "q_pe", rope_dim)
+    if num_heads < 1:
+        raise ValueError("q_nope must have at least one head (dim 1)")
+    check_tensor("kv_cache", kv_cache, ndim=3, dtypes=(q_nope.dtype, *FP8_DTYPES), device=device)
+    check_shape("kv_cache", kv_cache, (None, None, latent_dim + rope_dim))
+    if kv_cache.shape[1] < 1:
+        raise ValueError("kv_cache block_size (dim 1) must be >= 1")
+    check_tensor("block_table", block_table, ndim=2, dtypes=(torch.int32,), device=device)
+    check_tensor("seq_lens", seq_lens, ndim=1, dtypes=(torch.int32,), device=device)
+    num_seqs = seq_lens.shape[0]
+    check_shape("block_table", block_table, (num_seqs, None))
+    check_tensor("query_start_loc", query_start_loc, ndim=1, dtypes=(torch.int32,), device=device)
+    check_shape("query_start_loc", query_start_loc, (num_seqs + 1,))
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+        raise TypeError(f"scale must be a float, got {type(scale).__name__}")
+    check_optional_int("max_query_len", max_query_len, minimum=0)
+    check_optional_int("max_seq_len", max_seq_len, minimum=0)
+    check_optional_int("num_splits", num_splits, minimum=1)
+    check_scale_arg("kv_scale", kv_scale, device)
+    if out is not None:
+        check_tensor("out", out, dtypes=(q_nope.dtype,), device=device)
+        check_shape("out", out, (num_tokens, num_heads, latent_dim))
+    if max_query_len is not None and max_query_len > MLA_MAX_QUERY_LEN:
+        raise ValueError(f"max_query_len {max_query_len} exceeds {MLA_MAX_QUERY_LEN}: mla_decode serves decode "
+                         "and speculative steps; prefill takes the decompressed attention path")
+
+    if max_query_len is None:
+        # One host sync, documented: pass max_query_len to avoid it.
+        lens = query_start_loc[1:] - query_start_loc[:-1]
+        max_query_len = int(lens.max().item()) if num_seqs > 0 else 0
+        if max_query_len > MLA_MAX_QUERY_LEN:
+            raise ValueError(f"query_start_loc gives a query of {max_query_len} tokens; mla_decode takes at most "
+                             f"{MLA_MAX_QUERY_LEN} (prefill takes the decompressed attention path)")
+    if tiles is None:
+        tiles = pick_mla_tiles(num_heads, max_query_len)
+    if num_splits is None:
+        if max_seq_len is None:
+            max_seq_len = int(seq_lens.max().item()) if num_seqs > 0 else 0
+        num_splits = choose_mla_splits(num_seqs, num_heads, max_query_len, max_seq_len, tiles, num_sms(device))
+
+    if out is None:
+        out = torch.empty(num_tokens, num_heads, latent_dim, dtype=q_nope.dtype, device=device)
+    lse = torch.empty(num_tokens, num_heads, dtype=torch.float32, device=device) if return_lse else None
+    partial_out = partial_lse = None
+    if num_splits > 1 and num_tokens > 0:
+        partial_out, partial_lse = _workspace(num_tokens, num_heads, num_splits, latent_dim, device)
+    fp8 = kv_cache.dtype in FP8_DTYPES
+    launch_mla_decode(
+        out, lse, q_nope, q_pe, kv_cache, block_table, seq_lens, query_start_loc,
+        scale=float(scale), kv_scale=_scale_tensor(kv_scale, device) if fp8 else None, tiles=tiles,
+        num_splits=num_splits, partial_out=partial_out, partial_lse=partial_lse,
+    )
+    return (out, lse) if return_lse else out
+
+
+def write_mla_kv(
+    c_kv: torch.Tensor,
+    k_pe: torch.Tensor,
+    kv_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    *,
+    kv_scale: float | torch.Tensor | None = None,
+) -> None:
+    """Scatter new tokens' latents ``[c_kv | k_pe]`` into the paged MLA cache, in place.
+
+    Parameters
+    ----------
+    c_kv : ``[num_tokens, latent_dim]`` float16, bfloat16 or float32
+    k_pe : ``[num_tokens, rope_dim]`` c_kv's dtype
+    kv_cache : ``[num_blocks, block_size, latent_dim + rope_dim]`` c_kv's dtype or float8_e4m3fn
+        For fp8 the stored value is ``x / kv_scale``, rounded to nearest even and saturated at
+        +-448.
+    slot_mapping : ``[num_tokens]`` int32 or int64
+        ``slot = block * block_size + offset``; a slot of -1 (or outside the cache) skips the token.
+    kv_scale : float or 1-element float32 tensor, optional
+        Quantization scale of an fp8 cache (default 1.0; ignored for other caches).
+
+    Examples
+    --------
+    >>> write_mla_kv(c_kv, k_pe, kv_cache, slot_mapping)
+    """
+    check_tensor("c_kv", c_kv, ndim=2, dtypes=FLOAT_DTYPES)
+    device = c_kv.device
+    num_tokens, latent_dim = c_kv.shape
+    check_tensor("k_pe", k_pe, ndim=2, dtypes=(c_kv.dtype,), device=device)
+    check_shape("k_pe", k_pe, (num_tokens, None))
+    rope_dim = k_pe.shape[1]
+    _check_dims("c_kv", latent_dim, "k_pe", rope_dim)
+    check_tensor("kv_cache", kv_cache, ndim=3, dtypes=(c_kv.dtype, *FP8_DTYPES), device=device)
+    check_shape("kv_cache", kv_cache, (None, None, latent_dim + rope_dim))
+    check_tensor("slot_mapping", slot_mapping, ndim=1, dtypes=(torch.int32, torch.int64), device=device)
+    check_shape("slot_mapping", slot_mapping, (num_tokens,))
+    check_scale_arg("kv_scale", kv_scale, device)
+    fp8 = kv_cache.dtype in FP8_DTYPES
+    launch_write_mla_kv(c_kv, k_pe, kv_cache, slot_mapping, _scale_tensor(kv_scale, device) if fp8 else None)

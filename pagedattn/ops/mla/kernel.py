@@ -1,0 +1,285 @@
+"""Multi-head latent attention (DeepSeek-V2/V3, "absorbed" form) over a paged latent cache.
+
+Every query head attends to the same cached row ``[c_kv (LATENT_DIM) | k_pe (ROPE_DIM)]``:
+``s = scale * (q_nope . c_kv + q_pe . k_pe)`` and ``out = softmax(s) c_kv``. Since the latent is
+shared, a program packs BLOCK_H heads of BLOCK_Q query tokens of one sequence into the M
+dimension of both dots (BLOCK_M = BLOCK_Q * BLOCK_H rows) and loads each latent tile
+``[TILE_N, LATENT_DIM]`` once, using it as K^T in the score dot and as V in the output dot.
+
+Programs are numbered head group fastest, then split, then Q block, so the programs that read
+the same pages (the head groups of one Q block and split) run side by side and all but the
+first find the pages in L2. See https://arxiv.org/abs/2405.04434 (DeepSeek-V2, appendix on
+absorbing the up-projections).
+"""
+
+import triton
+import triton.language as tl
+
+from pagedattn.ops.common.attention_math import (
+    LOG2E,
+    finalize_softmax,
+    online_softmax_step,
+    round_to_fp8e4m3,
+)
+
+
+@triton.jit
+def _locate_q_block(query_start_loc_ptr, seq_lens_ptr, q_block_idx, num_seqs, BLOCK_Q: tl.constexpr):
+    """(seq, q_start, q_len, q_block_local, seq_len, valid) of global Q block ``q_block_idx``.
+
+    Sequence s owns the Q blocks from ``query_start_loc[s] // BLOCK_Q + s`` on (non-decreasing
+    in s; the ``+ s`` leaves room for one partial block per sequence), or from
+    ``query_start_loc[s]`` when BLOCK_Q is 1 (one block per token, no room needed): a binary
+    search finds the last sequence whose first block is <= q_block_idx.
+    """
+    lo = tl.full([], 0, tl.int32)
+    hi = tl.full([], 0, tl.int32) + num_seqs
+    while lo < hi:
+        mid = (lo + hi) // 2
+        first = tl.load(query_start_loc_ptr + mid) // BLOCK_Q
+        if BLOCK_Q > 1:
+            first += mid
+        if first <= q_block_idx:
+            lo = mid + 1
+        else:
+            hi = mid
+    found = lo > 0  # False only if query_start_loc[0] > 0 (corrupt metadata)
+    seq = tl.maximum(lo - 1, 0)
+    q_start = tl.load(query_start_loc_ptr + seq)
+    q_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
+    q_block_local = q_block_idx - q_start // BLOCK_Q
+    if BLOCK_Q > 1:
+        q_block_local -= seq
+    seq_len = tl.load(seq_lens_ptr + seq)
+    valid = found & (q_block_local * BLOCK_Q < q_len)
+    return seq, q_start, q_len, q_block_local, seq_len, valid
+
+
+@triton.heuristics(
+    {
+        "RETURN_LSE": lambda args: args["lse_ptr"] is not None,
+        "KV_FP8": lambda args: args["kv_scale_ptr"] is not None,
+    }
+)
+@triton.jit(do_not_specialize=["num_seqs", "num_tokens", "num_blocks", "max_blocks_per_seq", "num_splits"])
+def mla_decode_kernel(
+    out_ptr,  # [num_tokens, num_heads, LATENT_DIM] (q's dtype), or partials [.., num_splits, LATENT_DIM] fp32
+    lse_ptr,  # [num_tokens, num_heads] or partials [num_tokens, num_heads, num_splits] fp32, or None
+    q_nope_ptr,  # [num_tokens, num_heads, LATENT_DIM]
+    q_pe_ptr,  # [num_tokens, num_heads, ROPE_DIM]
+    kv_cache_ptr,  # [num_blocks, block_size, LATENT_DIM + ROPE_DIM]
+    block_table_ptr,  # [num_seqs, max_blocks_per_seq] int32
+    seq_lens_ptr,  # [num_seqs] int32
+    query_start_loc_ptr,  # [num_seqs + 1] int32
+    kv_scale_ptr,  # [1] fp32 for an fp8 cache, else None
+    stride_qn_t, stride_qn_h,
+    stride_qp_t, stride_qp_h,
+    stride_o_t, stride_o_h, stride_o_s,
+    stride_lse_t, stride_lse_h, stride_lse_s,
+    stride_c_b, stride_c_s,
+    stride_bt_s,
+    scale,
+    num_heads,
+    num_seqs,
+    num_tokens,
+    num_blocks,
+    max_blocks_per_seq,
+    num_splits,
+    LATENT_DIM: tl.constexpr,
+    LATENT_PAD: tl.constexpr,
+    ROPE_DIM: tl.constexpr,
+    ROPE_PAD: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    TILE_N: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    RETURN_LSE: tl.constexpr,
+    KV_FP8: tl.constexpr,
+):
+    """(out, lse) of softmax(scale * (q_nope c_kv^T + q_pe k_pe^T) + causal) c_kv over one key split.
+
+    With one split, out/lse are the final output; with several, split ``i`` writes partial
+    (out, lse) at ``stride_o_s * i`` for the ordered merge. For an fp8 cache the scale
+    multiplies the scores and the output instead of every loaded element.
+    """
+    pid = tl.program_id(0)
+    num_head_groups = tl.cdiv(num_heads, BLOCK_H)
+    head_group = pid % num_head_groups
+    rest = pid // num_head_groups
+    split = rest % num_splits
+    seq, q_start, q_len, q_block_local, seq_len, valid = _locate_q_block(
+        query_start_loc_ptr, seq_lens_ptr, rest // num_splits, num_seqs, BLOCK_Q
+    )
+    if not valid:
+        return
+
+    # rows: BLOCK_Q tokens x BLOCK_H heads, token-major
+    offs_m = tl.arange(0, BLOCK_M)
+    q_tok = q_block_local * BLOCK_Q + offs_m // BLOCK_H  # within the sequence
+    head = (head_group * BLOCK_H + offs_m % BLOCK_H).to(tl.int64)
+    token = (q_start + q_tok).to(tl.int64)
+    row_ok = (q_tok < q_len) & (head < num_heads) & (token >= 0) & (token < num_tokens)
+    q_pos = seq_len - q_len + q_tok
+
+    # causal: the block's last row sees keys [0, kv_hi); this split takes whole tiles of them
+    kv_hi = tl.maximum(seq_len - q_len + tl.minimum((q_block_local + 1) * BLOCK_Q, q_len), 0)
+    tiles_per_split = tl.cdiv(tl.cdiv(kv_hi, TILE_N), num_splits)
+    seg_lo = split * tiles_per_split * TILE_N
+    seg_hi = tl.minimum(seg_lo + tiles_per_split * TILE_N, kv_hi)
+
+    offs_l = tl.arange(0, LATENT_PAD)
+    offs_r = tl.arange(0, ROPE_PAD)
+    lat_ok = offs_l < LATENT_DIM
+    rope_ok = offs_r < ROPE_DIM
+    q_nope = tl.load(
+        q_nope_ptr + token[:, None] * stride_qn_t + head[:, None] * stride_qn_h + offs_l[None, :],
+        mask=row_ok[:, None] & lat_ok[None, :],
+        other=0.0,
+    )  # [BLOCK_M, LATENT_PAD]
+    q_pe = tl.load(
+        q_pe_ptr + token[:, None] * stride_qp_t + head[:, None] * stride_qp_h + offs_r[None, :],
+        mask=row_ok[:, None] & rope_ok[None, :],
+        other=0.0,
+    )  # [BLOCK_M, ROPE_PAD]
+    qk_scale = scale * LOG2E
+    kv_scale = 1.0
+    if KV_FP8:
+        kv_scale = tl.load(kv_scale_ptr)
+        qk_scale = qk_scale * kv_scale
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, LATENT_PAD], dtype=tl.float32)
+    block_row_ptr = block_table_ptr + seq.to(tl.int64) * stride_bt_s
+    offs_n = tl.arange(0, TILE_N)
+    for start in range(seg_lo, seg_hi, TILE_N):
+        k_pos = start + offs_n  # [TILE_N]
+        k_ok = (k_pos < seg_hi) & (k_pos // PAGE_SIZE < max_blocks_per_seq)
+        page = tl.load(block_row_ptr + k_pos // PAGE_SIZE, mask=k_ok, other=0).to(tl.int64)
+        k_ok = k_ok & (page >= 0) & (page < num_blocks)
+        row = page * stride_c_b + (k_pos % PAGE_SIZE).to(tl.int64) * stride_c_s  # [TILE_N] int64
+        c_kv = tl.load(
+            kv_cache_ptr + row[:, None] + offs_l[None, :],
+            mask=k_ok[:, None] & lat_ok[None, :],
+            other=0.0,
+        )  # [TILE_N, LATENT_PAD]: K^T of the score dot and V of the output dot
+        k_pe = tl.load(
+            kv_cache_ptr + row[:, None] + LATENT_DIM + offs_r[None, :],
+            mask=k_ok[:, None] & rope_ok[None, :],
+            other=0.0,
+        )  # [TILE_N, ROPE_PAD]
+        if KV_FP8:
+            c_kv = c_kv.to(q_nope.dtype)  # exact: every e4m3 value is an fp16 / bf16 / fp32 value
+            k_pe = k_pe.to(q_nope.dtype)
+
+        s = tl.dot(q_nope, tl.trans(c_kv), input_precision=DOT_PRECISION)
+        s = tl.dot(q_pe, tl.trans(k_pe), acc=s, input_precision=DOT_PRECISION)  # [BLOCK_M, TILE_N]
+        vis = (k_pos[None, :] <= q_pos[:, None]) & k_ok[None, :] & row_ok[:, None]
+        s = tl.where(vis, s * qk_scale, float("-inf"))
+
+        p, alpha, m_i, l_i = online_softmax_step(m_i, l_i, s)
+        acc = acc * alpha[:, None] + tl.dot(p.to(c_kv.dtype), c_kv, input_precision=DOT_PRECISION)
+
+    out, lse = finalize_softmax(acc, m_i, l_i)
+    if KV_FP8:
+        out = out * kv_scale
+    split64 = split.to(tl.int64)
+    o_row = token * stride_o_t + head * stride_o_h + split64 * stride_o_s
+    tl.store(
+        out_ptr + o_row[:, None] + offs_l[None, :],
+        out.to(out_ptr.dtype.element_ty),
+        mask=row_ok[:, None] & lat_ok[None, :],
+    )
+    if RETURN_LSE:
+        tl.store(lse_ptr + token * stride_lse_t + head * stride_lse_h + split64 * stride_lse_s, lse, mask=row_ok)
+
+
+@triton.heuristics({"RETURN_LSE": lambda args: args["lse_ptr"] is not None})
+@triton.jit(do_not_specialize=["num_splits"])
+def mla_merge_splits_kernel(
+    out_ptr,  # [num_tokens, num_heads, LATENT_DIM]
+    lse_ptr,  # [num_tokens, num_heads] fp32 or None
+    partial_out_ptr,  # [num_tokens, num_heads, num_splits, LATENT_DIM] fp32
+    partial_lse_ptr,  # [num_tokens, num_heads, num_splits] fp32
+    stride_o_t, stride_o_h,
+    stride_lse_t, stride_lse_h,
+    stride_po_t, stride_po_h, stride_po_s,
+    stride_pl_t, stride_pl_h, stride_pl_s,
+    num_splits,
+    LATENT_DIM: tl.constexpr,
+    LATENT_PAD: tl.constexpr,
+    RETURN_LSE: tl.constexpr,
+):
+    """out = sum_i e^{lse_i - lse} out_i, lse = log sum_i e^{lse_i}: one (token, head) row, in split order.
+
+    Splits with lse -inf (no visible key) are skipped, so their partial out is never read.
+    """
+    token = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1).to(tl.int64)
+    offs = tl.arange(0, LATENT_PAD)
+    ok = offs < LATENT_DIM
+    lse_row = partial_lse_ptr + token * stride_pl_t + head * stride_pl_h
+    out_row = partial_out_ptr + token * stride_po_t + head * stride_po_h
+    lse_max = tl.full([], float("-inf"), tl.float32)
+    for i in range(num_splits):
+        lse_max = tl.maximum(lse_max, tl.load(lse_row + i * stride_pl_s))
+    shift = tl.where(lse_max == float("-inf"), 0.0, lse_max)
+    acc = tl.zeros([LATENT_PAD], dtype=tl.float32)
+    total = tl.full([], 0.0, tl.float32)
+    for i in range(num_splits):
+        lse_i = tl.load(lse_row + i * stride_pl_s)
+        w = tl.exp(lse_i - shift)
+        has_keys = tl.broadcast_to(lse_i, [LATENT_PAD]) > float("-inf")  # (interpreter: no scalar & vector)
+        acc += w * tl.load(out_row + i * stride_po_s + offs, mask=ok & has_keys, other=0.0)
+        total += w
+    out = acc / tl.where(total > 0.0, total, 1.0)
+    tl.store(out_ptr + token * stride_o_t + head * stride_o_h + offs, out.to(out_ptr.dtype.element_ty), mask=ok)
+    if RETURN_LSE:
+        lse = tl.where(total > 0.0, shift + tl.log(total), float("-inf"))
+        tl.store(lse_ptr + token * stride_lse_t + head * stride_lse_h, lse)
+
+
+@triton.jit
+def _store_latent_part(src_ptr, dst_ptr, kv_scale_ptr, DIM: tl.constexpr, DIM_PAD: tl.constexpr,
+                       CACHE_FP8: tl.constexpr):
+    offs = tl.arange(0, DIM_PAD)
+    ok = offs < DIM
+    x = tl.load(src_ptr + offs, mask=ok, other=0.0)
+    if CACHE_FP8:
+        x = round_to_fp8e4m3(x.to(tl.float32) / tl.load(kv_scale_ptr))
+    tl.store(dst_ptr + offs, x.to(dst_ptr.dtype.element_ty), mask=ok)
+
+
+@triton.heuristics({"CACHE_FP8": lambda args: args["kv_scale_ptr"] is not None})
+@triton.jit(do_not_specialize=["num_slots"])
+def write_mla_kv_kernel(
+    c_kv_ptr,  # [num_tokens, LATENT_DIM]
+    k_pe_ptr,  # [num_tokens, ROPE_DIM]
+    kv_cache_ptr,  # [num_blocks, block_size, LATENT_DIM + ROPE_DIM]
+    slot_mapping_ptr,  # [num_tokens] int32 or int64; -1 = skip
+    kv_scale_ptr,  # [1] fp32 for an fp8 cache, else None
+    stride_ckv_t,
+    stride_kpe_t,
+    stride_c_b, stride_c_s,
+    num_slots,
+    LATENT_DIM: tl.constexpr,
+    LATENT_PAD: tl.constexpr,
+    ROPE_DIM: tl.constexpr,
+    ROPE_PAD: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    CACHE_FP8: tl.constexpr,
+):
+    """kv_cache[slot // PAGE_SIZE, slot % PAGE_SIZE] = [c_kv[t] | k_pe[t]] (divided by kv_scale for fp8).
+
+    Slots outside [0, num_slots) (-1 marks padding) are skipped.
+    """
+    token = tl.program_id(0).to(tl.int64)
+    slot = tl.load(slot_mapping_ptr + token).to(tl.int64)
+    if (slot < 0) | (slot >= num_slots):
+        return
+    dst = kv_cache_ptr + (slot // PAGE_SIZE) * stride_c_b + (slot % PAGE_SIZE) * stride_c_s
+    _store_latent_part(c_kv_ptr + token * stride_ckv_t, dst, kv_scale_ptr, LATENT_DIM, LATENT_PAD, CACHE_FP8)
+    _store_latent_part(k_pe_ptr + token * stride_kpe_t, dst + LATENT_DIM, kv_scale_ptr, ROPE_DIM, ROPE_PAD,
+                       CACHE_FP8)

@@ -1,0 +1,232 @@
+"""Large-tile attention for long queries (prefill, extend): one program per (Q tile, q head, sequence).
+
+FlashAttention-2 structure: a BLOCK_M-row tile of one head's queries stays in registers while
+BLOCK_N-key tiles stream past; the key range is cut into a mask-free middle (every key visible
+to every row: no masking work) and masked edges (the causal diagonal, the window's far edge,
+the sequence end). K/V come either from contiguous tensors (``varlen_attention``: sequence s
+owns rows ``cu_seqlens_k[s]:cu_seqlens_k[s+1]``) or from the paged cache (PAGED, through the
+block table, with out-of-cache ids dropped as in the other paths). Sequences with fewer than
+``min_q_len`` queries are left to the Q-block kernels.
+"""
+
+import triton
+import triton.language as tl
+
+from pagedattn.ops.common.attention_math import (
+    LOG2E,
+    causal_window_mask,
+    finalize_softmax,
+    online_softmax_step,
+    score_mods,
+)
+from pagedattn.ops.unified.program import init_softmax_state, prefix_visible, visible_kv_bounds
+
+
+@triton.jit
+def _key_tiles(
+    q, m_i, l_i, acc, q_pos, row_ok, slope, k_scale, v_scale,
+    k_ptr, v_ptr, block_row_ptr, k_row_start, prefix_ranges_ptr,
+    seq, kv_head, start_lo, start_hi, kv_lo, kv_hi, num_blocks, max_blocks_per_seq,
+    stride_k_b, stride_k_s, stride_k_h, stride_v_b, stride_v_s, stride_v_h,
+    stride_pr_s, stride_pr_r, num_prefix_ranges, scale, softcap, sliding_window,
+    HEAD_SIZE: tl.constexpr, HEAD_SIZE_PAD: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
+    IS_CAUSAL: tl.constexpr, USE_SOFTCAP: tl.constexpr, ALIBI_MODE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    USE_PREFIX: tl.constexpr, KV_FP8: tl.constexpr, PAGED: tl.constexpr, MASKED: tl.constexpr,
+):
+    """Online softmax over the key tiles starting at start_lo, start_lo + BLOCK_N, ... < start_hi.
+
+    MASKED=False is for tiles whose keys are all visible to all rows: no rule is evaluated.
+    """
+    offs_d = tl.arange(0, HEAD_SIZE_PAD)
+    offs_n = tl.arange(0, BLOCK_N)
+    dim_ok = offs_d < HEAD_SIZE
+    for start in range(start_lo, start_hi, BLOCK_N):
+        k_pos = start + offs_n
+        k_ok = (k_pos >= kv_lo) & (k_pos < kv_hi)
+        if PAGED:
+            k_ok = k_ok & (k_pos // PAGE_SIZE < max_blocks_per_seq)
+            page = tl.load(block_row_ptr + k_pos // PAGE_SIZE, mask=k_ok, other=0)
+            page_ok = (page >= 0) & (page < num_blocks)
+            page = tl.minimum(tl.maximum(page, 0), num_blocks - 1).to(tl.int64)
+            in_page = (k_pos % PAGE_SIZE).to(tl.int64)
+            k_off = page * stride_k_b + in_page * stride_k_s + kv_head * stride_k_h
+            v_off = page * stride_v_b + in_page * stride_v_s + kv_head * stride_v_h
+        else:
+            page_ok = k_ok
+            row = (k_row_start + k_pos).to(tl.int64)
+            k_off = row * stride_k_s + kv_head * stride_k_h
+            v_off = row * stride_v_s + kv_head * stride_v_h
+        if MASKED:
+            k = tl.load(k_ptr + k_off[None, :] + offs_d[:, None], mask=dim_ok[:, None] & k_ok[None, :], other=0.0)
+            v = tl.load(v_ptr + v_off[:, None] + offs_d[None, :], mask=k_ok[:, None] & dim_ok[None, :], other=0.0)
+        else:
+            k = tl.load(k_ptr + k_off[None, :] + offs_d[:, None], mask=dim_ok[:, None], other=0.0)
+            v = tl.load(v_ptr + v_off[:, None] + offs_d[None, :], mask=dim_ok[None, :], other=0.0)
+        if KV_FP8:
+            k = (k.to(tl.float32) * k_scale).to(q.dtype)
+            v = (v.to(tl.float32) * v_scale).to(q.dtype)
+        if PAGED:
+            v = tl.where(page_ok[:, None], v, 0.0)
+        s = tl.dot(q, k, input_precision=DOT_PRECISION) * scale  # [BLOCK_M, BLOCK_N]
+        s = score_mods(s, q_pos, k_pos, softcap, slope, USE_SOFTCAP, ALIBI_MODE)
+        if MASKED:
+            vis = causal_window_mask(q_pos, k_pos, sliding_window, IS_CAUSAL)
+            if USE_PREFIX:
+                vis = vis | prefix_visible(prefix_ranges_ptr, seq, stride_pr_s, stride_pr_r, num_prefix_ranges,
+                                           q_pos, k_pos)
+            vis = vis & (k_ok & page_ok)[None, :] & row_ok[:, None]
+            s = tl.where(vis, s * LOG2E, float("-inf"))
+        elif PAGED:
+            s = tl.where(page_ok[None, :], s * LOG2E, float("-inf"))
+        else:
+            s = s * LOG2E
+        p, alpha, m_i, l_i = online_softmax_step(m_i, l_i, s)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+    return m_i, l_i, acc
+
+
+@triton.heuristics(
+    {
+        "USE_SINKS": lambda args: args["sinks_ptr"] is not None,
+        "USE_PREFIX": lambda args: args["prefix_ranges_ptr"] is not None,
+        "KV_FP8": lambda args: args["k_scale_ptr"] is not None,
+        "RETURN_LSE": lambda args: args["lse_ptr"] is not None,
+        "PAGED": lambda args: args["block_table_ptr"] is not None,
+    }
+)
+@triton.jit(do_not_specialize=[
+    "num_tokens", "num_blocks", "max_blocks_per_seq", "num_prefix_ranges", "sliding_window", "min_q_len",
+])
+def prefill_attention_kernel(
+    out_ptr,  # [num_tokens, num_q_heads, head_size]
+    lse_ptr,  # [num_tokens, num_q_heads] fp32 or None
+    q_ptr,  # [num_tokens, num_q_heads, head_size]
+    k_ptr,  # paged: [num_blocks, block_size, num_kv_heads, head_size]; else [total_k, num_kv_heads, head_size]
+    v_ptr,
+    block_table_ptr,  # [num_seqs, max_blocks_per_seq] int32, or None (contiguous K/V)
+    kv_lens_ptr,  # paged: seq_lens [num_seqs]; contiguous: cu_seqlens_k [num_seqs + 1]
+    cu_seqlens_q_ptr,  # [num_seqs + 1] int32
+    sinks_ptr, alibi_slopes_ptr, prefix_ranges_ptr, k_scale_ptr, v_scale_ptr,
+    stride_q_t, stride_q_h,
+    stride_o_t, stride_o_h,
+    stride_lse_t, stride_lse_h,
+    stride_k_b, stride_k_s, stride_k_h,
+    stride_v_b, stride_v_s, stride_v_h,
+    stride_bt_s,
+    stride_pr_s, stride_pr_r,
+    scale,
+    softcap,
+    sliding_window,
+    num_tokens,
+    num_blocks,
+    max_blocks_per_seq,
+    num_prefix_ranges,
+    min_q_len,
+    NUM_QUERIES_PER_KV: tl.constexpr,
+    HEAD_SIZE: tl.constexpr,
+    HEAD_SIZE_PAD: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    IS_CAUSAL: tl.constexpr,
+    USE_SOFTCAP: tl.constexpr,
+    ALIBI_MODE: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    USE_SINKS: tl.constexpr,
+    USE_PREFIX: tl.constexpr,
+    KV_FP8: tl.constexpr,
+    RETURN_LSE: tl.constexpr,
+    PAGED: tl.constexpr,
+):
+    """out = softmax(mods(scale * q k^T) + mask) v for one BLOCK_M tile of one query head."""
+    m_block = tl.program_id(0)
+    head = tl.program_id(1)
+    seq = tl.program_id(2)
+    q_start = tl.load(cu_seqlens_q_ptr + seq)
+    q_len = tl.load(cu_seqlens_q_ptr + seq + 1) - q_start
+    if (q_len < min_q_len) | (m_block * BLOCK_M >= q_len):
+        return
+    if PAGED:
+        kv_len = tl.load(kv_lens_ptr + seq)
+        k_row_start = 0
+    else:
+        k_row_start = tl.load(kv_lens_ptr + seq)
+        kv_len = tl.load(kv_lens_ptr + seq + 1) - k_row_start
+    context_len = kv_len - q_len
+    kv_head = head // NUM_QUERIES_PER_KV
+
+    offs_m = m_block * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_SIZE_PAD)
+    token = (q_start + offs_m).to(tl.int64)
+    row_ok = (offs_m < q_len) & (token >= 0) & (token < num_tokens)
+    q_pos = context_len + offs_m
+    dim_ok = offs_d < HEAD_SIZE
+    q = tl.load(q_ptr + token[:, None] * stride_q_t + head * stride_q_h + offs_d[None, :],
+                mask=row_ok[:, None] & dim_ok[None, :], other=0.0)
+
+    kv_lo, kv_hi = visible_kv_bounds(
+        prefix_ranges_ptr, seq, stride_pr_s, stride_pr_r, num_prefix_ranges,
+        kv_len, q_len, context_len, m_block, sliding_window, BLOCK_M, IS_CAUSAL, USE_PREFIX,
+    )
+    # Mask-free middle [full_lo, full_hi): whole tiles that every row of this tile sees.
+    p_first = context_len + m_block * BLOCK_M
+    p_last = tl.minimum(p_first + BLOCK_M, context_len + q_len) - 1
+    free_lo = kv_lo
+    free_hi = kv_hi
+    if IS_CAUSAL:
+        free_hi = tl.minimum(free_hi, p_first + 1)
+    if sliding_window > 0:
+        free_lo = tl.maximum(free_lo, p_last - sliding_window + 1)
+        if not IS_CAUSAL:
+            free_hi = tl.minimum(free_hi, p_first + sliding_window)
+    free_lo = tl.maximum(free_lo, 0)
+    full_lo = tl.cdiv(free_lo, BLOCK_N) * BLOCK_N
+    full_hi = tl.maximum((free_hi // BLOCK_N) * BLOCK_N, full_lo)
+    first_tile = (kv_lo // BLOCK_N) * BLOCK_N
+    full_lo = tl.maximum(tl.minimum(full_lo, kv_hi), first_tile)
+    full_hi = tl.maximum(tl.minimum(full_hi, kv_hi), full_lo)
+
+    slope = 0.0
+    if ALIBI_MODE != 0:
+        slope = tl.zeros([BLOCK_M], dtype=tl.float32) + tl.load(alibi_slopes_ptr + head)
+    k_scale = 1.0
+    v_scale = 1.0
+    if KV_FP8:
+        k_scale = tl.load(k_scale_ptr)
+        v_scale = tl.load(v_scale_ptr)
+    heads = tl.zeros([BLOCK_M], dtype=tl.int32) + head
+    m_i, l_i, acc = init_softmax_state(sinks_ptr, heads, row_ok, True, BLOCK_M, HEAD_SIZE_PAD, USE_SINKS)
+    if PAGED:
+        block_row = block_table_ptr + seq.to(tl.int64) * stride_bt_s
+    else:
+        block_row = block_table_ptr
+
+    m_i, l_i, acc = _key_tiles(
+        q, m_i, l_i, acc, q_pos, row_ok, slope, k_scale, v_scale, k_ptr, v_ptr, block_row, k_row_start,
+        prefix_ranges_ptr, seq, kv_head, first_tile, full_lo, kv_lo, kv_hi, num_blocks, max_blocks_per_seq,
+        stride_k_b, stride_k_s, stride_k_h, stride_v_b, stride_v_s, stride_v_h,
+        stride_pr_s, stride_pr_r, num_prefix_ranges, scale, softcap, sliding_window,
+        HEAD_SIZE, HEAD_SIZE_PAD, PAGE_SIZE, BLOCK_N, IS_CAUSAL, USE_SOFTCAP, ALIBI_MODE, DOT_PRECISION,
+        USE_PREFIX, KV_FP8, PAGED, True,
+    )
+    m_i, l_i, acc = _key_tiles(
+        q, m_i, l_i, acc, q_pos, row_ok, slope, k_scale, v_scale, k_ptr, v_ptr, block_row, k_row_start,
+        prefix_ranges_ptr, seq, kv_head, full_lo, full_hi, kv_lo, kv_hi, num_blocks, max_blocks_per_seq,
+        stride_k_b, stride_k_s, stride_k_h, stride_v_b, stride_v_s, stride_v_h,
+        stride_pr_s, stride_pr_r, num_prefix_ranges, scale, softcap, sliding_window,
+        HEAD_SIZE, HEAD_SIZE_PAD, PAGE_SIZE, BLOCK_N, IS_CAUSAL, USE_SOFTCAP, ALIBI_MODE, DOT_PRECISION,
+        USE_PREFIX, KV_FP8, PAGED, False,
+    )
+    m_i, l_i, acc = _key_tiles(
+        q, m_i, l_i, acc, q_pos, row_ok, slope, k_scale, v_scale, k_ptr, v_ptr, block_row, k_row_start,
+        prefix_ranges_ptr, seq, kv_head, full_hi, kv_hi, kv_lo, kv_hi, num_blocks, max_blocks_per_seq,
+        stride_k_b, stride_k_s, stride_k_h, stride_v_b, stride_v_s, stride_v_h,
+        stride_pr_s, stride_pr_r, num_prefix_ranges, scale, softcap, sliding_window,
+        HEAD_SIZE, HEAD_SIZE_PAD, PAGE_SIZE, BLOCK_N, IS_CAUSAL, USE_SOFTCAP, ALIBI_MODE, DOT_PRECISION,
+        USE_PREFIX, KV_FP8, PAGED, True,
+    )
+    out, lse = finalize_softmax(acc, m_i, l_i)
+    tl.store(out_ptr + token[:, None] * stride_o_t + head * stride_o_h + offs_d[None, :],
+             out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & dim_ok[None, :])
+    if RETURN_LSE:
+        tl.store(lse_ptr + token * stride_lse_t + head * stride_lse_h, lse, mask=row_ok)

@@ -1,0 +1,83 @@
+"""Launcher of the large-tile prefill kernel (paged cache or contiguous K/V)."""
+
+from __future__ import annotations
+
+import torch
+import triton
+
+from pagedattn.ops.prefill.kernel import prefill_attention_kernel
+from pagedattn.ops.unified.launch import AttentionArgs
+from pagedattn.plan import Tiles
+
+
+def launch_prefill(
+    out: torch.Tensor,
+    lse: torch.Tensor | None,
+    a: AttentionArgs,
+    tiles: Tiles,
+    *,
+    max_query_len: int,
+    min_q_len: int = 0,
+    cu_seqlens_k: torch.Tensor | None = None,
+) -> None:
+    """``a.k_cache`` / ``a.v_cache`` are the paged cache, or with ``cu_seqlens_k`` contiguous
+    ``[total_k, num_kv_heads, head_size]`` K/V (then ``a.block_table`` and ``a.seq_lens`` are unused)."""
+    q, k, v = a.q, a.k_cache, a.v_cache
+    num_tokens, num_q_heads, head_size = q.shape
+    num_seqs = a.query_start_loc.shape[0] - 1
+    if num_tokens == 0 or num_seqs == 0 or max_query_len == 0:
+        return
+    paged = cu_seqlens_k is None
+    if paged:
+        k_strides, v_strides = (k.stride(0), k.stride(1), k.stride(2)), (v.stride(0), v.stride(1), v.stride(2))
+        num_blocks, page_size, num_kv_heads = k.shape[0], k.shape[1], k.shape[2]
+        max_blocks = a.block_table.shape[1]
+    else:
+        k_strides, v_strides = (0, k.stride(0), k.stride(1)), (0, v.stride(0), v.stride(1))
+        num_blocks, page_size, num_kv_heads, max_blocks = 1, 1, k.shape[1], 1
+    pr = a.prefix_ranges
+    grid = (triton.cdiv(max_query_len, tiles.block_m), num_q_heads, num_seqs)
+    prefill_attention_kernel[grid](
+        out_ptr=out,
+        lse_ptr=lse,
+        q_ptr=q,
+        k_ptr=k,
+        v_ptr=v,
+        block_table_ptr=a.block_table if paged else None,
+        kv_lens_ptr=a.seq_lens if paged else cu_seqlens_k,
+        cu_seqlens_q_ptr=a.query_start_loc,
+        sinks_ptr=a.sinks,
+        alibi_slopes_ptr=a.alibi_slopes,
+        prefix_ranges_ptr=pr,
+        k_scale_ptr=a.k_scale,
+        v_scale_ptr=a.v_scale,
+        stride_q_t=q.stride(0), stride_q_h=q.stride(1),
+        stride_o_t=out.stride(0), stride_o_h=out.stride(1),
+        stride_lse_t=lse.stride(0) if lse is not None else 0,
+        stride_lse_h=lse.stride(1) if lse is not None else 0,
+        stride_k_b=k_strides[0], stride_k_s=k_strides[1], stride_k_h=k_strides[2],
+        stride_v_b=v_strides[0], stride_v_s=v_strides[1], stride_v_h=v_strides[2],
+        stride_bt_s=a.block_table.stride(0) if paged else 0,
+        stride_pr_s=pr.stride(0) if pr is not None else 0,
+        stride_pr_r=pr.stride(1) if pr is not None else 0,
+        scale=a.scale,
+        softcap=a.softcap,
+        sliding_window=a.sliding_window,
+        num_tokens=num_tokens,
+        num_blocks=num_blocks,
+        max_blocks_per_seq=max_blocks,
+        num_prefix_ranges=pr.shape[1] if pr is not None else 0,
+        min_q_len=min_q_len,
+        NUM_QUERIES_PER_KV=num_q_heads // num_kv_heads,
+        HEAD_SIZE=head_size,
+        HEAD_SIZE_PAD=max(16, triton.next_power_of_2(head_size)),
+        PAGE_SIZE=page_size,
+        BLOCK_M=tiles.block_m,
+        BLOCK_N=tiles.tile_n,
+        IS_CAUSAL=a.causal,
+        USE_SOFTCAP=a.softcap > 0,
+        ALIBI_MODE=a.alibi_mode,
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        num_warps=tiles.num_warps,
+        num_stages=tiles.num_stages,
+    )

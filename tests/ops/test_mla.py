@@ -1,0 +1,342 @@
+"""MLA decode and the latent-cache write against the float64 reference, on the interpreter."""
+
+import math
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+import pagedattn.mla as mla
+from pagedattn import mla_decode, write_mla_kv
+from pagedattn.ops.mla.launch import MLATiles, choose_mla_splits, pick_mla_tiles
+from pagedattn.reference import mla_decode_ref, write_mla_kv_ref
+from pagedattn.testing import TOLERANCES, make_paged_batch
+from tests.conftest import DEVICE
+
+# (query_len, seq_len) per sequence
+DECODE = [(1, 17), (1, 129), (1, 1), (1, 300)]
+SPEC = [(8, 129), (3, 5), (1, 17), (0, 4), (2, 2), (5, 40), (1, 1), (7, 7)]  # speculative: up to 8 tokens
+
+
+@dataclass
+class MLABatch:
+    q_nope: torch.Tensor
+    q_pe: torch.Tensor
+    kv_cache: torch.Tensor
+    block_table: torch.Tensor
+    seq_lens: torch.Tensor
+    query_start_loc: torch.Tensor
+    scale: float
+
+    def args(self):
+        return (self.q_nope, self.q_pe, self.kv_cache, self.block_table, self.seq_lens, self.query_start_loc)
+
+
+def make_mla_batch(cases, *, num_heads=8, latent_dim=32, rope_dim=16, block_size=16, dtype=torch.float16,
+                   cache_dtype=None, seed=0):
+    """Random latents in a shuffled paged cache; q_nope / q_pe are views of one [.., 576] query."""
+    batch = make_paged_batch(
+        cases, num_q_heads=num_heads, num_kv_heads=1, head_size=latent_dim + rope_dim, block_size=block_size,
+        dtype=dtype, cache_dtype=cache_dtype, device=DEVICE, generator=torch.Generator().manual_seed(seed),
+    )
+    return MLABatch(
+        q_nope=batch.q[..., :latent_dim], q_pe=batch.q[..., latent_dim:],
+        kv_cache=batch.k_cache[:, :, 0].contiguous(), block_table=batch.block_table, seq_lens=batch.seq_lens,
+        query_start_loc=batch.query_start_loc, scale=1.0 / math.sqrt(latent_dim + rope_dim),
+    )
+
+
+@pytest.fixture
+def poisoned_workspace(monkeypatch):
+    """Split-KV partials start as NaN, so an unwritten partial that is read fails; records the split counts."""
+    calls = []
+
+    def workspace(num_tokens, num_heads, num_splits, latent_dim, device):
+        calls.append(num_splits)
+        return (torch.full((num_tokens, num_heads, num_splits, latent_dim), float("nan"), device=device),
+                torch.full((num_tokens, num_heads, num_splits), float("nan"), device=device))
+
+    monkeypatch.setattr(mla, "_workspace", workspace)
+    return calls
+
+
+def run_mla(b, *, kv_scale=None, num_splits=None, tiles=None, **kwargs):
+    out = torch.full(b.q_nope.shape, float("nan"), dtype=b.q_nope.dtype, device=DEVICE)
+    res = mla._mla_decode(*b.args(), scale=b.scale, kv_scale=kv_scale, num_splits=num_splits, out=out,
+                          return_lse=True, tiles=tiles, **kwargs)
+    assert res[0] is out
+    return res
+
+
+def assert_matches_reference(b, out, lse, kv_scale=None):
+    ref_out, ref_lse = mla_decode_ref(*b.args(), scale=b.scale, kv_scale=kv_scale)
+    atol, rtol = TOLERANCES[b.q_nope.dtype]
+    assert not torch.isnan(out).any() and not torch.isnan(lse).any()
+    torch.testing.assert_close(out.double(), ref_out, atol=atol, rtol=rtol)
+    finite = torch.isfinite(ref_lse)
+    assert torch.equal(finite, torch.isfinite(lse))
+    torch.testing.assert_close(lse.double()[finite], ref_lse[finite], atol=atol, rtol=rtol)
+
+
+@pytest.mark.parametrize(
+    "cases, dtype, num_heads, block_size",
+    [
+        pytest.param(DECODE, torch.float16, 16, 16, id="decode-fp16-h16-page16"),
+        pytest.param(DECODE, torch.float32, 4, 32, id="decode-fp32-h4-page32"),
+        pytest.param(SPEC, torch.float16, 4, 16, id="spec-fp16-h4-page16"),
+        pytest.param(SPEC, torch.float32, 12, 64, id="spec-fp32-h12-page64"),
+        pytest.param(SPEC, torch.float16, 8, 32, id="spec-fp16-h8-page32"),
+    ],
+)
+def test_mla_decode(poisoned_workspace, cases, dtype, num_heads, block_size):
+    b = make_mla_batch(cases, num_heads=num_heads, block_size=block_size, dtype=dtype, seed=num_heads + block_size)
+    out, lse = run_mla(b)
+    assert_matches_reference(b, out, lse)
+
+
+@pytest.mark.parametrize("num_splits", [1, 2, 5, 12], ids=lambda n: f"splits{n}")
+def test_mla_split_counts(poisoned_workspace, num_splits):
+    # 12 splits over at most 129 keys in 32-key tiles: most segments are empty.
+    b = make_mla_batch(SPEC, num_heads=8, dtype=torch.float32, seed=num_splits)
+    out, lse = run_mla(b, num_splits=num_splits)
+    assert_matches_reference(b, out, lse)
+    assert poisoned_workspace == ([] if num_splits == 1 else [num_splits])
+
+
+def test_mla_auto_splits(poisoned_workspace):
+    # one sequence, one head group: the interpreter's 4 "SMs" ask for 4 splits
+    b = make_mla_batch([(1, 700)], num_heads=16, dtype=torch.float16, seed=3)
+    out, lse = run_mla(b)
+    assert poisoned_workspace == [4]
+    assert_matches_reference(b, out, lse)
+
+
+@pytest.mark.parametrize(
+    "tiles, num_heads, num_splits",
+    [
+        pytest.param(MLATiles(8, 2, 16, 1, 1), 16, 3, id="2-head-groups-2-tokens-tile16"),
+        pytest.param(MLATiles(4, 4, 64, 1, 1), 4, 1, id="4-tokens-tile64-across-pages"),
+        pytest.param(MLATiles(16, 1, 32, 1, 1), 12, 2, id="masked-heads"),
+        pytest.param(MLATiles(2, 8, 16, 1, 1), 6, 2, id="3-head-groups-8-tokens"),
+    ],
+)
+def test_mla_tiles(poisoned_workspace, tiles, num_heads, num_splits):
+    b = make_mla_batch(SPEC, num_heads=num_heads, dtype=torch.float32, seed=tiles.block_h)
+    out, lse = run_mla(b, tiles=tiles, num_splits=num_splits)
+    assert_matches_reference(b, out, lse)
+
+
+def test_mla_odd_dims():
+    b = make_mla_batch([(2, 33), (1, 9)], num_heads=4, latent_dim=48, rope_dim=32, dtype=torch.float16, seed=5)
+    out, lse = run_mla(b, num_splits=2)
+    assert_matches_reference(b, out, lse)
+
+
+@pytest.mark.parametrize(
+    "dtype, cache_dtype, num_splits",
+    [
+        pytest.param(torch.float16, None, 1, id="fp16"),
+        pytest.param(torch.float32, torch.float8_e4m3fn, 3, id="fp32-fp8cache-3splits"),
+    ],
+)
+def test_mla_real_widths(poisoned_workspace, dtype, cache_dtype, num_splits):
+    """DeepSeek's 512 latent + 64 rope, few heads and short sequences."""
+    b = make_mla_batch([(1, 17), (2, 40), (0, 3), (1, 1)], num_heads=4, latent_dim=512, rope_dim=64,
+                       dtype=dtype, cache_dtype=cache_dtype, seed=7)
+    b.scale = 1.0 / math.sqrt(192)
+    kv_scale = 0.5 if cache_dtype is not None else None
+    out, lse = run_mla(b, kv_scale=kv_scale, num_splits=num_splits)
+    assert_matches_reference(b, out, lse, kv_scale=kv_scale)
+
+
+@pytest.mark.parametrize("kv_scale", [0.7, "tensor"], ids=["float-scale", "tensor-scale"])
+def test_mla_fp8(poisoned_workspace, kv_scale):
+    b = make_mla_batch(SPEC, num_heads=8, dtype=torch.float16, cache_dtype=torch.float8_e4m3fn, seed=11)
+    if kv_scale == "tensor":
+        kv_scale = torch.tensor([1.3], device=DEVICE)
+    out, lse = run_mla(b, kv_scale=kv_scale, num_splits=2)
+    assert_matches_reference(b, out, lse, kv_scale=kv_scale)
+
+
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_mla_rows_without_keys(poisoned_workspace, num_splits):
+    # (3, 2): the first query sits at position -1; (2, 0): no keys at all. Output 0, lse -inf.
+    b = make_mla_batch([(1, 20), (3, 2), (2, 0)], num_heads=4, dtype=torch.float32, seed=13)
+    out, lse = run_mla(b, num_splits=num_splits)
+    assert_matches_reference(b, out, lse)
+    assert torch.isneginf(lse[1]).all() and torch.isneginf(lse[4:]).all()
+    assert (out[1] == 0).all() and (out[4:] == 0).all()
+
+
+def test_mla_default_out_and_no_lse():
+    b = make_mla_batch(DECODE, num_heads=4, dtype=torch.float16, seed=17)
+    out = mla_decode(*b.args(), scale=b.scale, max_query_len=1, max_seq_len=300)
+    assert isinstance(out, torch.Tensor) and out.shape == b.q_nope.shape and out.dtype == b.q_nope.dtype
+    ref_out, _ = mla_decode_ref(*b.args(), scale=b.scale)
+    torch.testing.assert_close(out.double(), ref_out, atol=5e-3, rtol=5e-3)
+
+
+GUARD = 2  # NaN-filled blocks on each side of the cache
+
+CORRUPTIONS = {
+    "block-id-too-large": lambda b, n: b.block_table.__setitem__((1, 0), n),
+    "block-id-past-guard": lambda b, n: b.block_table.__setitem__((1, 1), n + GUARD + 5),
+    "block-id-negative": lambda b, n: b.block_table.__setitem__((2, 0), -1),
+    "seq-len-past-table": lambda b, n: b.seq_lens.__setitem__(1, b.block_table.shape[1] * 16 + 40),
+}
+
+
+@pytest.mark.parametrize("corruption", list(CORRUPTIONS))
+def test_mla_corrupt_metadata_is_masked(corruption):
+    b = make_mla_batch([(1, 70), (3, 40), (2, 35), (1, 17)], num_heads=4, dtype=torch.float32, seed=19)
+    buf = torch.full((b.kv_cache.shape[0] + 2 * GUARD, *b.kv_cache.shape[1:]), float("nan"), device=DEVICE)
+    buf[GUARD:-GUARD] = b.kv_cache
+    b.kv_cache = buf[GUARD:-GUARD]
+    ref_out, _ = mla_decode_ref(*b.args(), scale=b.scale)
+    CORRUPTIONS[corruption](b, b.kv_cache.shape[0])
+    for splits in (1, 3):
+        out, _ = run_mla(b, num_splits=splits)
+        assert not torch.isnan(out).any(), "a guard block or an unwritten row reached the output"
+        for s in (0, 3):  # the sequences the corruption did not touch are exact
+            rows = slice(int(b.query_start_loc[s]), int(b.query_start_loc[s + 1]))
+            torch.testing.assert_close(out[rows].double(), ref_out[rows], atol=2e-4, rtol=2e-4)
+
+
+@pytest.mark.parametrize(
+    "dtype, cache_dtype, slot_dtype, latent_dim, rope_dim, block_size",
+    [
+        pytest.param(torch.float16, None, torch.int32, 32, 16, 16, id="fp16"),
+        pytest.param(torch.float32, None, torch.int64, 48, 16, 32, id="fp32-odd-latent-int64-slots"),
+        pytest.param(torch.float16, torch.float8_e4m3fn, torch.int64, 512, 64, 16, id="fp16-to-fp8-576"),
+        pytest.param(torch.float32, torch.float8_e4m3fn, torch.int32, 32, 16, 64, id="fp32-to-fp8"),
+    ],
+)
+def test_write_mla_kv(dtype, cache_dtype, slot_dtype, latent_dim, rope_dim, block_size):
+    g = torch.Generator().manual_seed(latent_dim + block_size)
+    num_tokens, num_blocks = 21, 5
+    cache_dtype = cache_dtype or dtype
+    c_kv = (torch.randn(num_tokens, latent_dim, generator=g) * 4).to(DEVICE, dtype)
+    k_pe = (torch.randn(num_tokens, rope_dim, generator=g) * 4).to(DEVICE, dtype)
+    c_kv[0, :3] = torch.tensor([1000.0, -1000.0, 1e-4])  # saturation and subnormals in fp8
+    kv_cache = torch.randn(num_blocks, block_size, latent_dim + rope_dim, generator=g).to(DEVICE, cache_dtype)
+    slots = torch.randperm(num_blocks * block_size, generator=g)[:num_tokens]
+    slots[3] = -1  # padding
+    slots[11] = num_blocks * block_size + 7  # outside the cache: skipped
+    slot_mapping = slots.to(DEVICE, slot_dtype)
+    kv_scale = torch.tensor([1.5], device=DEVICE) if block_size == 64 else 0.75
+    ref = write_mla_kv_ref(c_kv, k_pe, kv_cache, slot_mapping, kv_scale=kv_scale)
+    write_mla_kv(c_kv, k_pe, kv_cache, slot_mapping, kv_scale=kv_scale)
+    assert torch.equal(kv_cache.view(torch.uint8), ref.view(torch.uint8))  # bitwise, fp8 rounding included
+
+
+def test_write_then_decode():
+    """write_mla_kv fills the pages a decode step then reads."""
+    b = make_mla_batch([(2, 30), (1, 9)], num_heads=4, dtype=torch.float16, seed=23)
+    pages = b.block_table.long()
+    slots = torch.cat([pages[0, (torch.arange(30) // 16)] * 16 + torch.arange(30) % 16,
+                       pages[1, (torch.arange(9) // 16)] * 16 + torch.arange(9) % 16])
+    g = torch.Generator().manual_seed(1)
+    c_kv = torch.randn(39, 32, generator=g).to(DEVICE, torch.float16)
+    k_pe = torch.randn(39, 16, generator=g).to(DEVICE, torch.float16)
+    b.kv_cache.fill_(float("nan"))
+    write_mla_kv(c_kv, k_pe, b.kv_cache, slots.to(DEVICE))
+    out, lse = run_mla(b, num_splits=1)
+    assert_matches_reference(b, out, lse)
+
+
+def test_choose_mla_splits():
+    tiles = MLATiles(64, 1, 32, 8)  # 128 heads: 2 head groups
+    assert choose_mla_splits(1, 128, 1, 4096, tiles, 132) == 32  # by length (128 keys a split)
+    assert choose_mla_splits(1, 128, 1, 32768, tiles, 132) == 64  # by the cap
+    assert choose_mla_splits(32, 128, 1, 4096, tiles, 132) == 2  # 128 programs: one wave
+    assert choose_mla_splits(128, 128, 1, 4096, tiles, 132) == 1  # the grid already fills the GPU
+    assert choose_mla_splits(1, 128, 1, 100, tiles, 132) == 1  # too short to split
+    assert pick_mla_tiles(128, 1).block_m >= 16 and pick_mla_tiles(4, 1).block_m >= 16
+
+
+# --------------------------------------------------------------------------------------------
+# bad input: ValueError / TypeError naming the argument, before any launch
+
+
+@pytest.fixture
+def no_launch(monkeypatch):
+    def boom(*args, **kwargs):
+        raise AssertionError("a kernel was launched for bad input")
+
+    monkeypatch.setattr(mla, "launch_mla_decode", boom)
+    monkeypatch.setattr(mla, "launch_write_mla_kv", boom)
+
+
+ARG_NAMES = ["q_nope", "q_pe", "kv_cache", "block_table", "seq_lens", "query_start_loc"]
+
+BAD_DECODE_INPUTS = [
+    pytest.param({"q_nope": lambda b: b.q_nope[0]}, ValueError, "q_nope", id="q-nope-ndim"),
+    pytest.param({"q_nope": lambda b: b.q_nope.to(torch.int32)}, TypeError, "q_nope", id="q-nope-dtype"),
+    pytest.param({"q_nope": lambda b: "not a tensor"}, TypeError, "q_nope", id="q-nope-not-tensor"),
+    pytest.param({"q_pe": lambda b: b.q_pe.float()}, TypeError, "q_pe", id="q-pe-dtype"),
+    pytest.param({"q_pe": lambda b: b.q_pe[:, :2]}, ValueError, "q_pe", id="q-pe-heads"),
+    pytest.param({"q_pe": lambda b: b.q_pe.transpose(1, 2).contiguous().transpose(1, 2)}, ValueError, "q_pe",
+                 id="q-pe-last-dim-strided"),
+    pytest.param({"q_nope": lambda b: b.q_nope[..., :24]}, ValueError, "q_nope", id="latent-not-multiple-16"),
+    pytest.param({"q_pe": lambda b: b.q_pe[..., :8]}, ValueError, "q_pe", id="rope-too-small"),
+    pytest.param({"kv_cache": lambda b: b.kv_cache.float()}, TypeError, "kv_cache", id="cache-dtype"),
+    pytest.param({"kv_cache": lambda b: b.kv_cache[..., :40]}, ValueError, "kv_cache", id="cache-width"),
+    pytest.param({"kv_cache": lambda b: b.kv_cache[:, :, None]}, ValueError, "kv_cache", id="cache-ndim"),
+    pytest.param({"block_table": lambda b: b.block_table.long()}, TypeError, "block_table", id="block-table-int64"),
+    pytest.param({"block_table": lambda b: b.block_table[:1]}, ValueError, "block_table", id="block-table-rows"),
+    pytest.param({"seq_lens": lambda b: b.seq_lens.long()}, TypeError, "seq_lens", id="seq-lens-int64"),
+    pytest.param({"query_start_loc": lambda b: b.query_start_loc[:2]}, ValueError, "query_start_loc",
+                 id="qsl-length"),
+    pytest.param({"query_start_loc": lambda b: b.query_start_loc.float()}, TypeError, "query_start_loc",
+                 id="qsl-dtype"),
+    pytest.param({"scale": lambda b: None}, TypeError, "scale", id="scale-none"),
+    pytest.param({"max_query_len": lambda b: 9}, ValueError, "max_query_len", id="query-too-long"),
+    pytest.param({"max_query_len": lambda b: -1}, ValueError, "max_query_len", id="max-query-len-negative"),
+    pytest.param({"max_seq_len": lambda b: 1.5}, TypeError, "max_seq_len", id="max-seq-len-float"),
+    pytest.param({"num_splits": lambda b: 0}, ValueError, "num_splits", id="num-splits-zero"),
+    pytest.param({"kv_scale": lambda b: torch.ones(2)}, ValueError, "kv_scale", id="kv-scale-shape"),
+    pytest.param({"kv_scale": lambda b: torch.ones(1, dtype=torch.float16)}, TypeError, "kv_scale",
+                 id="kv-scale-dtype"),
+    pytest.param({"out": lambda b: torch.empty(1, 4, 32, dtype=b.q_nope.dtype)}, ValueError, "out", id="out-shape"),
+    pytest.param({"out": lambda b: torch.empty(b.q_nope.shape)}, TypeError, "out", id="out-dtype"),
+]
+
+
+@pytest.mark.parametrize("changes, exc, word", BAD_DECODE_INPUTS)
+def test_mla_decode_rejects(no_launch, changes, exc, word):
+    b = make_mla_batch([(1, 20), (3, 9)], num_heads=4, seed=29)
+    args = dict(zip(ARG_NAMES, b.args()))
+    kwargs = {"scale": b.scale}
+    for name, make in changes.items():
+        (args if name in ARG_NAMES else kwargs)[name] = make(b)
+    with pytest.raises(exc, match=word):
+        mla_decode(*[args[n] for n in ARG_NAMES], **kwargs)
+
+
+def test_mla_decode_rejects_long_queries_from_metadata(no_launch):
+    b = make_mla_batch([(9, 20), (1, 9)], num_heads=4, seed=31)
+    with pytest.raises(ValueError, match="query_start_loc"):
+        mla_decode(*b.args(), scale=b.scale)
+
+
+def test_write_mla_kv_rejects(no_launch):
+    c_kv = torch.randn(3, 32).half()
+    k_pe = torch.randn(3, 16).half()
+    cache = torch.zeros(4, 16, 48).half()
+    slots = torch.arange(3, dtype=torch.int32)
+    cases = [
+        (dict(c_kv=c_kv[0]), ValueError, "c_kv"),
+        (dict(k_pe=k_pe.float()), TypeError, "k_pe"),
+        (dict(k_pe=k_pe[:2]), ValueError, "k_pe"),
+        (dict(kv_cache=cache[..., :40]), ValueError, "kv_cache"),
+        (dict(kv_cache=cache.float()), TypeError, "kv_cache"),
+        (dict(slot_mapping=slots.float()), TypeError, "slot_mapping"),
+        (dict(slot_mapping=slots[:2]), ValueError, "slot_mapping"),
+        (dict(kv_scale=torch.ones(3)), ValueError, "kv_scale"),
+    ]
+    for change, exc, word in cases:
+        args = dict(c_kv=c_kv, k_pe=k_pe, kv_cache=cache, slot_mapping=slots)
+        kwargs = {k: change.pop(k) for k in list(change) if k == "kv_scale"}
+        args.update(change)
+        with pytest.raises(exc, match=word):
+            write_mla_kv(**args, **kwargs)

@@ -1,0 +1,84 @@
+"""Large-tile prefill kernel on the interpreter: varlen_attention over contiguous K/V and the
+paged prefill path (forced, and the automatic split between prefill and Q-block kernels)."""
+
+import zlib
+
+import pytest
+import torch
+
+from pagedattn import paged_attention, plan_attention, varlen_attention
+from pagedattn.reference import paged_attention_ref, varlen_attention_ref
+from pagedattn.testing import FEATURES, TOLERANCES, feature_kwargs, make_paged_batch
+from tests.conftest import DEVICE
+
+# (query_len, kv_len): prefill, extend, decode, empty and cross-attention-sized rows
+VARLEN = [(70, 70), (17, 40), (1, 33), (0, 5), (45, 45)]
+
+
+def assert_close(out, lse, ref_out, ref_lse, dtype):
+    atol, rtol = TOLERANCES[dtype]
+    assert not torch.isnan(out).any()
+    torch.testing.assert_close(out.double(), ref_out, atol=atol, rtol=rtol)
+    finite = torch.isfinite(ref_lse)
+    assert torch.equal(finite, torch.isfinite(lse))
+    torch.testing.assert_close(lse.double()[finite], ref_lse[finite], atol=atol, rtol=rtol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=["fp16", "fp32"])
+@pytest.mark.parametrize("feature", FEATURES)
+def test_varlen_features(feature, dtype):
+    g = torch.Generator().manual_seed(zlib.crc32(feature.encode()))
+    cases = VARLEN + ([(9, 4)] if "noncausal" in feature else [])
+    hq, hkv, d = 4, 2, 32
+    cu_q = torch.tensor([0] + [q for q, _ in cases], dtype=torch.int32).cumsum(0).to(torch.int32)
+    cu_k = torch.tensor([0] + [k for _, k in cases], dtype=torch.int32).cumsum(0).to(torch.int32)
+    q = torch.randn(int(cu_q[-1]), hq, d, generator=g).to(DEVICE, dtype)
+    k = torch.randn(int(cu_k[-1]), hkv, d, generator=g).to(DEVICE, dtype)
+    v = torch.randn(int(cu_k[-1]), hkv, d, generator=g).to(DEVICE, dtype)
+    kwargs = feature_kwargs(feature, hq, len(cases), device=DEVICE, generator=g)
+    out = torch.full_like(q, float("nan"))
+    out, lse = varlen_attention(q, k, v, cu_q.to(DEVICE), cu_k.to(DEVICE), out=out, return_lse=True, **kwargs)
+    ref_out, ref_lse = varlen_attention_ref(q, k, v, cu_q, cu_k, **kwargs)
+    assert_close(out, lse, ref_out, ref_lse, dtype)
+
+
+@pytest.mark.parametrize("head_size", [8, 80, 256])
+def test_varlen_head_sizes(head_size):
+    g = torch.Generator().manual_seed(head_size)
+    cu = torch.tensor([0, 40, 75], dtype=torch.int32)
+    q = torch.randn(75, 2, head_size, generator=g).to(DEVICE, torch.float16)
+    k = torch.randn(75, 1, head_size, generator=g).to(DEVICE, torch.float16)
+    v = torch.randn(75, 1, head_size, generator=g).to(DEVICE, torch.float16)
+    out, lse = varlen_attention(q, k, v, cu, cu, return_lse=True, softcap=4.0)
+    ref_out, ref_lse = varlen_attention_ref(q, k, v, cu, cu, softcap=4.0)
+    assert_close(out, lse, ref_out, ref_lse, torch.float16)
+
+
+@pytest.mark.parametrize("path", ["prefill", "auto"])
+@pytest.mark.parametrize("feature", ["causal", "window", "sinks", "prefix", "alibi_sqrt", "fp8"])
+def test_paged_prefill_path(feature, path):
+    # 130 and 140 queries reach the automatic prefill threshold (128); the rest stay on the Q-block kernel
+    g = torch.Generator().manual_seed(zlib.crc32((feature + path).encode()))
+    cases = [(130, 130), (1, 77), (5, 40), (140, 200), (0, 3)]
+    cache_dtype = torch.float8_e4m3fn if feature == "fp8" else None
+    batch = make_paged_batch(cases, dtype=torch.float16, cache_dtype=cache_dtype, device=DEVICE, generator=g)
+    kwargs = {"k_scale": 0.5, "v_scale": 1.5} if feature == "fp8" else feature_kwargs(feature, 4, len(cases), device=DEVICE, generator=g)
+    plan = plan_attention(batch.query_start_loc, batch.seq_lens, num_q_heads=4, num_kv_heads=2, head_size=32,
+                          device=DEVICE, path=path, dtype=torch.float16)
+    assert plan.path == "prefill"
+    out = torch.full_like(batch.q, float("nan"))
+    out, lse = paged_attention(*batch.args(), out=out, return_lse=True, plan=plan, **kwargs)
+    ref_out, ref_lse = paged_attention_ref(*batch.args(), **kwargs)
+    assert_close(out, lse, ref_out, ref_lse, torch.float16)
+
+
+def test_varlen_rejects_bad_input():
+    q = torch.randn(5, 4, 32).half()
+    k = torch.randn(5, 2, 32).half()
+    cu = torch.tensor([0, 5], dtype=torch.int32)
+    with pytest.raises(TypeError, match="k"):
+        varlen_attention(q, k.float(), k, cu, cu)
+    with pytest.raises(ValueError, match="cu_seqlens_k"):
+        varlen_attention(q, k, k, cu, torch.tensor([0, 2, 5], dtype=torch.int32))
+    with pytest.raises(TypeError, match="cu_seqlens_q"):
+        varlen_attention(q, k, k, cu.long(), cu)
