@@ -45,9 +45,8 @@ def _key_tiles(
         k_ok = (k_pos >= kv_lo) & (k_pos < kv_hi)
         if PAGED:
             k_ok = k_ok & (k_pos // PAGE_SIZE < max_blocks_per_seq)
-            page = tl.load(block_row_ptr + k_pos // PAGE_SIZE, mask=k_ok, other=0)
-            page_ok = (page >= 0) & (page < num_blocks)
-            page = tl.minimum(tl.maximum(page, 0), num_blocks - 1).to(tl.int64)
+            page = tl.load(block_row_ptr + k_pos // PAGE_SIZE, mask=k_ok, other=0).to(tl.int64)
+            page_ok = (page >= 0) & (page < num_blocks)  # out-of-cache ids: masked, never read
             in_page = (k_pos % PAGE_SIZE).to(tl.int64)
             k_off = page * stride_k_b + in_page * stride_k_s + kv_head * stride_k_h
             v_off = page * stride_v_b + in_page * stride_v_s + kv_head * stride_v_h
@@ -56,17 +55,16 @@ def _key_tiles(
             row = (k_row_start + k_pos).to(tl.int64)
             k_off = row * stride_k_s + kv_head * stride_k_h
             v_off = row * stride_v_s + kv_head * stride_v_h
-        if MASKED:
-            k = tl.load(k_ptr + k_off[None, :] + offs_d[:, None], mask=dim_ok[:, None] & k_ok[None, :], other=0.0)
-            v = tl.load(v_ptr + v_off[:, None] + offs_d[None, :], mask=k_ok[:, None] & dim_ok[None, :], other=0.0)
+        if MASKED or PAGED:
+            load_ok = k_ok & page_ok
+            k = tl.load(k_ptr + k_off[None, :] + offs_d[:, None], mask=dim_ok[:, None] & load_ok[None, :], other=0.0)
+            v = tl.load(v_ptr + v_off[:, None] + offs_d[None, :], mask=load_ok[:, None] & dim_ok[None, :], other=0.0)
         else:
             k = tl.load(k_ptr + k_off[None, :] + offs_d[:, None], mask=dim_ok[:, None], other=0.0)
             v = tl.load(v_ptr + v_off[:, None] + offs_d[None, :], mask=dim_ok[None, :], other=0.0)
         if KV_FP8:
             k = (k.to(tl.float32) * k_scale).to(q.dtype)
             v = (v.to(tl.float32) * v_scale).to(q.dtype)
-        if PAGED:
-            v = tl.where(page_ok[:, None], v, 0.0)
         s = tl.dot(q, k, input_precision=DOT_PRECISION) * scale  # [BLOCK_M, BLOCK_N]
         s = score_mods(s, q_pos, k_pos, softcap, slope, USE_SOFTCAP, ALIBI_MODE)
         if MASKED:

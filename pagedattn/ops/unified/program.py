@@ -179,12 +179,11 @@ def attend_kv_range(
     for start in range(tile_lo, kv_hi, TILE_N):
         k_pos = start + offs_n  # [TILE_N]
         k_ok = (k_pos >= kv_lo) & (k_pos < kv_hi) & (k_pos // PAGE_SIZE < max_blocks_per_seq)
-        page = tl.load(block_row_ptr + k_pos // PAGE_SIZE, mask=k_ok, other=0)
-        # An id outside the cache is clamped into it (so every address is valid) and its key is
-        # dropped below; the load masks stay independent of loaded values, which keeps the
-        # loads pipelined (masking by the loaded id cost up to 36% at B=1; docs/perf-notes.md).
-        page_ok = (page >= 0) & (page < num_blocks)
-        page = tl.minimum(tl.maximum(page, 0), num_blocks - 1).to(tl.int64)
+        page = tl.load(block_row_ptr + k_pos // PAGE_SIZE, mask=k_ok, other=0).to(tl.int64)
+        # Keys whose block id lies outside the cache are masked, never dereferenced. (Clamping
+        # the id and zeroing V instead measured 1.7x slower: the select between V's load and the
+        # dot costs the async-copy pipeline; docs/perf-notes.md, experiment 6.)
+        k_ok = k_ok & (page >= 0) & (page < num_blocks)
         in_page = (k_pos % PAGE_SIZE).to(tl.int64)
         k_off = page * stride_k_b + in_page * stride_k_s + kv_head * stride_k_h
         v_off = page * stride_v_b + in_page * stride_v_s + kv_head * stride_v_h
@@ -201,7 +200,6 @@ def attend_kv_range(
         if KV_FP8:
             k = (k.to(tl.float32) * k_scale).to(q.dtype)
             v = (v.to(tl.float32) * v_scale).to(q.dtype)
-        v = tl.where(page_ok[:, None], v, 0.0)  # a dropped key's value must not reach acc (0 * NaN)
 
         s = tl.dot(q, k, input_precision=DOT_PRECISION) * scale  # [BLOCK_M, TILE_N]
         s = score_mods(s, q_pos, k_pos, softcap, slope, USE_SOFTCAP, ALIBI_MODE)
@@ -210,7 +208,7 @@ def attend_kv_range(
             vis = vis | prefix_visible(
                 prefix_ranges_ptr, seq, stride_pr_s, stride_pr_r, num_prefix_ranges, q_pos, k_pos
             )
-        vis = vis & (k_ok & page_ok)[None, :] & row_ok[:, None]
+        vis = vis & k_ok[None, :] & row_ok[:, None]
         s = tl.where(vis, s * LOG2E, float("-inf"))
 
         p, alpha, m_i, l_i = online_softmax_step(m_i, l_i, s)
