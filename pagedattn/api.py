@@ -10,9 +10,9 @@ import triton
 from pagedattn._checks import (
     FLOAT_DTYPES,
     FP8_DTYPES,
+    check_attention_features,
     check_head_size,
     check_optional_int,
-    check_per_head,
     check_scale_arg,
     check_shape,
     check_tensor,
@@ -170,18 +170,10 @@ def paged_attention(
     check_shape("query_start_loc", query_start_loc, (num_seqs + 1,))
     check_optional_int("max_query_len", max_query_len, minimum=0)
     check_optional_int("max_seq_len", max_seq_len, minimum=0)
-    check_optional_int("sliding_window", sliding_window, minimum=1)
-    if softcap is not None and not (isinstance(softcap, (int, float)) and softcap >= 0):
-        raise ValueError(f"softcap must be a float >= 0 or None, got {softcap!r}")
-    if scale is not None and not isinstance(scale, (int, float)):
-        raise TypeError(f"scale must be a float, got {type(scale).__name__}")
-    check_per_head("alibi_slopes", alibi_slopes, num_q_heads, device)
-    if alibi_sqrt and alibi_slopes is None:
-        raise ValueError("alibi_sqrt=True needs alibi_slopes")
-    check_per_head("sinks", sinks, num_q_heads, device)
-    if prefix_ranges is not None:
-        check_tensor("prefix_ranges", prefix_ranges, ndim=3, dtypes=(torch.int32,), device=device)
-        check_shape("prefix_ranges", prefix_ranges, (num_seqs, None, 2))
+    check_attention_features(
+        num_q_heads=num_q_heads, num_seqs=num_seqs, device=device, scale=scale, sliding_window=sliding_window,
+        softcap=softcap, alibi_slopes=alibi_slopes, alibi_sqrt=alibi_sqrt, sinks=sinks, prefix_ranges=prefix_ranges,
+    )
     check_scale_arg("k_scale", k_scale, device)
     check_scale_arg("v_scale", v_scale, device)
     if out is not None:
@@ -327,16 +319,10 @@ def varlen_attention(
     num_seqs = cu_seqlens_q.shape[0] - 1
     check_shape("cu_seqlens_k", cu_seqlens_k, (num_seqs + 1,))
     check_optional_int("max_query_len", max_query_len, minimum=0)
-    check_optional_int("sliding_window", sliding_window, minimum=1)
-    if softcap is not None and not (isinstance(softcap, (int, float)) and softcap >= 0):
-        raise ValueError(f"softcap must be a float >= 0 or None, got {softcap!r}")
-    check_per_head("alibi_slopes", alibi_slopes, num_q_heads, device)
-    if alibi_sqrt and alibi_slopes is None:
-        raise ValueError("alibi_sqrt=True needs alibi_slopes")
-    check_per_head("sinks", sinks, num_q_heads, device)
-    if prefix_ranges is not None:
-        check_tensor("prefix_ranges", prefix_ranges, ndim=3, dtypes=(torch.int32,), device=device)
-        check_shape("prefix_ranges", prefix_ranges, (num_seqs, None, 2))
+    check_attention_features(
+        num_q_heads=num_q_heads, num_seqs=num_seqs, device=device, scale=scale, sliding_window=sliding_window,
+        softcap=softcap, alibi_slopes=alibi_slopes, alibi_sqrt=alibi_sqrt, sinks=sinks, prefix_ranges=prefix_ranges,
+    )
     if out is not None:
         check_tensor("out", out, dtypes=(q.dtype,), device=device)
         check_shape("out", out, tuple(q.shape))

@@ -166,3 +166,18 @@ def within_tolerance(out, lse, ref_out, ref_lse) -> bool:
             lse.double()[finite], ref_lse.to(lse.device)[finite], atol=atol, rtol=rtol
         )
     return bool(ok)
+
+
+def assert_matches_reference(out, lse, ref_out, ref_lse) -> None:
+    """Assert out (and lse, if given) match the reference within TOLERANCES[out.dtype]: no NaN,
+    the same -inf pattern of lse, and close values where finite."""
+    atol, rtol = TOLERANCES[out.dtype]
+    assert not torch.isnan(out).any(), "unwritten or NaN output"
+    torch.testing.assert_close(out.double(), ref_out.to(out.device), atol=atol, rtol=rtol)
+    if lse is None:
+        return
+    ref_lse = ref_lse.to(lse.device)
+    assert not torch.isnan(lse).any(), "NaN lse"
+    finite = torch.isfinite(ref_lse)
+    assert torch.equal(finite, torch.isfinite(lse)), "lse -inf pattern differs"
+    torch.testing.assert_close(lse.double()[finite], ref_lse[finite], atol=atol, rtol=rtol)

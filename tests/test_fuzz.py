@@ -11,7 +11,7 @@ from hypothesis import strategies as st  # noqa: E402
 
 from pagedattn import paged_attention, plan_attention  # noqa: E402
 from pagedattn.reference import paged_attention_ref  # noqa: E402
-from pagedattn.testing import TOLERANCES, make_paged_batch  # noqa: E402
+from pagedattn.testing import assert_matches_reference, make_paged_batch  # noqa: E402
 from tests.conftest import DEVICE  # noqa: E402
 from tests.test_safety import guarded, guards_intact  # noqa: E402
 
@@ -66,12 +66,7 @@ def test_fuzz_against_reference(p):
                           path=p["path"], num_splits=p["splits"] if p["path"] == "split_kv" else None)
     out = torch.full_like(batch.q, float("nan"))
     out, lse = paged_attention(*batch.args(), out=out, return_lse=True, plan=plan, validate=True, **kwargs)
-    ref_out, ref_lse = paged_attention_ref(*batch.args(), **kwargs)
-    atol, rtol = TOLERANCES[p["dtype"]]
-    torch.testing.assert_close(out.double(), ref_out, atol=atol, rtol=rtol)
-    finite = torch.isfinite(ref_lse)
-    assert torch.equal(finite, torch.isfinite(lse))
-    torch.testing.assert_close(lse.double()[finite], ref_lse[finite], atol=atol, rtol=rtol)
+    assert_matches_reference(out, lse, *paged_attention_ref(*batch.args(), **kwargs))
 
 
 @st.composite

@@ -6,19 +6,14 @@ import torch
 
 from pagedattn import paged_attention, plan_attention
 from pagedattn.reference import paged_attention_ref
-from pagedattn.testing import BATCHES, TOLERANCES, feature_kwargs, make_paged_batch
+from pagedattn.testing import BATCHES, assert_matches_reference, feature_kwargs, make_paged_batch
 from tests.conftest import DEVICE
 
 
 def check(batch, plan, kwargs):
     out = torch.full_like(batch.q, float("nan"))
     out, lse = paged_attention(*batch.args(), out=out, return_lse=True, plan=plan, **kwargs)
-    ref_out, ref_lse = paged_attention_ref(*batch.args(), **kwargs)
-    atol, rtol = TOLERANCES[batch.q.dtype]
-    torch.testing.assert_close(out.double(), ref_out, atol=atol, rtol=rtol)
-    finite = torch.isfinite(ref_lse)
-    assert torch.equal(finite, torch.isfinite(lse))
-    torch.testing.assert_close(lse.double()[finite], ref_lse[finite], atol=atol, rtol=rtol)
+    assert_matches_reference(out, lse, *paged_attention_ref(*batch.args(), **kwargs))
 
 
 @pytest.mark.parametrize("num_programs", [3, 64], ids=["3-programs", "64-programs-split"])

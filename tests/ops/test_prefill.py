@@ -8,20 +8,11 @@ import torch
 
 from pagedattn import paged_attention, plan_attention, varlen_attention
 from pagedattn.reference import paged_attention_ref, varlen_attention_ref
-from pagedattn.testing import FEATURES, TOLERANCES, feature_kwargs, make_paged_batch
+from pagedattn.testing import FEATURES, assert_matches_reference, feature_kwargs, make_paged_batch
 from tests.conftest import DEVICE
 
 # (query_len, kv_len): prefill, extend, decode, empty and cross-attention-sized rows
 VARLEN = [(70, 70), (17, 40), (1, 33), (0, 5), (45, 45)]
-
-
-def assert_close(out, lse, ref_out, ref_lse, dtype):
-    atol, rtol = TOLERANCES[dtype]
-    assert not torch.isnan(out).any()
-    torch.testing.assert_close(out.double(), ref_out, atol=atol, rtol=rtol)
-    finite = torch.isfinite(ref_lse)
-    assert torch.equal(finite, torch.isfinite(lse))
-    torch.testing.assert_close(lse.double()[finite], ref_lse[finite], atol=atol, rtol=rtol)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=["fp16", "fp32"])
@@ -39,7 +30,7 @@ def test_varlen_features(feature, dtype):
     out = torch.full_like(q, float("nan"))
     out, lse = varlen_attention(q, k, v, cu_q.to(DEVICE), cu_k.to(DEVICE), out=out, return_lse=True, **kwargs)
     ref_out, ref_lse = varlen_attention_ref(q, k, v, cu_q, cu_k, **kwargs)
-    assert_close(out, lse, ref_out, ref_lse, dtype)
+    assert_matches_reference(out, lse, ref_out, ref_lse)
 
 
 @pytest.mark.parametrize("head_size", [8, 80, 256])
@@ -51,7 +42,7 @@ def test_varlen_head_sizes(head_size):
     v = torch.randn(75, 1, head_size, generator=g).to(DEVICE, torch.float16)
     out, lse = varlen_attention(q, k, v, cu, cu, return_lse=True, softcap=4.0)
     ref_out, ref_lse = varlen_attention_ref(q, k, v, cu, cu, softcap=4.0)
-    assert_close(out, lse, ref_out, ref_lse, torch.float16)
+    assert_matches_reference(out, lse, ref_out, ref_lse)
 
 
 @pytest.mark.parametrize("path", ["prefill", "auto"])
@@ -69,7 +60,7 @@ def test_paged_prefill_path(feature, path):
     out = torch.full_like(batch.q, float("nan"))
     out, lse = paged_attention(*batch.args(), out=out, return_lse=True, plan=plan, **kwargs)
     ref_out, ref_lse = paged_attention_ref(*batch.args(), **kwargs)
-    assert_close(out, lse, ref_out, ref_lse, torch.float16)
+    assert_matches_reference(out, lse, ref_out, ref_lse)
 
 
 def test_varlen_rejects_bad_input():

@@ -7,7 +7,7 @@ import torch
 
 from pagedattn import paged_attention, plan_attention
 from pagedattn.reference import paged_attention_ref
-from pagedattn.testing import BATCHES, FEATURES, TOLERANCES, feature_kwargs, make_paged_batch
+from pagedattn.testing import BATCHES, FEATURES, assert_matches_reference, feature_kwargs, make_paged_batch
 from tests.conftest import DEVICE
 
 SPEC_DECODE = [(8, 300), (3, 5), (1, 77), (0, 4), (2, 2), (1, 1)]  # speculative: up to 8 tokens
@@ -26,14 +26,8 @@ def run_split(batch, kwargs, *, num_splits=None, batch_invariant=False, segment_
     return paged_attention(*batch.args(), out=out, return_lse=True, plan=plan, **kwargs)
 
 
-def assert_matches_reference(batch, kwargs, out, lse):
-    ref_out, ref_lse = paged_attention_ref(*batch.args(), **kwargs)
-    atol, rtol = TOLERANCES[batch.q.dtype]
-    assert not torch.isnan(out).any() and not torch.isnan(lse).any()
-    torch.testing.assert_close(out.double(), ref_out, atol=atol, rtol=rtol)
-    finite = torch.isfinite(ref_lse)
-    assert torch.equal(finite, torch.isfinite(lse))
-    torch.testing.assert_close(lse.double()[finite], ref_lse[finite], atol=atol, rtol=rtol)
+def check_against_reference(batch, kwargs, out, lse):
+    assert_matches_reference(out, lse, *paged_attention_ref(*batch.args(), **kwargs))
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=["fp16", "fp32"])
@@ -44,7 +38,7 @@ def test_split_features(feature, dtype):
     batch = make_paged_batch(cases, dtype=dtype, device=DEVICE, generator=g)
     kwargs = feature_kwargs(feature, batch.q.shape[1], len(cases), device=DEVICE, generator=g)
     out, lse = run_split(batch, kwargs, num_splits=3)
-    assert_matches_reference(batch, kwargs, out, lse)
+    check_against_reference(batch, kwargs, out, lse)
 
 
 @pytest.mark.parametrize("num_splits", [1, 2, 7, 17], ids=lambda n: f"splits{n}")
@@ -55,7 +49,7 @@ def test_split_counts(num_splits, batch_kind):
     batch = make_paged_batch(BATCHES[batch_kind], dtype=torch.float32, device=DEVICE, generator=g)
     kwargs = {"sinks": torch.randn(4, generator=g).to(DEVICE), "sliding_window": 150}
     out, lse = run_split(batch, kwargs, num_splits=num_splits)
-    assert_matches_reference(batch, kwargs, out, lse)
+    check_against_reference(batch, kwargs, out, lse)
 
 
 def test_split_fp8_and_alibi():
@@ -64,7 +58,7 @@ def test_split_fp8_and_alibi():
     kwargs = {"k_scale": 0.8, "v_scale": torch.tensor(1.2, device=DEVICE),
               "alibi_slopes": torch.rand(4, generator=g).to(DEVICE), "softcap": 3.0}
     out, lse = run_split(batch, kwargs, num_splits=5)
-    assert_matches_reference(batch, kwargs, out, lse)
+    check_against_reference(batch, kwargs, out, lse)
 
 
 def test_batch_invariant_interpreter():

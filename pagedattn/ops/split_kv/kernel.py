@@ -9,7 +9,7 @@ split 0, so the merge counts it once. How a segment is cut: ``attend_segment``.
 import triton
 import triton.language as tl
 
-from pagedattn.ops.unified.program import attend_segment, locate_q_block, merge_partials, store_partial, store_rows
+from pagedattn.ops.unified.program import attend_segment, locate_q_block, merge_partials, store_partial
 
 
 @triton.heuristics(
