@@ -11,9 +11,10 @@ The path rule (``path="auto"``):
 * Long queries (``max_query_len > SPLIT_KV_MAX_QUERY_LEN``) take the unified ("2D") path: the
   Q blocks of the prefill/extend tokens already give the GPU enough programs.
 * Otherwise count the 2D grid, ``num_q_blocks * num_kv_heads``. If it reaches
-  ``PROGRAMS_PER_SM * num_sms`` the GPU is full and 2D runs. If not, split each sequence's keys
-  into ``num_splits = ceil(PROGRAMS_PER_SM * num_sms / programs_2d)`` segments (so the split grid
-  fills the GPU), at most ``ceil(max_seq_len / MIN_SEGMENT_TOKENS)`` (a segment streams enough
+  ``SPLIT_BELOW_PROGRAMS_PER_SM * num_sms`` the GPU is full enough and 2D runs (on the H200 a
+  512-program 2D grid beat split-KV x2 by 20%: docs/perf-notes.md, experiment 7). If not,
+  split each sequence's keys into ``num_splits = ceil(PROGRAMS_PER_SM * num_sms / programs_2d)``
+  segments (so the split grid fills the GPU), at most ``ceil(max_seq_len / MIN_SEGMENT_TOKENS)`` (a segment streams enough
   keys to amortize writing and merging its partial) and at most ``MAX_SPLITS``; one split
   means 2D.
 """
@@ -26,7 +27,8 @@ import torch
 import triton
 
 SPLIT_KV_MAX_QUERY_LEN = 8
-PROGRAMS_PER_SM = 4
+PROGRAMS_PER_SM = 4  # the split-KV grid is filled to this many programs per SM
+SPLIT_BELOW_PROGRAMS_PER_SM = 3  # ... when the 2D grid has fewer than this many
 MIN_SEGMENT_TOKENS = 128
 MAX_SPLITS = 128
 INVARIANT_SEGMENT_TOKENS = 1024
@@ -164,9 +166,9 @@ def choose_num_splits(num_q_blocks: int, num_kv_heads: int, max_query_len: int, 
     if max_query_len > SPLIT_KV_MAX_QUERY_LEN or max_seq_len <= MIN_SEGMENT_TOKENS:
         return 1
     programs_2d = max(1, num_q_blocks * num_kv_heads)
-    target = PROGRAMS_PER_SM * sms
-    if programs_2d >= target:
+    if programs_2d >= SPLIT_BELOW_PROGRAMS_PER_SM * sms:
         return 1
+    target = PROGRAMS_PER_SM * sms
     by_fill = -(-target // programs_2d)
     by_length = -(-max_seq_len // MIN_SEGMENT_TOKENS)
     return max(1, min(by_fill, by_length, MAX_SPLITS))
