@@ -44,8 +44,13 @@ def check_shape(name: str, x: torch.Tensor, expected: tuple) -> None:
         raise ValueError(f"{name} must have shape {want}, got {list(x.shape)}")
 
 
+def head_size_supported(head_size: int) -> bool:
+    """Multiples of 8 from MIN_HEAD_SIZE to MAX_HEAD_SIZE (padded to a power of two in the kernels)."""
+    return MIN_HEAD_SIZE <= head_size <= MAX_HEAD_SIZE and head_size % 8 == 0
+
+
 def check_head_size(name: str, head_size: int) -> None:
-    if not (MIN_HEAD_SIZE <= head_size <= MAX_HEAD_SIZE) or head_size % 8 != 0:
+    if not head_size_supported(head_size):
         raise ValueError(
             f"{name}: head_size {head_size} is not supported; use a multiple of 8 "
             f"from {MIN_HEAD_SIZE} to {MAX_HEAD_SIZE}"

@@ -46,6 +46,12 @@ def _scale_tensor(x, device: torch.device) -> torch.Tensor:
     return torch.full((1,), float(x), dtype=torch.float32, device=device)
 
 
+def _alibi_mode(alibi_slopes, alibi_sqrt: bool) -> int:
+    if alibi_slopes is None:
+        return ALIBI_NONE.value
+    return (ALIBI_SQRT if alibi_sqrt else ALIBI_LINEAR).value
+
+
 def _check_cache_pair(k_cache, v_cache, q_dtype, device) -> None:
     cache_dtypes = (q_dtype, *FP8_DTYPES)
     check_tensor("k_cache", k_cache, ndim=4, dtypes=cache_dtypes, device=device)
@@ -202,10 +208,7 @@ def paged_attention(
     if return_lse:
         lse = torch.empty(num_tokens, num_q_heads, dtype=torch.float32, device=device)
     fp8 = k_cache.dtype in FP8_DTYPES
-    if alibi_slopes is None:
-        alibi_mode = ALIBI_NONE.value
-    else:
-        alibi_mode = (ALIBI_SQRT if alibi_sqrt else ALIBI_LINEAR).value
+    alibi_mode = _alibi_mode(alibi_slopes, alibi_sqrt)
     args = AttentionArgs(
         q=q, k_cache=k_cache, v_cache=v_cache, block_table=block_table, seq_lens=seq_lens,
         query_start_loc=query_start_loc,
@@ -332,10 +335,7 @@ def varlen_attention(
         lens = cu_seqlens_q[1:] - cu_seqlens_q[:-1]
         max_query_len = int(lens.max().item()) if num_seqs > 0 else 0
     lse = torch.empty(num_tokens, num_q_heads, dtype=torch.float32, device=device) if return_lse else None
-    if alibi_slopes is None:
-        alibi_mode = ALIBI_NONE.value
-    else:
-        alibi_mode = (ALIBI_SQRT if alibi_sqrt else ALIBI_LINEAR).value
+    alibi_mode = _alibi_mode(alibi_slopes, alibi_sqrt)
     args = AttentionArgs(
         q=q, k_cache=k, v_cache=v, block_table=None, seq_lens=None, query_start_loc=cu_seqlens_q,
         scale=float(scale if scale is not None else 1.0 / math.sqrt(head_size)),

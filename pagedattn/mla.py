@@ -25,6 +25,7 @@ from pagedattn.ops.mla.launch import (
     launch_write_mla_kv,
     pick_mla_tiles,
 )
+from pagedattn.api import _scale_tensor
 from pagedattn.plan import num_sms
 
 __all__ = ["mla_decode", "write_mla_kv"]
@@ -38,15 +39,6 @@ def _check_dims(latent_name: str, latent_dim: int, rope_name: str, rope_dim: int
                                  (rope_name, "rope", rope_dim, MAX_ROPE_DIM)):
         if not (16 <= dim <= top) or dim % 16:
             raise ValueError(f"{name}: {what} dim {dim} is not supported; use a multiple of 16 from 16 to {top}")
-
-
-def _scale_tensor(x, device: torch.device) -> torch.Tensor:
-    """A 1-element fp32 device tensor for the fp8 scale; a float becomes a device fill (no sync)."""
-    if x is None:
-        x = 1.0
-    if isinstance(x, torch.Tensor):
-        return x.reshape(1)
-    return torch.full((1,), float(x), dtype=torch.float32, device=device)
 
 
 def _workspace(num_tokens: int, num_heads: int, num_splits: int, latent_dim: int, device: torch.device):

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from pagedattn._checks import head_size_supported
 from pagedattn.backends.base import AttentionBackend, BackendConfig, BatchMetadata
 from pagedattn.backends.triton_backend import triton_device_reason
 
@@ -337,7 +338,7 @@ class RouterBackend(AttentionBackend):
     max_head_size = 256
 
     def supports_head_size(self, head_size: int) -> bool:
-        return 8 <= head_size <= 256 and head_size % 8 == 0
+        return head_size_supported(head_size)
 
     def device_reason(self, device, dtype):
         return triton_device_reason(device, dtype)

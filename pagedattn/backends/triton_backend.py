@@ -6,6 +6,7 @@ import os
 
 import torch
 
+from pagedattn._checks import head_size_supported
 from pagedattn.backends.base import AttentionBackend, BackendConfig, BatchMetadata
 
 
@@ -38,7 +39,7 @@ class TritonBackend(AttentionBackend):
     max_head_size = 256
 
     def supports_head_size(self, head_size: int) -> bool:
-        return 8 <= head_size <= 256 and head_size % 8 == 0
+        return head_size_supported(head_size)
 
     def device_reason(self, device, dtype):
         return triton_device_reason(device, dtype)

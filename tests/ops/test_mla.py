@@ -12,6 +12,7 @@ from pagedattn.ops.mla.launch import MLATiles, choose_mla_splits, pick_mla_tiles
 from pagedattn.reference import mla_decode_ref, write_mla_kv_ref
 from pagedattn.testing import TOLERANCES, make_paged_batch
 from tests.conftest import DEVICE
+from tests.test_safety import CORRUPTIONS, GUARD
 
 # (query_len, seq_len) per sequence
 DECODE = [(1, 17), (1, 129), (1, 1), (1, 300)]
@@ -174,16 +175,6 @@ def test_mla_default_out_and_no_lse():
     assert isinstance(out, torch.Tensor) and out.shape == b.q_nope.shape and out.dtype == b.q_nope.dtype
     ref_out, _ = mla_decode_ref(*b.args(), scale=b.scale)
     torch.testing.assert_close(out.double(), ref_out, atol=5e-3, rtol=5e-3)
-
-
-GUARD = 2  # NaN-filled blocks on each side of the cache
-
-CORRUPTIONS = {
-    "block-id-too-large": lambda b, n: b.block_table.__setitem__((1, 0), n),
-    "block-id-past-guard": lambda b, n: b.block_table.__setitem__((1, 1), n + GUARD + 5),
-    "block-id-negative": lambda b, n: b.block_table.__setitem__((2, 0), -1),
-    "seq-len-past-table": lambda b, n: b.seq_lens.__setitem__(1, b.block_table.shape[1] * 16 + 40),
-}
 
 
 @pytest.mark.parametrize("corruption", list(CORRUPTIONS))
