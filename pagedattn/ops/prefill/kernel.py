@@ -28,7 +28,7 @@ def _key_tiles(
     k_ptr, v_ptr, block_row_ptr, k_row_start, prefix_ranges_ptr,
     seq, kv_head, start_lo, start_hi, kv_lo, kv_hi, num_blocks, max_blocks_per_seq,
     stride_k_b, stride_k_s, stride_k_h, stride_v_b, stride_v_s, stride_v_h,
-    stride_pr_s, stride_pr_r, num_prefix_ranges, scale, softcap, sliding_window,
+    stride_pr_s, stride_pr_r, num_prefix_ranges, scale, qk_scale, softcap, sliding_window,
     HEAD_SIZE: tl.constexpr, HEAD_SIZE_PAD: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_CAUSAL: tl.constexpr, USE_SOFTCAP: tl.constexpr, ALIBI_MODE: tl.constexpr, DOT_PRECISION: tl.constexpr,
     USE_PREFIX: tl.constexpr, KV_FP8: tl.constexpr, PAGED: tl.constexpr, MASKED: tl.constexpr,
@@ -65,21 +65,29 @@ def _key_tiles(
         if KV_FP8:
             k = (k.to(tl.float32) * k_scale).to(q.dtype)
             v = (v.to(tl.float32) * v_scale).to(q.dtype)
-        s = tl.dot(q, k, input_precision=DOT_PRECISION) * scale  # [BLOCK_M, BLOCK_N]
-        s = score_mods(s, q_pos, k_pos, softcap, slope, USE_SOFTCAP, ALIBI_MODE)
+        qk = tl.dot(q, k, input_precision=DOT_PRECISION)  # [BLOCK_M, BLOCK_N]
+        if USE_SOFTCAP or ALIBI_MODE != 0:
+            s = score_mods(qk * scale, q_pos, k_pos, softcap, slope, USE_SOFTCAP, ALIBI_MODE) * LOG2E
+        else:
+            s = qk * qk_scale  # scale and log2(e) in one multiply
         if MASKED:
             vis = causal_window_mask(q_pos, k_pos, sliding_window, IS_CAUSAL)
             if USE_PREFIX:
                 vis = vis | prefix_visible(prefix_ranges_ptr, seq, stride_pr_s, stride_pr_r, num_prefix_ranges,
                                            q_pos, k_pos)
             vis = vis & (k_ok & page_ok)[None, :] & row_ok[:, None]
-            s = tl.where(vis, s * LOG2E, float("-inf"))
+            p, alpha, m_i, l_i = online_softmax_step(m_i, l_i, tl.where(vis, s, float("-inf")))
         elif PAGED:
-            s = tl.where(page_ok[None, :], s * LOG2E, float("-inf"))
+            p, alpha, m_i, l_i = online_softmax_step(m_i, l_i, tl.where(page_ok[None, :], s, float("-inf")))
         else:
-            s = s * LOG2E
-        p, alpha, m_i, l_i = online_softmax_step(m_i, l_i, s)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+            # every key of the tile is visible to every row: the scores are finite, so the new
+            # max is finite and needs no -inf guard
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            p = tl.exp2(s - m_new[:, None])
+            alpha = tl.exp2(m_i - m_new)
+            l_i = l_i * alpha + tl.sum(p, 1)
+            m_i = m_new
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
     return m_i, l_i, acc
 
 
@@ -137,7 +145,8 @@ def prefill_attention_kernel(
     PAGED: tl.constexpr,
 ):
     """out = softmax(mods(scale * q k^T) + mask) v for one BLOCK_M tile of one query head."""
-    m_block = tl.program_id(0)
+    # the heaviest Q tiles (last rows under the causal mask) first: less tail at the end
+    m_block = tl.num_programs(0) - 1 - tl.program_id(0)
     head = tl.program_id(1)
     seq = tl.program_id(2)
     q_start = tl.load(cu_seqlens_q_ptr + seq)
@@ -192,6 +201,7 @@ def prefill_attention_kernel(
     if KV_FP8:
         k_scale = tl.load(k_scale_ptr)
         v_scale = tl.load(v_scale_ptr)
+    qk_scale = scale * LOG2E
     heads = tl.zeros([BLOCK_M], dtype=tl.int32) + head
     m_i, l_i, acc = init_softmax_state(sinks_ptr, heads, row_ok, True, BLOCK_M, HEAD_SIZE_PAD, USE_SINKS)
     if PAGED:
@@ -203,7 +213,7 @@ def prefill_attention_kernel(
         q, m_i, l_i, acc, q_pos, row_ok, slope, k_scale, v_scale, k_ptr, v_ptr, block_row, k_row_start,
         prefix_ranges_ptr, seq, kv_head, first_tile, full_lo, kv_lo, kv_hi, num_blocks, max_blocks_per_seq,
         stride_k_b, stride_k_s, stride_k_h, stride_v_b, stride_v_s, stride_v_h,
-        stride_pr_s, stride_pr_r, num_prefix_ranges, scale, softcap, sliding_window,
+        stride_pr_s, stride_pr_r, num_prefix_ranges, scale, qk_scale, softcap, sliding_window,
         HEAD_SIZE, HEAD_SIZE_PAD, PAGE_SIZE, BLOCK_N, IS_CAUSAL, USE_SOFTCAP, ALIBI_MODE, DOT_PRECISION,
         USE_PREFIX, KV_FP8, PAGED, True,
     )
@@ -211,7 +221,7 @@ def prefill_attention_kernel(
         q, m_i, l_i, acc, q_pos, row_ok, slope, k_scale, v_scale, k_ptr, v_ptr, block_row, k_row_start,
         prefix_ranges_ptr, seq, kv_head, full_lo, full_hi, kv_lo, kv_hi, num_blocks, max_blocks_per_seq,
         stride_k_b, stride_k_s, stride_k_h, stride_v_b, stride_v_s, stride_v_h,
-        stride_pr_s, stride_pr_r, num_prefix_ranges, scale, softcap, sliding_window,
+        stride_pr_s, stride_pr_r, num_prefix_ranges, scale, qk_scale, softcap, sliding_window,
         HEAD_SIZE, HEAD_SIZE_PAD, PAGE_SIZE, BLOCK_N, IS_CAUSAL, USE_SOFTCAP, ALIBI_MODE, DOT_PRECISION,
         USE_PREFIX, KV_FP8, PAGED, False,
     )
@@ -219,7 +229,7 @@ def prefill_attention_kernel(
         q, m_i, l_i, acc, q_pos, row_ok, slope, k_scale, v_scale, k_ptr, v_ptr, block_row, k_row_start,
         prefix_ranges_ptr, seq, kv_head, full_hi, kv_hi, kv_lo, kv_hi, num_blocks, max_blocks_per_seq,
         stride_k_b, stride_k_s, stride_k_h, stride_v_b, stride_v_s, stride_v_h,
-        stride_pr_s, stride_pr_r, num_prefix_ranges, scale, softcap, sliding_window,
+        stride_pr_s, stride_pr_r, num_prefix_ranges, scale, qk_scale, softcap, sliding_window,
         HEAD_SIZE, HEAD_SIZE_PAD, PAGE_SIZE, BLOCK_N, IS_CAUSAL, USE_SOFTCAP, ALIBI_MODE, DOT_PRECISION,
         USE_PREFIX, KV_FP8, PAGED, True,
     )

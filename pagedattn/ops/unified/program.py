@@ -201,18 +201,21 @@ def attend_kv_range(
             k = (k.to(tl.float32) * k_scale).to(q.dtype)
             v = (v.to(tl.float32) * v_scale).to(q.dtype)
 
-        s = tl.dot(q, k, input_precision=DOT_PRECISION) * scale  # [BLOCK_M, TILE_N]
-        s = score_mods(s, q_pos, k_pos, softcap, slope, USE_SOFTCAP, ALIBI_MODE)
+        qk = tl.dot(q, k, input_precision=DOT_PRECISION)  # [BLOCK_M, TILE_N]
+        if USE_SOFTCAP or ALIBI_MODE != 0:
+            s = score_mods(qk * scale, q_pos, k_pos, softcap, slope, USE_SOFTCAP, ALIBI_MODE) * LOG2E
+        else:
+            s = qk * (scale * LOG2E)  # scale and log2(e) in one multiply
         vis = causal_window_mask(q_pos, k_pos, sliding_window, IS_CAUSAL)
         if USE_PREFIX:
             vis = vis | prefix_visible(
                 prefix_ranges_ptr, seq, stride_pr_s, stride_pr_r, num_prefix_ranges, q_pos, k_pos
             )
         vis = vis & k_ok[None, :] & row_ok[:, None]
-        s = tl.where(vis, s * LOG2E, float("-inf"))
+        s = tl.where(vis, s, float("-inf"))
 
         p, alpha, m_i, l_i = online_softmax_step(m_i, l_i, s)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
     return m_i, l_i, acc
 
 
