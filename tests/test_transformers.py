@@ -152,3 +152,68 @@ def test_from_pretrained_with_pagedattn(tmp_path):
     with torch.no_grad():
         got = loaded(input_ids=ids).logits
     torch.testing.assert_close(got, _logits(model, "sdpa", input_ids=ids), atol=ATOL, rtol=RTOL)
+
+
+def _continuous_batching_config(**kwargs):
+    from transformers import ContinuousBatchingConfig
+
+    return ContinuousBatchingConfig(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "name, chunked",
+    [
+        pytest.param("llama", False, id="llama-whole-prompts"),
+        pytest.param("llama", True, id="llama-chunked-prefill"),
+        pytest.param("gemma2", True, id="gemma2-window-softcap-chunked"),
+    ],
+)
+def test_generate_batch_same_tokens_as_greedy(name, chunked, monkeypatch):
+    """transformers' continuous batching (its paged cache, packed calls) with attn_implementation="pagedattn"
+    gives the tokens of plain greedy generate, one prompt at a time."""
+    pytest.importorskip("transformers.generation.continuous_batching")
+    calls = []
+    packed = pa_hf.varlen_attention_forward
+
+    def spy(query, key, value, cu_q, cu_k, **kw):
+        calls.append((cu_q.tolist(), cu_k.tolist()))
+        return packed(query, key, value, cu_q, cu_k, **kw)
+
+    monkeypatch.setattr(pa_hf, "varlen_attention_forward", spy)
+    if name == "llama":
+        model, reference_impl = _model(transformers.LlamaForCausalLM, transformers.LlamaConfig(**DECODER)), "sdpa"
+    else:
+        config = transformers.Gemma2Config(**DECODER, sliding_window=4, attn_logit_softcapping=5.0)
+        model, reference_impl = _model(transformers.Gemma2ForCausalLM, config), "eager"
+    prompts = [[1, 2, 3, 4, 5], [7, 8, 9], [10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20]]
+    new = 5
+    gen = transformers.GenerationConfig(max_new_tokens=new, do_sample=False, eos_token_id=-1, pad_token_id=0)
+    expected = []
+    model.set_attn_implementation(reference_impl)
+    for p in prompts:
+        ids = torch.tensor([p], device=DEVICE)
+        tokens = model.generate(input_ids=ids, max_new_tokens=new, do_sample=False, pad_token_id=0, eos_token_id=-1)
+        expected.append(tokens[0, len(p):].tolist())
+    model.set_attn_implementation("pagedattn")
+    cb = transformers.ContinuousBatchingConfig(max_batch_tokens=8 if chunked else None, page_size=16)
+    outputs = model.generate_batch(prompts, generation_config=gen, continuous_batching_config=cb, progress_bar=False)
+    assert model.config._attn_implementation == "pagedattn"  # kept, not switched to sdpa / flash
+    assert [outputs[f"req_{i}"].generated_tokens for i in range(len(prompts))] == expected
+    q_lens = [[b - a for a, b in zip(q[:-1], q[1:])] for q, _ in calls]
+    k_lens = [[b - a for a, b in zip(k[:-1], k[1:])] for _, k in calls]
+    assert any(1 in lens for lens in q_lens)  # decode steps went through pagedattn
+    extends = [(q, k) for ql, kl in zip(q_lens, k_lens) for q, k in zip(ql, kl) if 1 < q < k]
+    assert bool(extends) == chunked  # a prompt continued on cached tokens (chunked prefill)
+
+
+def test_continuous_batching_allow_list_wrapped_once():
+    cb = pytest.importorskip("transformers.generation.continuous_batching.continuous_api")
+    pa_hf.register()
+    wrapped = cb.ContinuousBatchingManager.switch_to_cb_friendly_attn
+    assert wrapped._pagedattn_wrapped and not getattr(wrapped.__wrapped__, "_pagedattn_wrapped", False)
+    pa_hf.register()
+    assert cb.ContinuousBatchingManager.switch_to_cb_friendly_attn is wrapped
+    model = _model(transformers.LlamaForCausalLM, transformers.LlamaConfig(**DECODER))
+    model.set_attn_implementation("eager")  # another name still goes through transformers' own rule
+    wrapped(object.__new__(cb.ContinuousBatchingManager), model, False)
+    assert model.config._attn_implementation == "paged|eager"

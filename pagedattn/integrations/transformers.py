@@ -31,15 +31,26 @@ for every query) get output 0; no real token reads them.
 Not supported: attention dropout in training (``dropout > 0`` raises), ``output_attentions``
 (weights are None), T5-style ``position_bias``, a K head size different from V's.
 
-Continuous batching (``model.generate_batch`` / ``ContinuousBatchingManager``) is not supported.
-It accepts only the implementations ``"paged|eager"``, ``"sdpa"`` and flash attention (an
-allow-list in ``switch_to_cb_friendly_attn``, which raises for any other name), keeps its own
-cache layout (per-layer-group K/V tensors read through ``read_index`` / ``write_index``, a
-block table only on its flash-attention decode fast path) and hands the attention function
-K/V already gathered from that cache with ``cu_seq_lens_q`` / ``cu_seq_lens_k``. Serving it
-with pagedattn's kernels directly would need that allow-list opened (or a registration under
-``"sdpa"``, replacing SDPA for every model) and an adapter from its block table to
-pagedattn's ``[num_blocks, block_size, kv_heads, head_size]`` pages: not a small change.
+Continuous batching (``model.generate_batch`` / ``ContinuousBatchingManager``)
+------------------------------------------------------------------------------
+transformers' continuous batching keeps its own paged cache (``PagedAttentionCache``): per layer
+it writes the new K/V through ``write_index``, gathers every scheduled sequence's keys back with
+``read_index`` (its index path; the block-table path exists only for flash-attention kernels on
+CUDA) and calls the attention function once for the whole packed batch: query
+``[1, num_q_heads, num_tokens, head_dim]``, key / value ``[1, num_kv_heads, num_kv_tokens,
+head_dim]`` with ``cu_seq_lens_q`` / ``cu_seq_lens_k`` / ``max_length_q`` / ``max_length_k``; each
+sequence's new tokens are its last keys. Such a call (cumulative lengths, no mask) is computed by
+:func:`pagedattn.varlen_attention` (the large-tile kernel; decode, extend and prefill sequences
+of one step in one launch), with the layer's window, softcap and sinks.
+
+The manager accepts only ``"paged|eager"``, ``"sdpa"`` and names containing ``"flash"``
+(``ContinuousBatchingManager.switch_to_cb_friendly_attn`` raises for any other), so
+:func:`register` wraps that method: a model whose implementation is a name registered here keeps
+it (and is not switched to flash attention); every other model goes through transformers' own
+check unchanged. transformers 5.24 strips a ``"paged|"`` prefix (except ``"paged|eager"``), so
+the one name serves ``generate`` and ``generate_batch``. With a name that transformers does not
+know, the manager builds no attention mask and no CUDA graphs by default, and reserves memory as
+for SDPA (its estimate counts masks it will not build).
 """
 
 from __future__ import annotations
@@ -50,24 +61,58 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["NAME", "register", "paged_attention_forward"]
+__all__ = ["NAME", "register", "paged_attention_forward", "varlen_attention_forward"]
 
 NAME = "pagedattn"
 PAGE_SIZE = 16
 _CACHE_SIZE = 8
 
 
-def register(name: str = NAME) -> str:
+_REGISTERED: set = set()
+
+
+def register(name: str = NAME, *, continuous_batching: bool = True) -> str:
     """Make ``attn_implementation=name`` (default ``"pagedattn"``) available in transformers.
 
-    Idempotent. Returns the name. Raises ImportError when transformers is not installed.
+    With ``continuous_batching`` (default), ``model.generate_batch`` and
+    ``ContinuousBatchingManager`` also accept the name (module docstring) where the installed
+    transformers has continuous batching. Idempotent. Returns the name. Raises ImportError when
+    transformers is not installed.
     """
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
     AttentionInterface.register(name, paged_attention_forward)
     AttentionMaskInterface.register(name, sdpa_mask)
+    _REGISTERED.add(name)
+    if continuous_batching:
+        _allow_in_continuous_batching()
     return name
+
+
+def _allow_in_continuous_batching() -> bool:
+    """Wrap ``ContinuousBatchingManager.switch_to_cb_friendly_attn`` once so that models using a
+    name from :func:`register` keep it; False when this transformers has no continuous batching."""
+    try:
+        from transformers.generation.continuous_batching.continuous_api import ContinuousBatchingManager
+    except ImportError:
+        return False
+    original = getattr(ContinuousBatchingManager, "switch_to_cb_friendly_attn", None)
+    if original is None:
+        return False
+    if getattr(original, "_pagedattn_wrapped", False):
+        return True
+
+    def switch_to_cb_friendly_attn(self, model, *args, **kwargs):
+        if getattr(model.config, "_attn_implementation", None) in _REGISTERED:
+            return None  # pagedattn serves the packed calls itself (varlen_attention_forward)
+        return original(self, model, *args, **kwargs)
+
+    switch_to_cb_friendly_attn._pagedattn_wrapped = True
+    switch_to_cb_friendly_attn.__wrapped__ = original
+    switch_to_cb_friendly_attn.__doc__ = original.__doc__
+    ContinuousBatchingManager.switch_to_cb_friendly_attn = switch_to_cb_friendly_attn
+    return True
 
 
 @dataclass
@@ -233,6 +278,9 @@ def paged_attention_forward(
 ):
     """transformers attention function computed by :func:`pagedattn.paged_attention`.
 
+    A packed call (batch 1, ``cu_seq_lens_q`` / ``cu_seq_lens_k`` and no mask: continuous
+    batching, padding-free batches) goes to :func:`varlen_attention_forward` instead.
+
     Parameters
     ----------
     module : the attention layer (``is_causal``, ``sliding_window``, ``sinks``, ``config`` are read).
@@ -260,21 +308,11 @@ def paged_attention_forward(
     if value.shape[-1] != head_dim:
         raise ValueError(f"value head_dim {value.shape[-1]} differs from query head_dim {head_dim}")
 
-    causal = kwargs.get("is_causal")
-    if causal is None:
-        causal = getattr(module, "is_causal", True)
-    causal = bool(causal)
-    window = kwargs.get("sliding_window", getattr(module, "sliding_window", None)) or None
-    if window is not None and not causal:
-        window = int(window) + 1  # transformers' bidirectional window keeps |q - k| <= W
-    softcap = kwargs.get("softcap")
-    if softcap is None:
-        softcap = getattr(getattr(module, "config", None), "attn_logit_softcapping", None)
-    sinks = kwargs.get("s_aux")
-    if sinks is None:
-        sinks = getattr(module, "sinks", None)
-    if sinks is not None:
-        sinks = sinks.detach().to(device=query.device, dtype=torch.float32).reshape(num_q_heads).contiguous()
+    causal, window, softcap, sinks = _layer_features(module, kwargs, num_q_heads, query.device)
+    if attention_mask is None and kwargs.get("cu_seq_lens_q") is not None and kwargs.get("cu_seq_lens_k") is not None:
+        return varlen_attention_forward(query, key, value, kwargs["cu_seq_lens_q"], kwargs["cu_seq_lens_k"],
+                                        max_length_q=kwargs.get("max_length_q"), scaling=scaling, causal=causal,
+                                        window=window, softcap=softcap, sinks=sinks)
 
     if attention_mask is None:
         layout = _layout_without_mask(batch, q_len, kv_len, causal, window, query.device)
@@ -289,3 +327,63 @@ def paged_attention_forward(
     if layout.real_rows is not None:
         out = out * layout.real_rows[..., None, None].to(out.dtype)
     return out, None
+
+
+def _layer_features(module, kwargs: dict, num_q_heads: int, device):
+    """(causal, window, softcap, sinks) of one layer's call, from its keywords or the module."""
+    causal = kwargs.get("is_causal")
+    if causal is None:
+        causal = getattr(module, "is_causal", True)
+    causal = bool(causal)
+    window = kwargs.get("sliding_window", getattr(module, "sliding_window", None)) or None
+    if window is not None and not causal:
+        window = int(window) + 1  # transformers' bidirectional window keeps |q - k| <= W
+    softcap = kwargs.get("softcap")
+    if softcap is None:
+        softcap = getattr(getattr(module, "config", None), "attn_logit_softcapping", None)
+    sinks = kwargs.get("s_aux")
+    if sinks is None:
+        sinks = getattr(module, "sinks", None)
+    if sinks is not None:
+        sinks = sinks.detach().to(device=device, dtype=torch.float32).reshape(num_q_heads).contiguous()
+    return causal, window, softcap or None, sinks
+
+
+def varlen_attention_forward(query, key, value, cu_seq_lens_q, cu_seq_lens_k, *, max_length_q=None, scaling=None,
+                             causal=True, window=None, softcap=None, sinks=None):
+    """A packed batch (continuous batching's call) through :func:`pagedattn.varlen_attention`.
+
+    Parameters
+    ----------
+    query : ``[1, num_q_heads, num_tokens, head_dim]``; sequence s owns tokens
+        ``cu_seq_lens_q[s]:cu_seq_lens_q[s+1]``, the last of its keys.
+    key, value : ``[1, num_kv_heads, num_kv_tokens, head_dim]``; sequence s owns keys
+        ``cu_seq_lens_k[s]:cu_seq_lens_k[s+1]``.
+    cu_seq_lens_q, cu_seq_lens_k : ``[num_seqs + 1]`` int32 or int64, on query's device.
+    max_length_q : host int (without it, one host sync).
+
+    Returns
+    -------
+    (out ``[1, num_tokens, num_q_heads, head_dim]``, None). Tokens past ``cu_seq_lens_q[-1]``
+    (padding) get output 0.
+    """
+    from pagedattn.api import varlen_attention
+
+    if query.shape[0] != 1:
+        raise ValueError(f"a packed call (cu_seq_lens_q given, no mask) needs batch 1, got query {list(query.shape)}")
+    _, num_q_heads, num_tokens, head_dim = query.shape
+    q = query[0].transpose(0, 1)
+    k = key[0].transpose(0, 1)
+    v = value[0].transpose(0, 1)
+    if q.stride(-1) != 1:
+        q = q.contiguous()
+    if k.stride(-1) != 1 or v.stride(-1) != 1:
+        k, v = k.contiguous(), v.contiguous()
+    out = torch.zeros(num_tokens, num_q_heads, head_dim, dtype=query.dtype, device=query.device)
+    if isinstance(max_length_q, torch.Tensor):
+        max_length_q = int(max_length_q)
+    varlen_attention(
+        q, k, v, cu_seq_lens_q.to(torch.int32), cu_seq_lens_k.to(torch.int32), max_query_len=max_length_q,
+        scale=scaling, causal=causal, sliding_window=window, softcap=softcap, sinks=sinks, out=out,
+    )
+    return out.unsqueeze(0), None
