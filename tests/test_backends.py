@@ -1,6 +1,7 @@
 """Backends: selection (name, environment, automatic fallback), every backend against the
 reference, and the router's ordering and chunked extend path. Interpreter-sized."""
 
+import dataclasses
 import logging
 import zlib
 
@@ -246,3 +247,76 @@ def test_router_positional_features_run_extend_unchunked():
     assert windowed.state.parts["extend"].chunks is None
     out = router.forward(batch.q, batch.k_cache, batch.v_cache, windowed, sliding_window=8)
     assert_matches_reference(batch, out, None, {"sliding_window": 8})
+
+
+def test_router_per_layer_call_uses_the_step_plan(monkeypatch):
+    """After plan(block_size=...), forward builds nothing from host data and reuses the plan's workspaces
+    (what CUDA-graph capture needs), layer after layer, and still matches the reference."""
+    g = torch.Generator().manual_seed(23)
+    cases = [(12, 12), (3, 90), (1, 50), (9, 61), (1, 7), (4, 21)]  # caller order: prefill first
+    batch = make_paged_batch(cases, dtype=torch.float16, device=DEVICE, generator=g)
+    second = {name: torch.randn(getattr(batch, name).shape, generator=g).to(DEVICE, torch.float16)
+              for name in ("q", "k_cache", "v_cache")}
+    layers = [batch, dataclasses.replace(batch, **second)]
+    kwargs = _feature("sinks_alibi", len(cases), g)
+    router = get_backend("router")
+    cfg = BackendConfig.for_call(batch.q, batch.k_cache, return_lse=True, **kwargs)
+    md = router.plan(batch.block_table, batch.seq_lens, batch.query_start_loc, cfg, chunk_tokens=40,
+                     block_size=batch.k_cache.shape[1])
+    plan = md.state
+    assert not plan.order.is_identity and len(plan.parts["extend"].chunks.context) >= 3
+
+    def buffers():
+        chunks = plan.parts["extend"].chunks
+        return {name: t.data_ptr() for name, t in [*plan.workspaces.items(), ("ws_k", chunks.ws_k),
+                                                   ("ws_out", chunks.ws_out)]}
+
+    before = buffers()
+    assert {"q", "out", "ws_k", "ws_out"} <= set(before)
+
+    def no_host_data(*args, **kw):
+        raise AssertionError("a per-layer call built a tensor from host data")
+
+    monkeypatch.setattr(torch, "tensor", no_host_data)
+    for layer in layers:  # the layers of one step share the metadata, not q or the cache
+        out = torch.full_like(layer.q, float("nan"))
+        got, lse = router.forward(layer.q, layer.k_cache, layer.v_cache, md, out=out, return_lse=True, **kwargs)
+        monkeypatch.undo()
+        assert got.data_ptr() == out.data_ptr()
+        assert_matches_reference(layer, got, lse, kwargs)
+        monkeypatch.setattr(torch, "tensor", no_host_data)
+    after = buffers()
+    assert after.pop("lse") and after == before  # the lse workspace is made at the first return_lse call
+
+
+@pytest.mark.gpu
+def test_router_cuda_graph_capture_replay():
+    """The router's per-layer call (decode | chunked extend | prefill, caller's order) captured once and
+    replayed on new q and cache contents (same metadata) gives the eager result."""
+    g = torch.Generator().manual_seed(31)
+    cases = [(300, 300), (1, 5000), (40, 3000), (1, 900), (130, 2200), (1, 1)]
+    batch = make_paged_batch(cases, num_q_heads=32, num_kv_heads=8, head_size=128, dtype=torch.bfloat16,
+                             device="cuda", generator=g)
+    router = get_backend("router")
+    cfg = BackendConfig.for_call(batch.q, batch.k_cache)
+    md = router.plan(batch.block_table, batch.seq_lens, batch.query_start_loc, cfg, chunk_tokens=2048,
+                     block_size=batch.k_cache.shape[1])
+    assert len(md.state.parts["extend"].chunks.context) >= 2 and not md.state.order.is_identity
+    out = torch.empty_like(batch.q)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        router.forward(batch.q, batch.k_cache, batch.v_cache, md, out=out)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        router.forward(batch.q, batch.k_cache, batch.v_cache, md, out=out)
+    for _ in range(2):
+        for t in (batch.q, batch.k_cache, batch.v_cache):
+            t.copy_(torch.randn(t.shape, generator=g).to(t))
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        eager = router.forward(batch.q, batch.k_cache, batch.v_cache, md)
+        assert torch.equal(out, eager)
+        assert_matches_reference(batch, out, None, {})

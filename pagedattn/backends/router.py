@@ -24,6 +24,15 @@ window bounds the keys read anyway).
 router accepts a batch in any order and writes outputs back in the caller's token order; an
 engine that reorders its batch once per step with ``route_order`` (and plans the reordered
 batch) saves the two per-layer gathers (``RouteOrder.is_identity``).
+
+Per-layer cost (CONVENTIONS.md, plan/run): ``plan`` reads the host metadata once and, given
+``block_size``, also builds every device tensor of the step (sub-batch metadata, the extend
+chunks' slot lists, block tables and plans, the gather workspace) and the token workspaces.
+``forward`` then never synchronizes with the host nor copies host data to the device, so it can
+be captured in a CUDA graph; with ``out=`` it allocates only what ``paged_attention`` and
+``merge_attention_states`` allocate themselves (each call's lse, ``[tokens, num_q_heads]``
+float32; an ``lse_out=`` argument there would remove those) and the returned lse. Without
+``block_size`` the first layer's call builds the extend workspaces (host-to-device copies).
 """
 
 from __future__ import annotations
@@ -169,6 +178,7 @@ class _ExtendChunks:
     context: list
     ws_k: torch.Tensor | None = None
     ws_v: torch.Tensor | None = None
+    ws_out: torch.Tensor | None = None  # [extend tokens, num_q_heads, head_size]: one chunk's output
     key: tuple = ()
 
     def materialize(self, part: _Part, config: BackendConfig, block_size: int, cache_dtype: torch.dtype) -> None:
@@ -186,6 +196,8 @@ class _ExtendChunks:
         self.ws_k = torch.empty(blocks, block_size, config.num_kv_heads, config.head_size,
                                 dtype=cache_dtype, device=device)
         self.ws_v = torch.empty_like(self.ws_k)
+        self.ws_out = torch.empty(md.num_tokens, config.num_q_heads, config.head_size, dtype=config.dtype,
+                                  device=device) if self.context else None
         q_lens = md.query_lens_host
         for step in steps:
             seq_index, positions, pages = [], [], step.pages(block_size)
@@ -208,7 +220,7 @@ class _ExtendChunks:
             step.alibi_shift = torch.tensor(shift, dtype=torch.float32, device=device)
             step.plan = plan_attention(
                 md.query_start_loc_host, step.seq_lens_host, num_q_heads=config.num_q_heads,
-                num_kv_heads=config.num_kv_heads, head_size=config.head_size, device=device,
+                num_kv_heads=config.num_kv_heads, head_size=config.head_size, device=device, dtype=config.dtype,
             )
         self.key = key
 
@@ -240,6 +252,15 @@ class RouterPlan:
     parts: dict
     config: BackendConfig
     chunk_tokens: int
+    workspaces: dict = field(default_factory=dict)
+
+    def workspace(self, name: str, shape, dtype: torch.dtype, device) -> torch.Tensor:
+        """A per-step buffer, made at the first request (``plan`` makes the usual ones)."""
+        buf = self.workspaces.get(name)
+        shape = tuple(shape)
+        if buf is None or tuple(buf.shape) != shape or buf.dtype != dtype or buf.device != torch.device(device):
+            buf = self.workspaces[name] = torch.empty(shape, dtype=dtype, device=device)
+        return buf
 
 
 def _sub_metadata(md: BatchMetadata, order: RouteOrder, kind: str) -> BatchMetadata:
@@ -287,6 +308,8 @@ def _run_paged(q, k_cache, v_cache, part: _Part, *, out, **features):
 
 def _run_extend_chunked(q, k_cache, v_cache, part: _Part, config: BackendConfig, *, out, return_lse, causal=True,
                         sinks=None, alibi_slopes=None, alibi_sqrt=False, **features):
+    """The new tokens' part is attended into ``out``; each context chunk into the plan's output
+    workspace, then merged into ``out`` in place (the merge reads a row before writing it)."""
     from pagedattn.api import merge_attention_states, paged_attention
 
     chunks = part.chunks
@@ -298,7 +321,7 @@ def _run_extend_chunked(q, k_cache, v_cache, part: _Part, config: BackendConfig,
     ws_k_flat = chunks.ws_k.view(-1, num_kv_heads, head_size)
     ws_v_flat = chunks.ws_v.view(-1, num_kv_heads, head_size)
 
-    def attend(step: _ChunkStep, **extra):
+    def attend(step: _ChunkStep, dest, **extra):
         # every cached key precedes the new tokens: a context chunk needs no causal rule
         extra["causal"] = causal if step.causal else False
         n = step.src_slots.shape[0]
@@ -307,20 +330,20 @@ def _run_extend_chunked(q, k_cache, v_cache, part: _Part, config: BackendConfig,
         return paged_attention(
             q, chunks.ws_k, chunks.ws_v, step.block_table, step.seq_lens, md.query_start_loc,
             max_query_len=md.max_query_len, max_seq_len=max(step.seq_lens_host + [0]), plan=step.plan,
-            return_lse=True, alibi_slopes=alibi_slopes, alibi_sqrt=alibi_sqrt, **features, **extra,
+            out=dest, return_lse=True, alibi_slopes=alibi_slopes, alibi_sqrt=alibi_sqrt, **features, **extra,
         )
 
     # The sink joins exactly one part's denominator; merging then counts it once.
-    acc_out, acc_lse = attend(chunks.new_tokens, sinks=sinks)
-    last = len(chunks.context) - 1
-    for i, step in enumerate(chunks.context):
-        o, lse = attend(step)
+    _, acc_lse = attend(chunks.new_tokens, out, sinks=sinks)
+    ws_out = chunks.ws_out[: q.shape[0]] if chunks.context else None
+    if ws_out is not None and ws_out.dtype != q.dtype:
+        ws_out = torch.empty_like(q)  # q's dtype differs from the plan's config: not the usual case
+    for step in chunks.context:
+        o, lse = attend(step, ws_out)
         if alibi_slopes is not None:
-            # the chunk's keys sit (seq_len - chunk_end) further from the queries than the kernel saw
-            lse = lse - alibi_slopes.float()[None, :] * step.alibi_shift[:, None]
-        acc_out, acc_lse = merge_attention_states(o, lse, acc_out, acc_lse, out=out if i == last else None)
-    if not chunks.context:
-        out.copy_(acc_out)
+            # the chunk's keys sit (seq_len - chunk end) further from the queries than the kernel saw
+            lse.addcmul_(step.alibi_shift[:, None], alibi_slopes.float()[None, :], value=-1.0)
+        _, acc_lse = merge_attention_states(o, lse, out, acc_lse, out=out)
     return (out, acc_lse) if return_lse else out
 
 
@@ -367,9 +390,15 @@ class RouterBackend(AttentionBackend):
                     sub.query_start_loc_host, sub.seq_lens_host, num_q_heads=config.num_q_heads,
                     num_kv_heads=config.num_kv_heads, head_size=config.head_size, device=config.device,
                     path=decode_path if kind == "decode" else "auto", sliding_window=sliding_window,
+                    dtype=config.dtype,
                 )
             parts[kind] = part
-        return RouterPlan(order=order, parts=parts, config=config, chunk_tokens=chunk_tokens)
+        plan = RouterPlan(order=order, parts=parts, config=config, chunk_tokens=chunk_tokens)
+        if not order.is_identity:  # the per-layer gathers' buffers
+            shape = (md.num_tokens, config.num_q_heads, config.head_size)
+            plan.workspace("q", shape, config.dtype, device)
+            plan.workspace("out", shape, config.dtype, device)
+        return plan
 
     def forward(self, q, k_cache, v_cache, metadata, *, out=None, return_lse=False, prefix_ranges=None, **features):
         self._check_metadata(metadata)
@@ -388,16 +417,27 @@ class RouterBackend(AttentionBackend):
             out = torch.empty_like(q)
         if order.is_identity:
             q_r, out_r = q, out
-        else:
-            q_r, out_r = q.index_select(0, order.token_perm), torch.empty_like(q)
-        lse_r = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device) if return_lse else None
+        else:  # the caller's token order: gather q into, and the output from, the plan's workspaces
+            q_r = torch.index_select(q, 0, order.token_perm, out=plan.workspace("q", q.shape, q.dtype, q.device))
+            out_r = plan.workspace("out", q.shape, q.dtype, q.device)
+        lse_r = None
+        if return_lse:
+            lse_shape, f32 = q.shape[:2], torch.float32
+            lse_r = (torch.empty(lse_shape, dtype=f32, device=q.device) if order.is_identity
+                     else plan.workspace("lse", lse_shape, f32, q.device))
         for kind, part in plan.parts.items():
             t0, t1 = part.tokens
             if t1 == t0:
                 continue
             kw = dict(features)
             if prefix_ranges is not None:
-                kw["prefix_ranges"] = prefix_ranges.index_select(0, order.seq_perm[part.seqs[0]:part.seqs[1]])
+                s0, s1 = part.seqs
+                if order.is_identity:
+                    kw["prefix_ranges"] = prefix_ranges[s0:s1]
+                else:
+                    buf = plan.workspace(f"prefix_{kind}", (s1 - s0, *prefix_ranges.shape[1:]), prefix_ranges.dtype,
+                                         prefix_ranges.device)
+                    kw["prefix_ranges"] = torch.index_select(prefix_ranges, 0, order.seq_perm[s0:s1], out=buf)
             if kind == "extend" and part.chunks is not None:
                 res = _run_extend_chunked(q_r[t0:t1], k_cache, v_cache, part, plan.config, out=out_r[t0:t1],
                                           return_lse=return_lse, **kw)
@@ -406,11 +446,11 @@ class RouterBackend(AttentionBackend):
             else:
                 res = _run_paged(q_r[t0:t1], k_cache, v_cache, part, out=out_r[t0:t1], return_lse=return_lse, **kw)
             if return_lse:
-                lse_r[t0:t1] = res[1]
+                lse_r[t0:t1].copy_(res[1])
         if not order.is_identity:
             out.index_copy_(0, order.token_perm, out_r)
             if return_lse:
-                lse = torch.empty_like(lse_r)
+                lse = torch.empty_like(lse_r)  # returned to the caller: not a workspace
                 lse.index_copy_(0, order.token_perm, lse_r)
                 lse_r = lse
         return (out, lse_r) if return_lse else out

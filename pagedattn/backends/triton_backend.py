@@ -47,6 +47,7 @@ class TritonBackend(AttentionBackend):
     def _plan_state(self, md: BatchMetadata, config: BackendConfig, **options):
         from pagedattn.plan import plan_attention
 
+        options.setdefault("dtype", config.dtype)  # the prefill path's tiles depend on it
         return plan_attention(
             md.query_start_loc_host, md.seq_lens_host, num_q_heads=config.num_q_heads,
             num_kv_heads=config.num_kv_heads, head_size=config.head_size, device=config.device, **options,
