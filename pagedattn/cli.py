@@ -1,4 +1,4 @@
-"""The ``pagedattn`` command: ``pagedattn check`` and ``pagedattn bench``."""
+"""The ``pagedattn`` command: ``pagedattn check``, ``pagedattn bench`` and ``pagedattn generate``."""
 
 from __future__ import annotations
 
@@ -7,8 +7,10 @@ import sys
 USAGE = """usage: pagedattn <command> [options]
 
 commands:
-  check   run every path and feature against the reference on this machine
-  bench   time the reference workloads (see `pagedattn bench --help`)
+  check     run every path and feature against the reference on this machine
+  bench     time the reference workloads (see `pagedattn bench --help`);
+            `pagedattn bench e2e`: the engine end to end (see `pagedattn bench e2e --help`)
+  generate  generate text with the engine (see `pagedattn generate --help`)
 """
 
 
@@ -22,10 +24,18 @@ def main(argv=None) -> int:
         from pagedattn.check import main as check_main
 
         return check_main(rest)
+    if command == "bench" and rest and rest[0] == "e2e":
+        from pagedattn.bench.e2e import main as e2e_main
+
+        return e2e_main(rest[1:])
     if command == "bench":
         from pagedattn.bench.cli import main as bench_main
 
         return bench_main(rest)
+    if command == "generate":
+        from pagedattn.engine.cli import main as generate_main
+
+        return generate_main(rest)
     print(f"pagedattn: unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
     return 2
 

@@ -1,0 +1,12 @@
+"""A minimal inference engine on pagedattn: ``LLM(model).generate(prompts, max_tokens, temperature)``.
+
+One file per concern: config (presets, engine settings), tokenizer, weights, model, attention
+(backends: pagedattn, pagedattn-2d, sdpa), block_manager, scheduler, sampler, runner (per-step
+metadata, plans, CUDA graphs), llm (the user-facing API), cli (``pagedattn generate``).
+"""
+
+from pagedattn.engine.config import PRESETS, EngineConfig, ModelConfig
+from pagedattn.engine.llm import LLM, Engine, RequestOutput
+from pagedattn.engine.sequence import SamplingParams
+
+__all__ = ["LLM", "Engine", "EngineConfig", "ModelConfig", "PRESETS", "RequestOutput", "SamplingParams"]

@@ -1,0 +1,221 @@
+"""Attention backends of the engine: pagedattn over the paged cache, or torch SDPA over a
+contiguous static cache (the baseline).
+
+A backend owns its KV cache and is called per layer as ``backend(layer, q, k, v, meta)`` with
+q ``[num_tokens, num_q_heads, head_size]`` and k, v ``[num_tokens, num_kv_heads, head_size]``
+(RoPE applied); it writes k, v to its cache and returns the attention output like q.
+
+* ``pagedattn``: ``write_kv`` then ``paged_attention(..., plan=plan)``; the plan comes from
+  ``plan_attention`` once per step (path "auto"), and CUDA-graph decode runs the persistent
+  path, re-planned in place with ``plan.update()`` before each replay.
+* ``pagedattn-2d``: the same with ``path="unified"`` everywhere (prefill included).
+* ``sdpa``: a cache ``[max_num_seqs + 1, num_kv_heads, max_model_len, head_size]`` per layer,
+  one row per running sequence (its ``slot``; the last row takes padding writes). Decode
+  batches are laid out by row (token r belongs to the sequence in row r) so that one SDPA call
+  reads rows ``[:batch]`` of the cache directly: the query heads of one KV head form the query
+  length (GQA without copying K/V) and a key mask hides positions past each sequence's
+  length. On CUDA it runs cuDNN attention when cuDNN accepts the shape (probed once; the reason
+  is kept in ``note`` otherwise). Prefill and extend run one SDPA call per sequence.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from pagedattn.engine.config import EngineConfig, ModelConfig
+
+
+@dataclass
+class StepMetadata:
+    """What the attention of every layer needs for one step (built once per step by the runner).
+
+    ``positions`` ``[num_tokens]`` int64; ``query_start_loc`` ``[num_seqs + 1]`` int32;
+    ``seq_lens`` ``[num_seqs]`` int32; ``block_table`` ``[num_seqs, max_pages]`` int32;
+    ``slot_mapping`` ``[num_tokens]`` int64 (-1: padding). SDPA: ``cache_rows`` ``[num_tokens]``
+    int64 (each token's row of the static cache), ``host_*`` the same metadata as lists, and
+    ``decode_rows`` > 0 for a decode batch laid out by row.
+    """
+
+    positions: torch.Tensor
+    query_start_loc: torch.Tensor
+    seq_lens: torch.Tensor
+    block_table: torch.Tensor
+    slot_mapping: torch.Tensor
+    cache_rows: torch.Tensor
+    plan: object = None
+    host_query_start_loc: list | None = None
+    host_seq_lens: list | None = None
+    host_rows: list | None = None
+    decode_rows: int = 0
+    key_mask: torch.Tensor | None = None
+
+
+class PagedBackend:
+    """pagedattn over a paged cache ``[num_layers, num_blocks, block_size, num_kv_heads, head_size]``."""
+
+    def __init__(self, mcfg: ModelConfig, ecfg: EngineConfig, *, device, dtype, path: str = "auto"):
+        self.name = "pagedattn" if path == "auto" else "pagedattn-2d"
+        self.mcfg, self.ecfg, self.device, self.dtype, self.path = mcfg, ecfg, device, dtype, path
+        shape = (mcfg.num_layers, ecfg.num_blocks, ecfg.block_size, mcfg.num_kv_heads, mcfg.head_size)
+        self.k_cache = torch.zeros(shape, device=device, dtype=dtype)
+        self.v_cache = torch.zeros(shape, device=device, dtype=dtype)
+        self.note = f"paged_attention path={path!r}"
+
+    def _plan(self, qsl, lens, path: str, **kwargs):
+        from pagedattn.plan import plan_attention
+
+        return plan_attention(qsl, lens, num_q_heads=self.mcfg.num_q_heads, num_kv_heads=self.mcfg.num_kv_heads,
+                              head_size=self.mcfg.head_size, device=self.device, path=path, dtype=self.dtype,
+                              **kwargs)
+
+    def decode_layout(self, seqs):
+        return list(seqs)
+
+    def step_plan(self, qsl, lens):
+        return self._plan(qsl, lens, self.path)
+
+    def graph_plan(self, max_rows: int):
+        """One plan for every captured decode graph: persistent with room for ``max_rows``
+        sequences (path "auto"), or unified (its kernel reads only device metadata)."""
+        qsl, lens = list(range(max_rows + 1)), [1] * max_rows
+        if self.path == "unified":
+            return self._plan(qsl, lens, "unified")
+        return self._plan(qsl, lens, "persistent", max_num_seqs=max_rows, max_num_tokens=max_rows,
+                          max_context_len=self.ecfg.max_model_len)
+
+    def update_graph_plan(self, plan, qsl, lens) -> None:
+        if plan.path == "persistent":
+            plan.update(qsl, lens)
+
+    def prepare(self, meta: StepMetadata) -> None:
+        pass
+
+    def __call__(self, layer: int, q, k, v, meta: StepMetadata) -> torch.Tensor:
+        from pagedattn.api import paged_attention, write_kv
+
+        k_cache, v_cache = self.k_cache[layer], self.v_cache[layer]
+        write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        return paged_attention(q, k_cache, v_cache, meta.block_table, meta.seq_lens, meta.query_start_loc,
+                               plan=meta.plan)
+
+
+class SdpaBackend:
+    """torch SDPA over a contiguous static cache (see the module docstring)."""
+
+    name = "sdpa"
+
+    def __init__(self, mcfg: ModelConfig, ecfg: EngineConfig, *, device, dtype):
+        self.mcfg, self.ecfg, self.device, self.dtype = mcfg, ecfg, torch.device(device), dtype
+        self.max_len = ecfg.max_model_len
+        self.padding_row = ecfg.max_num_seqs
+        shape = (mcfg.num_layers, ecfg.max_num_seqs + 1, mcfg.num_kv_heads, self.max_len, mcfg.head_size)
+        self.k_cache = torch.zeros(shape, device=device, dtype=dtype)
+        self.v_cache = torch.zeros(shape, device=device, dtype=dtype)
+        self.key_positions = torch.arange(self.max_len, device=device)
+        self.decode_kernels = self.prefill_kernels = None
+        self.float_mask = False
+        self.note = "torch SDPA (default dispatch)"
+        if self.device.type == "cuda":
+            self._probe_cudnn()
+
+    def _probe_cudnn(self) -> None:
+        """Use cuDNN attention for decode if it takes this shape with a key mask (bool, else additive)."""
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        order = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
+                 SDPBackend.MATH]
+        self.prefill_kernels = order
+        hkv, d = self.mcfg.num_kv_heads, self.mcfg.head_size
+        group = self.mcfg.num_q_heads // hkv
+        q = torch.randn(2, hkv, group, d, device=self.device, dtype=self.dtype)
+        k = torch.randn(2, hkv, self.max_len, d, device=self.device, dtype=self.dtype)
+        mask = (self.key_positions < torch.tensor([[3], [self.max_len]], device=self.device))[:, None, None]
+        errors = []
+        for float_mask in (False, True):
+            m = torch.where(mask, 0.0, float("-inf")).to(self.dtype) if float_mask else mask
+            try:
+                with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+                    out = F.scaled_dot_product_attention(q, k, k, attn_mask=m)
+                ref = F.scaled_dot_product_attention(q.float(), k.float(), k.float(), attn_mask=mask)
+                torch.cuda.synchronize()
+                if not torch.allclose(out.float(), ref, atol=3e-2, rtol=3e-2):
+                    raise RuntimeError("cuDNN output differs from fp32 SDPA")
+                self.decode_kernels, self.float_mask = [SDPBackend.CUDNN_ATTENTION], float_mask
+                self.note = f"cuDNN attention ({'additive' if float_mask else 'boolean'} key mask)"
+                return
+            except RuntimeError as e:
+                errors.append(f"{'additive' if float_mask else 'boolean'} mask: {str(e).splitlines()[0][:160]}")
+        self.decode_kernels = order
+        self.note = "torch SDPA without cuDNN for decode (" + "; ".join(errors) + ")"
+
+    def decode_layout(self, seqs):
+        """Rows ``0 .. max slot``: row r holds the sequence whose slot is r, or None."""
+        rows = [None] * (max(s.slot for s in seqs) + 1)
+        for s in seqs:
+            rows[s.slot] = s
+        return rows
+
+    def step_plan(self, qsl, lens):
+        return None
+
+    def graph_plan(self, max_rows: int):
+        return None
+
+    def update_graph_plan(self, plan, qsl, lens) -> None:
+        pass
+
+    def prepare(self, meta: StepMetadata) -> None:
+        if meta.decode_rows:
+            mask = (self.key_positions[None, :] < meta.seq_lens[:, None])[:, None, None]  # [B, 1, 1, max_len]
+            meta.key_mask = torch.where(mask, 0.0, float("-inf")).to(self.dtype) if self.float_mask else mask
+
+    def _sdpa(self, kernels, q, k, v, **kwargs):
+        if kernels is None:
+            return F.scaled_dot_product_attention(q, k, v, **kwargs)
+        from torch.nn.attention import sdpa_kernel
+
+        with sdpa_kernel(kernels, set_priority=len(kernels) > 1):
+            return F.scaled_dot_product_attention(q, k, v, **kwargs)
+
+    def __call__(self, layer: int, q, k, v, meta: StepMetadata) -> torch.Tensor:
+        k_cache, v_cache = self.k_cache[layer], self.v_cache[layer]
+        k_cache[meta.cache_rows, :, meta.positions] = k
+        v_cache[meta.cache_rows, :, meta.positions] = v
+        num_tokens, hq, d = q.shape
+        hkv = k.shape[1]
+        if meta.decode_rows:
+            b = meta.decode_rows
+            out = self._sdpa(self.decode_kernels, q.view(b, hkv, hq // hkv, d), k_cache[:b], v_cache[:b],
+                             attn_mask=meta.key_mask)  # [b, hkv, group, d]
+            return out.reshape(b, hq, d)
+        out = torch.empty_like(q)
+        qsl, lens, rows = meta.host_query_start_loc, meta.host_seq_lens, meta.host_rows
+        for s, (a, b) in enumerate(zip(qsl[:-1], qsl[1:])):
+            n, length = b - a, lens[s]
+            if n == 0:
+                continue
+            qs = q[a:b].transpose(0, 1)[None]  # [1, hq, n, d]
+            if length == n:  # no context: the fresh keys, causal
+                ks, vs = k[a:b].transpose(0, 1)[None], v[a:b].transpose(0, 1)[None]
+                kwargs = {"is_causal": n > 1}
+            else:
+                row = rows[s]
+                ks, vs = k_cache[row:row + 1, :, :length], v_cache[row:row + 1, :, :length]
+                mask = None
+                if n > 1:  # query j sits at length - n + j
+                    mask = self.key_positions[None, :length] <= torch.arange(
+                        length - n, length, device=q.device)[:, None]
+                kwargs = {"attn_mask": mask}
+            o = self._sdpa(self.prefill_kernels, qs, ks, vs, enable_gqa=hq != hkv, **kwargs)
+            out[a:b] = o[0].transpose(0, 1)
+        return out
+
+
+def make_backend(mcfg: ModelConfig, ecfg: EngineConfig, *, device, dtype):
+    if ecfg.attention == "sdpa":
+        return SdpaBackend(mcfg, ecfg, device=device, dtype=dtype)
+    return PagedBackend(mcfg, ecfg, device=device, dtype=dtype,
+                        path="unified" if ecfg.attention == "pagedattn-2d" else "auto")
