@@ -54,3 +54,32 @@ def test_workload_counts():
     assert decode["kv_bytes"] == 8 * 4096 * 8 * 128 * 2 * 2
     gptoss = work(cases["gptoss decode B=32 L=4096"], torch.bfloat16)
     assert gptoss["kv_bytes"] == 32 * 128 * 8 * 64 * 2 * 2  # only the window is read
+
+
+def test_bench_quick_router_against_unified(tmp_path):
+    out = tmp_path / "router.json"
+    rc = main(["--quick", "--workload", "prefill-heavy,decode-heavy,mixed", "--provider", "pagedattn,router,router-gather",
+               "--json", str(out)])
+    assert rc == 0
+    records = json.loads(out.read_text())["records"]
+    assert {r["workload"] for r in records} == {"prefill-heavy", "decode-heavy", "mixed"}
+    assert len(records) == 9
+    for r in records:
+        assert r["status"] == "ok" and r["ok"] is True, r
+        assert math.isfinite(r["time_us"]) and r["time_us"] > 0
+    notes = {r["workload"]: r["note"] for r in records if r["provider"] == "router"}
+    assert "1 extend" in notes["decode-heavy"] and "reordered once" in notes["decode-heavy"]
+    assert "extend" not in notes["mixed"]  # SPEC's mixed: one prefill and 63 (here 3) decodes
+
+
+def test_report_marks_eager_timing_after_failed_capture():
+    from pagedattn.bench.report import markdown_table
+
+    rec = dict(case="c", provider="router", kind="mixed", status="ok", time_us=12.0, tflops=1.0, gbps=1.0,
+               pct_of_ceiling=None, anchor=False, ratio_to_best_anchor=None,
+               method="do_bench (graph capture failed: RuntimeError: sync)")
+    results = dict(machine=dict(device="cuda", gpu="H200", sm_count=132, torch="t", triton="t", date="d"),
+                   config=dict(dtype="bf16"), ceilings={}, records=[rec])
+    table = markdown_table(results)
+    assert "12.0 us, 1 TF/s (eager: no graph)" in table
+    assert "- router on c: timed eagerly, do_bench (graph capture failed: RuntimeError: sync)" in table

@@ -8,6 +8,7 @@ Needs matplotlib (``pip install pagedattn[bench]``); without it, says so and exi
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import sys
 from collections import defaultdict
@@ -85,9 +86,7 @@ def main(argv=None) -> int:
     p.add_argument("results", help="results JSON written by python -m pagedattn.bench")
     p.add_argument("--out", default="bench_out/plots", help="output folder (default: %(default)s)")
     args = p.parse_args(argv)
-    try:
-        import matplotlib  # noqa: F401 - presence check only
-    except ImportError:
+    if importlib.util.find_spec("matplotlib") is None:
         print("matplotlib is not installed; skipping plots (pip install matplotlib)", file=sys.stderr)
         return 0
     results = json.loads(Path(args.results).read_text())

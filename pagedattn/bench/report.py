@@ -64,6 +64,10 @@ def _time(us: float) -> str:
     return f"{us:.1f} us" if us < 10_000 else f"{us / 1e3:.1f} ms"
 
 
+def _capture_failed(rec: dict) -> bool:
+    return "graph capture failed" in (rec.get("method") or "")
+
+
 def _cell(rec: dict | None) -> str:
     if rec is None:
         return ""
@@ -72,6 +76,8 @@ def _cell(rec: dict | None) -> str:
         cell = f"{_time(rec['time_us'])}, {_metric(rec)}"
         if rec.get("ratio_to_best_anchor") is not None and not rec.get("anchor"):
             cell += f", x{rec['ratio_to_best_anchor']:.2f}"
+        if _capture_failed(rec):
+            cell += " (eager: no graph)"
         return cell
     return {"fail": "WRONG", "error": "error", "skip": "-"}.get(status, status)
 
@@ -97,8 +103,11 @@ def markdown_table(results: dict) -> str:
     for case in cases:
         lines.append(f"| {case} | " + " | ".join(_cell(by_key.get((case, p))) for p in providers) + " |")
     problems = [r for r in records if r["status"] in ("fail", "error")]
-    if problems:
+    eager = [r for r in records if r["status"] == "ok" and _capture_failed(r)]
+    if problems or eager:
         lines.append("")
         for r in problems:
             lines.append(f"- {r['provider']} on {r['case']}: {r['status']}: {r.get('reason', '')}")
+        for r in eager:
+            lines.append(f"- {r['provider']} on {r['case']}: timed eagerly, {r['method']}")
     return "\n".join(lines) + "\n"

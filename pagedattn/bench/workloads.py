@@ -3,6 +3,15 @@
 A case is a batch written as segments ``(count, query_len, seq_len)``: ``count`` consecutive
 sequences with the same query and KV length. Decode B=8 L=4096 is ``[(8, 1, 4096)]``; the mixed
 batch is ``[(1, 2048, 2048), (63, 1, 2049)]``.
+
+The router comparison (issue 7) adds two mixes beside SPEC.md's ``mixed``, each with prefill,
+extend and decode sequences (SPEC.md names no such mixes; these are this suite's choice):
+
+* ``prefill-heavy``: 2 prefills of 4096 tokens, 2 extends of 512 tokens on 4096 cached, 16
+  decodes at 4096 (compute-bound: ~97% of the FLOPs are prefill and extend);
+* ``decode-heavy``: 1 prefill of 256, 1 extend of 512 on 3584 cached, 32 decodes at 8192
+  (bandwidth-bound: the decodes read 1 GB of KV at bf16; their 2D grid, 32 x 8 programs,
+  is below the split rule's threshold on an H200, so the router's decode part is split-KV).
 """
 
 from __future__ import annotations
@@ -16,7 +25,7 @@ __all__ = [
     "describe",
 ]
 
-WORKLOADS = ("decode", "prefill", "extend", "mixed", "gptoss", "gemma")
+WORKLOADS = ("decode", "prefill", "extend", "mixed", "prefill-heavy", "decode-heavy", "gptoss", "gemma")
 
 LLAMA = dict(num_q_heads=32, num_kv_heads=8, head_size=128)
 GPTOSS = dict(num_q_heads=64, num_kv_heads=8, head_size=64, sliding_window=128, sinks=True)
@@ -88,6 +97,20 @@ def _prefill_cases(workload, prefix, shape, lengths) -> list[Case]:
     return [_case(f"{prefix}prefill S={s}", workload, "prefill", [(1, s, s)], shape) for s in lengths]
 
 
+def _mix_name(segments) -> str:
+    """``P2x4096 + E2x512@4608 + D16@4096``: prefill count x length, extend count x new tokens @ seq_len,
+    decode count @ seq_len."""
+    parts = []
+    for n, q, kv in segments:
+        if q == 1:
+            parts.append(f"D{n}@{kv}")
+        elif q < kv:
+            parts.append(f"E{n}x{q}@{kv}")
+        else:
+            parts.append(f"P{n}x{q}")
+    return " + ".join(parts)
+
+
 def make_cases(workloads=WORKLOADS, *, quick: bool = False, tiny_heads: bool = False) -> list[Case]:
     """The cases of the named workloads, in a stable order.
 
@@ -107,11 +130,15 @@ def make_cases(workloads=WORKLOADS, *, quick: bool = False, tiny_heads: bool = F
         decode_b, decode_l, prefill_s = (1, 2), (64, 200), (64,)
         extend = (2, 16, 64)  # sequences, new tokens, context
         mixed = (32, 3)  # prefill length, decodes
+        heavy = {"prefill-heavy": [(1, 48, 48), (1, 16, 80), (2, 1, 64)],
+                 "decode-heavy": [(1, 16, 16), (1, 8, 72), (4, 1, 128)]}
         feat_b, feat_l, feat_s = 2, 64, 64
     else:
         decode_b, decode_l, prefill_s = (1, 8, 32, 128), (512, 4096, 32768), (512, 2048, 8192, 32768)
         extend = (4, 512, 4096)
         mixed = (2048, 63)
+        heavy = {"prefill-heavy": [(2, 4096, 4096), (2, 512, 4608), (16, 1, 4096)],
+                 "decode-heavy": [(1, 256, 256), (1, 512, 4096), (32, 1, 8192)]}
         feat_b, feat_l, feat_s = 32, 4096, 4096
 
     cases: list[Case] = []
@@ -127,6 +154,8 @@ def make_cases(workloads=WORKLOADS, *, quick: bool = False, tiny_heads: bool = F
             s, d = mixed
             segs = [(1, s, s), (d, 1, s + 1)]
             cases.append(_case(f"mixed 1x{s}+{d}x1@{s + 1}", "mixed", "mixed", segs, llama))
+        elif w in heavy:
+            cases.append(_case(f"{w} {_mix_name(heavy[w])}", w, "mixed", heavy[w], llama))
         elif w in ("gptoss", "gemma"):
             shape = gptoss if w == "gptoss" else gemma
             cases += _decode_cases(w, f"{w} ", shape, (feat_b,), (feat_l,))
