@@ -83,3 +83,33 @@ def test_report_marks_eager_timing_after_failed_capture():
     table = markdown_table(results)
     assert "12.0 us, 1 TF/s (eager: no graph)" in table
     assert "- router on c: timed eagerly, do_bench (graph capture failed: RuntimeError: sync)" in table
+
+
+WAVES_ROWS = [
+    dict(batch=b, context=ctx, schedule=sched, persistent_us=p, persistent_err=1e-3,
+         **(dict(variable_grid_us=v, best_true_size_us=best, best_true_size_eager_us=best + 5,
+                 true_size_path="split_kv x4") if sched == "static" else {}))
+    for b, ctx, v, best in ((1, 500, 30.9, 11.3), (8, 4096, 209.2, 72.3), (64, 2048, 232.6, 247.5))
+    for sched, p in (("static", 1.1 * best), ("atomic", 1.2 * best))
+]
+
+
+@pytest.mark.parametrize("layout", ["results", "bare-list", "log-lines"])
+def test_waves_plot_from_json(tmp_path, layout):
+    pytest.importorskip("matplotlib")
+    from pagedattn.bench.plot import load_waves, main as plot_main, waves_cases
+
+    src = tmp_path / "waves.json"
+    if layout == "results":
+        src.write_text(json.dumps({"machine": {"gpu": "H200", "torch": "2.11", "triton": "3.6"},
+                                   "capture": {"max_seqs": 256, "max_context": 8192}, "rows": WAVES_ROWS}))
+    elif layout == "bare-list":
+        src.write_text(json.dumps(WAVES_ROWS))
+    else:
+        src.write_text("\n".join(json.dumps(r) for r in WAVES_ROWS) + "\n\n| replay | table |\n")
+    cases = waves_cases(load_waves(src.read_text())["rows"])
+    assert [(c["batch"], c["context"]) for c in cases] == [(1, 500), (8, 4096), (64, 2048)]
+    assert cases[1]["persistent_atomic_us"] == pytest.approx(1.2 * 72.3) and cases[1]["variable_grid_us"] == 209.2
+    assert plot_main([str(src), "--out", str(tmp_path / "plots")]) == 0
+    png = tmp_path / "plots" / "waves.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -1,16 +1,23 @@
 """The waves experiment: one CUDA graph captured at the maximum batch, replayed for small ones.
 
-``python -m pagedattn.bench.waves [--json PATH]`` (GPU). Captures decode attention at
-batch 256 x context 8192 and replays at 1 x 500, 8 x 4096 and 64 x 2048:
+``python -m pagedattn.bench.waves [--json PATH] [--plot DIR]`` (GPU). Captures decode attention
+at batch 256 x context 8192 and replays at 1 x 500, 8 x 4096 and 64 x 2048:
 
 * ``variable-grid@max``: the automatic (unified / split-KV) plan of the maximum batch, captured
   once; at replay the unused sequences have no queries, so their programs start and exit.
 * ``persistent@max``: the persistent plan captured once; per replay ``plan.update`` rewrites
   its work list in place (the grid stays fixed, no program is empty).
 * ``best@true-size``: the automatic plan made for the true batch and captured at that size
-  (what an engine would get with one graph per batch size).
+  (what an engine would get with one graph per batch size); ``best_true_size_eager_us`` is the
+  same call launched eagerly (host launch overhead included).
 
 Target: persistent@max within 10% of best@true-size.
+
+Writes ``{"machine", "capture", "rows"}`` to ``--json`` (default bench_out/waves.json); each row
+is one (batch, context, schedule) with ``persistent_us`` and, on the static rows,
+``variable_grid_us``, ``best_true_size_us``, ``best_true_size_eager_us`` and ``true_size_path``.
+``python -m pagedattn.bench.plot bench_out/waves.json --out DIR`` (or ``--plot DIR`` here)
+draws DIR/waves.png.
 """
 
 from __future__ import annotations
@@ -49,9 +56,25 @@ def _replay_us(g, iters: int = 50) -> float:
     return sorted(times)[len(times) // 2]
 
 
+def _eager_us(fn, iters: int = 50) -> float:
+    fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(5):
+        start.record()
+        for _ in range(iters):
+            fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / iters)
+    return sorted(times)[len(times) // 2]
+
+
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--json", default=None)
+    parser = argparse.ArgumentParser(prog="python -m pagedattn.bench.waves", description=__doc__.splitlines()[0])
+    parser.add_argument("--json", default="bench_out/waves.json", help="results file (default: %(default)s)")
+    parser.add_argument("--plot", default=None, help="also draw DIR/waves.png")
     args = parser.parse_args(argv)
 
     from pagedattn import paged_attention, plan_attention
@@ -109,26 +132,38 @@ def main(argv=None) -> int:
                 true_plan = plan_attention(starts, lens, **heads)
                 qb, btb, slb, qslb = q[:b], bt[:b], sl[:b].clone(), qsl[: b + 1].clone()
                 outb = torch.empty_like(qb)
-                row["best_true_size_us"] = _graph_us(
-                    lambda: paged_attention(qb, kc, vc, btb, slb, qslb, plan=true_plan, out=outb,
-                                            max_query_len=1, max_seq_len=ctx))
+                def true_size_call():
+                    return paged_attention(qb, kc, vc, btb, slb, qslb, plan=true_plan, out=outb,
+                                           max_query_len=1, max_seq_len=ctx)
+
+                row["best_true_size_us"] = _graph_us(true_size_call)
+                row["best_true_size_eager_us"] = _eager_us(true_size_call)
                 row["true_size_path"] = f"{true_plan.path} x{true_plan.num_splits}"
             rows.append(row)
             print(json.dumps(row), flush=True)
     set_batch(MAX_SEQS, MAX_CONTEXT)
     print("\n| replay (B x L) | variable grid @256x8192 | persistent @256x8192 (static) | persistent (atomic) "
-          "| best @ true size | persistent / best |")
-    print("|---|---|---|---|---|---|")
+          "| best @ true size | same, eager | persistent / best |")
+    print("|---|---|---|---|---|---|---|")
     for b, ctx in REPLAYS:
         st = next(r for r in rows if r["batch"] == b and r["schedule"] == "static")
         at = next(r for r in rows if r["batch"] == b and r["schedule"] == "atomic")
         best = st["best_true_size_us"]
         p = min(st["persistent_us"], at["persistent_us"])
         print(f"| {b} x {ctx} | {st['variable_grid_us']:.1f} us | {st['persistent_us']:.1f} us | "
-              f"{at['persistent_us']:.1f} us | {best:.1f} us ({st['true_size_path']}) | {p / best:.2f} |")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
+              f"{at['persistent_us']:.1f} us | {best:.1f} us ({st['true_size_path']}) | "
+              f"{st['best_true_size_eager_us']:.1f} us | {p / best:.2f} |")
+    from pagedattn.bench.report import machine_info, write_json
+
+    results = dict(machine=machine_info(torch.device(dev)),
+                   capture=dict(max_seqs=MAX_SEQS, max_context=MAX_CONTEXT, **SHAPE), rows=rows)
+    print(f"results: {write_json(results, args.json)}")
+    if args.plot:
+        from pathlib import Path
+
+        from pagedattn.bench.plot import plot_waves
+
+        print(f"plot: {plot_waves(results, Path(args.plot) / 'waves.png')}")
     return 0
 
 
