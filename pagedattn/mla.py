@@ -19,11 +19,11 @@ from pagedattn._checks import (
 )
 from pagedattn.ops.mla.launch import (
     MLA_MAX_QUERY_LEN,
-    MLATiles,
+    MLAConfig,
     choose_mla_splits,
     launch_mla_decode,
     launch_write_mla_kv,
-    pick_mla_tiles,
+    resolve_mla_config,
 )
 from pagedattn.api import _scale_tensor
 from pagedattn.plan import num_sms
@@ -119,8 +119,11 @@ def mla_decode(
 
 def _mla_decode(q_nope, q_pe, kv_cache, block_table, seq_lens, query_start_loc, *, scale, max_query_len=None,
                 max_seq_len=None, kv_scale=None, num_splits=None, out=None, return_lse=False,
-                tiles: MLATiles | None = None):
-    """:func:`mla_decode` with optional fixed tiles (tests and tile sweeps)."""
+                config: MLAConfig | None = None):
+    """:func:`mla_decode` with an optional fixed :class:`MLAConfig` (tests and sweeps; not public API).
+
+    Split count: ``num_splits`` if given, else ``config.num_splits``, else the split rule.
+    """
     check_tensor("q_nope", q_nope, ndim=3, dtypes=FLOAT_DTYPES)
     device = q_nope.device
     num_tokens, num_heads, latent_dim = q_nope.shape
@@ -160,12 +163,13 @@ def _mla_decode(q_nope, q_pe, kv_cache, block_table, seq_lens, query_start_loc, 
         if max_query_len > MLA_MAX_QUERY_LEN:
             raise ValueError(f"query_start_loc gives a query of {max_query_len} tokens; mla_decode takes at most "
                              f"{MLA_MAX_QUERY_LEN} (prefill takes the decompressed attention path)")
-    if tiles is None:
-        tiles = pick_mla_tiles(num_heads, max_query_len)
+    config = resolve_mla_config(config, num_heads, max_query_len)
+    if num_splits is None:
+        num_splits = config.num_splits
     if num_splits is None:
         if max_seq_len is None:
             max_seq_len = int(seq_lens.max().item()) if num_seqs > 0 else 0
-        num_splits = choose_mla_splits(num_seqs, num_heads, max_query_len, max_seq_len, tiles, num_sms(device))
+        num_splits = choose_mla_splits(num_seqs, num_heads, max_query_len, max_seq_len, config, num_sms(device))
 
     if out is None:
         out = torch.empty(num_tokens, num_heads, latent_dim, dtype=q_nope.dtype, device=device)
@@ -176,7 +180,7 @@ def _mla_decode(q_nope, q_pe, kv_cache, block_table, seq_lens, query_start_loc, 
     fp8 = kv_cache.dtype in FP8_DTYPES
     launch_mla_decode(
         out, lse, q_nope, q_pe, kv_cache, block_table, seq_lens, query_start_loc,
-        scale=float(scale), kv_scale=_scale_tensor(kv_scale, device) if fp8 else None, tiles=tiles,
+        scale=float(scale), kv_scale=_scale_tensor(kv_scale, device) if fp8 else None, config=config,
         num_splits=num_splits, partial_out=partial_out, partial_lse=partial_lse,
     )
     return (out, lse) if return_lse else out

@@ -8,7 +8,7 @@ import torch
 
 import pagedattn.mla as mla
 from pagedattn import mla_decode, write_mla_kv
-from pagedattn.ops.mla.launch import MLATiles, choose_mla_splits, pick_mla_tiles
+from pagedattn.ops.mla.launch import MLAConfig, choose_mla_splits, pick_mla_config
 from pagedattn.reference import mla_decode_ref, write_mla_kv_ref
 from pagedattn.testing import TOLERANCES, make_paged_batch
 from tests.conftest import DEVICE
@@ -61,10 +61,10 @@ def poisoned_workspace(monkeypatch):
     return calls
 
 
-def run_mla(b, *, kv_scale=None, num_splits=None, tiles=None, **kwargs):
+def run_mla(b, *, kv_scale=None, num_splits=None, config=None, **kwargs):
     out = torch.full(b.q_nope.shape, float("nan"), dtype=b.q_nope.dtype, device=DEVICE)
     res = mla._mla_decode(*b.args(), scale=b.scale, kv_scale=kv_scale, num_splits=num_splits, out=out,
-                          return_lse=True, tiles=tiles, **kwargs)
+                          return_lse=True, config=config, **kwargs)
     assert res[0] is out
     return res
 
@@ -105,26 +105,33 @@ def test_mla_split_counts(poisoned_workspace, num_splits):
 
 
 def test_mla_auto_splits(poisoned_workspace):
-    # one sequence, one head group: the interpreter's 4 "SMs" ask for 4 splits
+    # one sequence, one head group: the interpreter's 4 "SMs" hold 4 programs of the small
+    # interpreter config each (16 by fill); 700 keys allow 6 segments of >= 128 keys
     b = make_mla_batch([(1, 700)], num_heads=16, dtype=torch.float16, seed=3)
     out, lse = run_mla(b)
-    assert poisoned_workspace == [4]
+    assert poisoned_workspace == [6]
     assert_matches_reference(b, out, lse)
 
 
-@pytest.mark.parametrize(
-    "tiles, num_heads, num_splits",
-    [
-        pytest.param(MLATiles(8, 2, 16, 1, 1), 16, 3, id="2-head-groups-2-tokens-tile16"),
-        pytest.param(MLATiles(4, 4, 64, 1, 1), 4, 1, id="4-tokens-tile64-across-pages"),
-        pytest.param(MLATiles(16, 1, 32, 1, 1), 12, 2, id="masked-heads"),
-        pytest.param(MLATiles(2, 8, 16, 1, 1), 6, 2, id="3-head-groups-8-tokens"),
-    ],
-)
-def test_mla_tiles(poisoned_workspace, tiles, num_heads, num_splits):
-    b = make_mla_batch(SPEC, num_heads=num_heads, dtype=torch.float32, seed=tiles.block_h)
-    out, lse = run_mla(b, tiles=tiles, num_splits=num_splits)
+# One case per config family: head groups (BLOCK_H), query tokens per block (BLOCK_Q), value
+# parts (VALUE_SPLIT), tile widths below / across pages (TILE_N), split-KV, stages, warps.
+CONFIGS = [
+    pytest.param(MLAConfig(8, 2, 16, 1, 1, 1), 16, 3, torch.float32, id="h8q2-2-head-groups-tile16-3splits"),
+    pytest.param(MLAConfig(4, 4, 64, 1, 1, 1), 4, 1, torch.float16, id="h4q4-tile64-across-pages"),
+    pytest.param(MLAConfig(16, 1, 32, 2, 1, 1), 12, 2, torch.float32, id="h16-masked-heads-value2"),
+    pytest.param(MLAConfig(2, 8, 16, 4, 1, 1), 6, 2, torch.float16, id="h2q8-3-head-groups-value4"),
+    pytest.param(MLAConfig(16, 1, 16, 4, 2, 2), 32, 1, torch.float16, id="h16-2-head-groups-value4-tile16"),
+    pytest.param(MLAConfig(4, 4, 32, 2, 1, 1, num_splits=4), 8, None, torch.float32, id="h4q4-value2-config-splits"),
+]
+
+
+@pytest.mark.parametrize("config, num_heads, num_splits, dtype", CONFIGS)
+def test_mla_configs(poisoned_workspace, config, num_heads, num_splits, dtype):
+    b = make_mla_batch(SPEC, num_heads=num_heads, latent_dim=64, dtype=dtype, seed=config.block_h)
+    out, lse = run_mla(b, config=config, num_splits=num_splits)
     assert_matches_reference(b, out, lse)
+    expected = num_splits or config.num_splits
+    assert poisoned_workspace == ([] if expected == 1 else [expected])
 
 
 def test_mla_odd_dims():
@@ -236,13 +243,27 @@ def test_write_then_decode():
 
 
 def test_choose_mla_splits():
-    tiles = MLATiles(64, 1, 32, 8)  # 128 heads: 2 head groups
-    assert choose_mla_splits(1, 128, 1, 4096, tiles, 132) == 32  # by length (128 keys a split)
-    assert choose_mla_splits(1, 128, 1, 32768, tiles, 132) == 64  # by the cap
-    assert choose_mla_splits(32, 128, 1, 4096, tiles, 132) == 2  # 128 programs: one wave
-    assert choose_mla_splits(128, 128, 1, 4096, tiles, 132) == 1  # the grid already fills the GPU
-    assert choose_mla_splits(1, 128, 1, 100, tiles, 132) == 1  # too short to split
-    assert pick_mla_tiles(128, 1).block_m >= 16 and pick_mla_tiles(4, 1).block_m >= 16
+    config = MLAConfig(64, 1, 32, 2, 4, 4)  # 128 heads: 2 head groups x 2 value parts, 216 KB: 1 per SM
+    assert choose_mla_splits(1, 128, 1, 4096, config, 132) == 32  # by length (128 keys a split)
+    assert choose_mla_splits(1, 128, 1, 32768, config, 132) == 33  # by fill: 132 // 4 programs
+    assert choose_mla_splits(1, 128, 1, 32768, MLAConfig(64, 1, 32, 1, 8, 4), 132) == 64  # by the cap
+    assert choose_mla_splits(32, 128, 1, 4096, config, 132) == 1  # 128 programs: one wave already
+    assert choose_mla_splits(16, 128, 1, 4096, config, 132) == 2  # 64 programs -> 128
+    assert choose_mla_splits(1, 128, 1, 100, config, 132) == 1  # too short to split
+    small = MLAConfig(16, 1, 32, 1, 4, 1)  # 54 KB: 4 per SM
+    assert choose_mla_splits(4, 16, 1, 32768, small, 132) == 64  # fill 4 * 132 // 4 = 132 -> cap
+
+
+def test_pick_mla_config(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")  # the GPU rule (no launch here)
+    for heads, q_len in [(128, 1), (128, 8), (16, 1), (16, 4), (32, 1), (8, 1), (1, 1)]:
+        config = pick_mla_config(heads, q_len)
+        assert config.block_m >= 16 and config.problems() == [], (heads, q_len, config)
+    assert pick_mla_config(128, 1) == MLAConfig(64, 1, 32, 2, 4, 4)
+    assert pick_mla_config(16, 1).value_split == 1 and pick_mla_config(32, 1).value_split == 2
+    assert MLAConfig(64, 1, 64, 1, 4, 4).problems()  # 256 accumulator registers, 360 KB
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert pick_mla_config(128, 1).block_m == 16
 
 
 # --------------------------------------------------------------------------------------------

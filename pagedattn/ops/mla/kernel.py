@@ -4,12 +4,16 @@ Every query head attends to the same cached row ``[c_kv (LATENT_DIM) | k_pe (ROP
 ``s = scale * (q_nope . c_kv + q_pe . k_pe)`` and ``out = softmax(s) c_kv``. Since the latent is
 shared, a program packs BLOCK_H heads of BLOCK_Q query tokens of one sequence into the M
 dimension of both dots (BLOCK_M = BLOCK_Q * BLOCK_H rows) and loads each latent tile
-``[TILE_N, LATENT_DIM]`` once, using it as K^T in the score dot and as V in the output dot.
+``[TILE_N, LATENT_DIM + ROPE_DIM]`` once per step, using it as K^T in the score dot and (its
+value columns) as V in the output dot. A ``[BLOCK_M, 512]`` fp32 accumulator does not fit in
+registers next to everything else, so VALUE_SPLIT programs share one row block, each keeping
+``512 / VALUE_SPLIT`` output columns (the score is computed by each of them; the latent tile
+comes from L2 for all but the first).
 
-Programs are numbered head group fastest, then split, then Q block, so the programs that read
-the same pages (the head groups of one Q block and split) run side by side and all but the
-first find the pages in L2. See https://arxiv.org/abs/2405.04434 (DeepSeek-V2, appendix on
-absorbing the up-projections).
+Programs are numbered value part fastest, then head group, then split, then Q block, so the
+programs that read the same pages run side by side and all but the first find the pages in
+L2. See https://arxiv.org/abs/2405.04434 (DeepSeek-V2, appendix on absorbing the
+up-projections).
 """
 
 import triton
@@ -55,6 +59,28 @@ def _locate_q_block(query_start_loc_ptr, seq_lens_ptr, q_block_idx, num_seqs, BL
     return seq, q_start, q_len, q_block_local, seq_len, valid
 
 
+@triton.jit
+def _load_tile(ptr, rows, rows_ok, col0, offs_c, DIM: tl.constexpr, EXACT: tl.constexpr):
+    """[R, C] tile: row r reads ``ptr + rows[r] + col0 + offs_c``; masked rows read 0.
+
+    With ``EXACT`` (the padded width equals DIM) the mask depends on the row only, so it is
+    constant along a row and the load stays vectorized.
+    """
+    cols = col0 + offs_c
+    if EXACT:
+        mask = rows_ok[:, None]
+    else:
+        mask = rows_ok[:, None] & (cols < DIM)[None, :]
+    return tl.load(ptr + rows[:, None] + cols[None, :], mask=mask, other=0.0)
+
+
+@triton.jit
+def _load_block_ids(block_row_ptr, k_pos, seg_hi, max_blocks_per_seq, PAGE_SIZE: tl.constexpr):
+    """Block id of each key position (0 for keys past the segment or the table row)."""
+    ok = (k_pos < seg_hi) & (k_pos // PAGE_SIZE < max_blocks_per_seq)
+    return tl.load(block_row_ptr + k_pos // PAGE_SIZE, mask=ok, other=0)
+
+
 @triton.heuristics(
     {
         "RETURN_LSE": lambda args: args["lse_ptr"] is not None,
@@ -94,20 +120,36 @@ def mla_decode_kernel(
     BLOCK_Q: tl.constexpr,
     BLOCK_M: tl.constexpr,
     TILE_N: tl.constexpr,
+    VALUE_SPLIT: tl.constexpr,
+    LARGE_CACHE: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     RETURN_LSE: tl.constexpr,
     KV_FP8: tl.constexpr,
 ):
     """(out, lse) of softmax(scale * (q_nope c_kv^T + q_pe k_pe^T) + causal) c_kv over one key split.
 
+    The program owns output columns ``[v * VALUE_BLOCK, (v + 1) * VALUE_BLOCK)`` of its rows
+    (``VALUE_BLOCK = LATENT_PAD / VALUE_SPLIT``, v = its value part) and still computes the full
+    576-wide scores. The latent row is loaded as VALUE_SPLIT column chunks, its own chunk first:
+    every chunk feeds the score dot and the first is also V of the output dot, so nothing is
+    loaded twice and no elementwise op sits between a bf16/fp16 load and its dot.
+
+    Cache offsets are int32 unless LARGE_CACHE (2**31 elements or more): 64-bit row offsets
+    cost registers that the accumulator needs.
+
     With one split, out/lse are the final output; with several, split ``i`` writes partial
     (out, lse) at ``stride_o_s * i`` for the ordered merge. For an fp8 cache the scale
-    multiplies the scores and the output instead of every loaded element.
+    multiplies the scores and the output, not the loaded tile.
     """
+    VALUE_BLOCK: tl.constexpr = LATENT_PAD // VALUE_SPLIT
+    LATENT_EXACT: tl.constexpr = LATENT_PAD == LATENT_DIM
+    ROPE_EXACT: tl.constexpr = ROPE_PAD == ROPE_DIM
     pid = tl.program_id(0)
+    value_part = pid % VALUE_SPLIT
+    rest = pid // VALUE_SPLIT
     num_head_groups = tl.cdiv(num_heads, BLOCK_H)
-    head_group = pid % num_head_groups
-    rest = pid // num_head_groups
+    head_group = rest % num_head_groups
+    rest = rest // num_head_groups
     split = rest % num_splits
     seq, q_start, q_len, q_block_local, seq_len, valid = _locate_q_block(
         query_start_loc_ptr, seq_lens_ptr, rest // num_splits, num_seqs, BLOCK_Q
@@ -129,20 +171,21 @@ def mla_decode_kernel(
     seg_lo = split * tiles_per_split * TILE_N
     seg_hi = tl.minimum(seg_lo + tiles_per_split * TILE_N, kv_hi)
 
-    offs_l = tl.arange(0, LATENT_PAD)
+    # column chunks of the latent, this program's value chunk first
+    offs_v = tl.arange(0, VALUE_BLOCK)
     offs_r = tl.arange(0, ROPE_PAD)
-    lat_ok = offs_l < LATENT_DIM
-    rope_ok = offs_r < ROPE_DIM
-    q_nope = tl.load(
-        q_nope_ptr + token[:, None] * stride_qn_t + head[:, None] * stride_qn_h + offs_l[None, :],
-        mask=row_ok[:, None] & lat_ok[None, :],
-        other=0.0,
-    )  # [BLOCK_M, LATENT_PAD]
-    q_pe = tl.load(
-        q_pe_ptr + token[:, None] * stride_qp_t + head[:, None] * stride_qp_h + offs_r[None, :],
-        mask=row_ok[:, None] & rope_ok[None, :],
-        other=0.0,
-    )  # [BLOCK_M, ROPE_PAD]
+    col0 = value_part * VALUE_BLOCK
+    qn_rows = token * stride_qn_t + head * stride_qn_h
+    q0 = _load_tile(q_nope_ptr, qn_rows, row_ok, col0, offs_v, LATENT_DIM, LATENT_EXACT)  # [BLOCK_M, VALUE_BLOCK]
+    if VALUE_SPLIT > 1:
+        col1 = ((value_part + 1) % VALUE_SPLIT) * VALUE_BLOCK
+        q1 = _load_tile(q_nope_ptr, qn_rows, row_ok, col1, offs_v, LATENT_DIM, LATENT_EXACT)
+    if VALUE_SPLIT > 2:
+        col2 = ((value_part + 2) % VALUE_SPLIT) * VALUE_BLOCK
+        col3 = ((value_part + 3) % VALUE_SPLIT) * VALUE_BLOCK
+        q2 = _load_tile(q_nope_ptr, qn_rows, row_ok, col2, offs_v, LATENT_DIM, LATENT_EXACT)
+        q3 = _load_tile(q_nope_ptr, qn_rows, row_ok, col3, offs_v, LATENT_DIM, LATENT_EXACT)
+    q_pe = _load_tile(q_pe_ptr, token * stride_qp_t + head * stride_qp_h, row_ok, 0, offs_r, ROPE_DIM, ROPE_EXACT)
     qk_scale = scale * LOG2E
     kv_scale = 1.0
     if KV_FP8:
@@ -151,49 +194,63 @@ def mla_decode_kernel(
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, LATENT_PAD], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, VALUE_BLOCK], dtype=tl.float32)
     block_row_ptr = block_table_ptr + seq.to(tl.int64) * stride_bt_s
     offs_n = tl.arange(0, TILE_N)
+    rope_ptr = kv_cache_ptr + LATENT_DIM
+    # Block ids are loaded one tile ahead by hand: the tile loads then depend on a loop-carried
+    # value, not on a load of the same step, so the pipeliner issues them num_stages - 1 tiles
+    # ahead (an indirect load would get (num_stages - 1) // 2).
+    next_page = _load_block_ids(block_row_ptr, seg_lo + offs_n, seg_hi, max_blocks_per_seq, PAGE_SIZE)
     for start in range(seg_lo, seg_hi, TILE_N):
         k_pos = start + offs_n  # [TILE_N]
-        k_ok = (k_pos < seg_hi) & (k_pos // PAGE_SIZE < max_blocks_per_seq)
-        page = tl.load(block_row_ptr + k_pos // PAGE_SIZE, mask=k_ok, other=0).to(tl.int64)
-        k_ok = k_ok & (page >= 0) & (page < num_blocks)
-        row = page * stride_c_b + (k_pos % PAGE_SIZE).to(tl.int64) * stride_c_s  # [TILE_N] int64
-        c_kv = tl.load(
-            kv_cache_ptr + row[:, None] + offs_l[None, :],
-            mask=k_ok[:, None] & lat_ok[None, :],
-            other=0.0,
-        )  # [TILE_N, LATENT_PAD]: K^T of the score dot and V of the output dot
-        k_pe = tl.load(
-            kv_cache_ptr + row[:, None] + LATENT_DIM + offs_r[None, :],
-            mask=k_ok[:, None] & rope_ok[None, :],
-            other=0.0,
-        )  # [TILE_N, ROPE_PAD]
-        if KV_FP8:
-            c_kv = c_kv.to(q_nope.dtype)  # exact: every e4m3 value is an fp16 / bf16 / fp32 value
-            k_pe = k_pe.to(q_nope.dtype)
+        page = next_page.to(tl.int64) if LARGE_CACHE else next_page
+        next_page = _load_block_ids(block_row_ptr, k_pos + TILE_N, seg_hi, max_blocks_per_seq, PAGE_SIZE)
+        # keys past the segment or the table row, and bad block ids: masked, never dereferenced
+        k_ok = (k_pos < seg_hi) & (k_pos // PAGE_SIZE < max_blocks_per_seq) & (page >= 0) & (page < num_blocks)
+        row = page * stride_c_b + (k_pos % PAGE_SIZE) * stride_c_s  # [TILE_N]; int64 for a large cache
 
-        s = tl.dot(q_nope, tl.trans(c_kv), input_precision=DOT_PRECISION)
+        kv0 = _load_tile(kv_cache_ptr, row, k_ok, col0, offs_v, LATENT_DIM, LATENT_EXACT)  # [TILE_N, VALUE_BLOCK]
+        k_pe = _load_tile(rope_ptr, row, k_ok, 0, offs_r, ROPE_DIM, ROPE_EXACT)  # [TILE_N, ROPE_PAD]
+        if KV_FP8:
+            kv0 = kv0.to(q0.dtype)  # exact: every e4m3 value is an fp16 / bf16 / fp32 value
+            k_pe = k_pe.to(q0.dtype)
+        s = tl.dot(q0, tl.trans(kv0), input_precision=DOT_PRECISION)
+        if VALUE_SPLIT > 1:
+            kv1 = _load_tile(kv_cache_ptr, row, k_ok, col1, offs_v, LATENT_DIM, LATENT_EXACT)
+            if KV_FP8:
+                kv1 = kv1.to(q0.dtype)
+            s = tl.dot(q1, tl.trans(kv1), acc=s, input_precision=DOT_PRECISION)
+        if VALUE_SPLIT > 2:
+            kv2 = _load_tile(kv_cache_ptr, row, k_ok, col2, offs_v, LATENT_DIM, LATENT_EXACT)
+            kv3 = _load_tile(kv_cache_ptr, row, k_ok, col3, offs_v, LATENT_DIM, LATENT_EXACT)
+            if KV_FP8:
+                kv2 = kv2.to(q0.dtype)
+                kv3 = kv3.to(q0.dtype)
+            s = tl.dot(q2, tl.trans(kv2), acc=s, input_precision=DOT_PRECISION)
+            s = tl.dot(q3, tl.trans(kv3), acc=s, input_precision=DOT_PRECISION)
         s = tl.dot(q_pe, tl.trans(k_pe), acc=s, input_precision=DOT_PRECISION)  # [BLOCK_M, TILE_N]
-        vis = (k_pos[None, :] <= q_pos[:, None]) & k_ok[None, :] & row_ok[:, None]
+        # Keys with a bad block id read zeros and stay in the softmax (score 0) instead of being
+        # dropped: only a corrupt sequence's output changes, it stays finite, and the mask does
+        # not carry per-key state through the pipeline.
+        vis = (k_pos[None, :] <= q_pos[:, None]) & (k_pos < seg_hi)[None, :] & row_ok[:, None]
         s = tl.where(vis, s * qk_scale, float("-inf"))
 
         p, alpha, m_i, l_i = online_softmax_step(m_i, l_i, s)
-        acc = acc * alpha[:, None] + tl.dot(p.to(c_kv.dtype), c_kv, input_precision=DOT_PRECISION)
+        acc = tl.dot(p.to(kv0.dtype), kv0, acc=acc * alpha[:, None], input_precision=DOT_PRECISION)
 
     out, lse = finalize_softmax(acc, m_i, l_i)
     if KV_FP8:
         out = out * kv_scale
     split64 = split.to(tl.int64)
-    o_row = token * stride_o_t + head * stride_o_h + split64 * stride_o_s
-    tl.store(
-        out_ptr + o_row[:, None] + offs_l[None, :],
-        out.to(out_ptr.dtype.element_ty),
-        mask=row_ok[:, None] & lat_ok[None, :],
-    )
-    if RETURN_LSE:
-        tl.store(lse_ptr + token * stride_lse_t + head * stride_lse_h + split64 * stride_lse_s, lse, mask=row_ok)
+    o_rows = token * stride_o_t + head * stride_o_h + split64 * stride_o_s
+    cols = col0 + offs_v
+    o_mask = row_ok[:, None] & (cols < LATENT_DIM)[None, :]
+    tl.store(out_ptr + o_rows[:, None] + cols[None, :], out.to(out_ptr.dtype.element_ty), mask=o_mask)
+    if RETURN_LSE:  # every value part computes the same lse; the first writes it
+        first_part = (offs_m * 0 + value_part) == 0  # (interpreter: no scalar & vector)
+        tl.store(lse_ptr + token * stride_lse_t + head * stride_lse_h + split64 * stride_lse_s, lse,
+                 mask=row_ok & first_part)
 
 
 @triton.heuristics({"RETURN_LSE": lambda args: args["lse_ptr"] is not None})

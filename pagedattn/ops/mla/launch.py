@@ -1,18 +1,31 @@
-"""Launchers of the MLA kernels: tile and split choice, grids, keyword arguments; nothing else.
+"""Launchers of the MLA kernels: config and split choice, grids, keyword arguments; nothing else.
 
-Split rule (``choose_mla_splits``): the unsplit grid has ``num_q_blocks * num_head_groups``
-programs. One MLA program holds a ``[BLOCK_M, LATENT_DIM]`` fp32 accumulator and two
-576-wide tiles, so about one fits an SM at a time. The keys are cut into
-``floor(sms / programs)`` splits (the largest count that still runs in one wave; no split when
-that is below 2), at most ``ceil(max_seq_len / MLA_MIN_SEGMENT_TOKENS)`` (each split writes a
-``[heads, LATENT_DIM]`` fp32 partial, which must stay small beside the latent it read) and at
-most ``MLA_MAX_SPLITS``. The constants are first guesses, not yet swept on a GPU.
+Config (``MLAConfig``, default from ``pick_mla_config``): a program owns ``block_m = block_h *
+block_q`` rows (heads of query tokens of one sequence) and ``latent / value_split`` output
+columns, and streams ``tile_n`` keys a step through ``num_stages`` shared-memory buffers. The
+budget on Hopper-class GPUs, from compiling the kernel for sm_90a (ptxas register and spill
+counts, Triton's shared-memory figure; docs/perf-notes.md experiment 10):
+
+* the fp32 accumulator takes ``block_m * latent / value_split / (32 * num_warps)`` registers a
+  thread; at 128 (e.g. 64 rows x 256 columns on 4 warps) everything else still fits in the
+  255-register limit with 32-key tiles, 64-key tiles spill a little inside the loop;
+* shared memory holds the queries (``block_m * 576 * 2`` bytes) and ``num_stages`` latent tiles
+  (``tile_n * 576 * 2`` bytes each): 64 rows x 32 keys x 4 stages = 216 KB of the 227 KB;
+* ``tl.dot`` lays its warps along M when a second dot consumes its result, so ``block_m`` below
+  ``16 * num_warps`` (below 64 per warp group on Hopper) computes the scores redundantly.
+
+Split rule (``choose_mla_splits``): the unsplit grid has ``q_blocks * head_groups *
+value_split`` programs, and about ``mla_programs_per_sm(config)`` of them fit an SM at once
+(one for the large configs). The keys are cut into ``floor(fill * sms / programs)`` splits
+(no split when that is below 2), at most ``ceil(max_seq_len / MLA_MIN_SEGMENT_TOKENS)`` (each
+split writes a ``[heads, latent]`` fp32 partial per row block, 128 KB for 64 heads: segments
+shorter than ~128 keys write more than they read) and at most ``MLA_MAX_SPLITS``.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import triton
@@ -20,64 +33,125 @@ import triton
 from pagedattn.ops.mla.kernel import mla_decode_kernel, mla_merge_splits_kernel, write_mla_kv_kernel
 
 MLA_MAX_QUERY_LEN = 8
-MLA_PROGRAMS_PER_SM = 1
+MLA_FILL_PER_SM = 1  # resident programs per SM the split rule aims for (times mla_programs_per_sm)
 MLA_MIN_SEGMENT_TOKENS = 128
 MLA_MAX_SPLITS = 64
+MLA_INT32_LIMIT = 2**31  # caches with at least this many elements use int64 row offsets
+SMEM_BYTES = 227 * 1024  # per block on sm_90 (opt-in maximum); the budget the configs are sized for
+ROW_WIDTH_BYTES = 576 * 2  # DeepSeek's latent + rope row at 16 bits: the sizing unit below
 
 
 @dataclass(frozen=True)
-class MLATiles:
+class MLAConfig:
+    """Tiling of one MLA decode launch (internal; tests and sweeps pass one to ``_mla_decode``).
+
+    ``num_splits`` None means the split rule decides; an explicit ``num_splits`` argument of
+    ``mla_decode`` overrides both.
+    """
+
     block_h: int  # heads of one query token per program
-    block_q: int  # query tokens of one sequence per program
-    tile_n: int  # keys per step of the inner loop
-    num_warps: int
-    num_stages: int = 2
+    block_q: int = 1  # query tokens of one sequence per program
+    tile_n: int = 32  # keys per step of the inner loop
+    value_split: int = 1  # programs sharing one row block, each with latent / value_split output columns
+    num_warps: int = 4
+    num_stages: int = 3
+    num_splits: int | None = None
 
     @property
     def block_m(self) -> int:
         return self.block_h * self.block_q
+
+    @property
+    def label(self) -> str:
+        text = f"h{self.block_h}q{self.block_q}-n{self.tile_n}-v{self.value_split}-w{self.num_warps}-s{self.num_stages}"
+        return text + (f"-k{self.num_splits}" if self.num_splits else "")
+
+    def acc_registers(self, latent_pad: int = 512) -> int:
+        """fp32 accumulator registers a thread holds."""
+        return self.block_m * (latent_pad // self.value_split) // (32 * self.num_warps)
+
+    def smem_bytes(self, row_bytes: int = ROW_WIDTH_BYTES) -> int:
+        """Shared memory the kernel needs (queries + pipelined latent tiles), within a few KB."""
+        return (self.block_m + self.num_stages * self.tile_n) * row_bytes
+
+    def problems(self, latent_pad: int = 512) -> list[str]:
+        """Why this config cannot run (or would spill heavily) on a Hopper-class GPU; [] if fine."""
+        out = []
+        if self.value_split not in (1, 2, 4):
+            out.append(f"value_split {self.value_split} not in (1, 2, 4)")
+        elif latent_pad // self.value_split < 16:
+            out.append(f"value_split {self.value_split} leaves fewer than 16 columns")
+        if self.block_m < 16 or self.tile_n < 16:
+            out.append("tl.dot needs block_m and tile_n >= 16")
+        if self.acc_registers(latent_pad) > 128:
+            out.append(f"accumulator needs {self.acc_registers(latent_pad)} registers a thread (> 128)")
+        if self.smem_bytes() > SMEM_BYTES:
+            out.append(f"needs {self.smem_bytes() // 1024} KB of shared memory (> {SMEM_BYTES // 1024})")
+        return out
 
 
 def _is_interpreter() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
-def pick_mla_tiles(num_heads: int, max_query_len: int) -> MLATiles:
-    """Up to 64 rows (heads first, then query tokens of the same sequence); at least 16 for tl.dot.
+def pick_mla_config(num_heads: int, max_query_len: int) -> MLAConfig:
+    """The default config: rows from heads first, then query tokens; 64 rows where they exist.
 
-    128 heads of a decode token: 2 programs of 64 heads per (sequence, split), so each latent
-    page is read twice, the second time from L2. The interpreter gets 16 rows.
+    64 rows (Hopper's warp-group MMA): 4 warps, one warp group, so the scores are computed
+    once; 2 value parts for a 128-register accumulator; 32-key tiles through 4 stages (3 tiles
+    in flight, 216 KB). For 128 heads of a decode token that is 2 head groups x 2 value parts:
+    4 programs read each latent tile, all but the first from L2. Fewer rows (16 or 32: few
+    heads, one token) take the mma.sync path, where the queries also sit in registers, so the
+    value split keeps the accumulator at <= 64 registers. The interpreter gets 16 rows, one
+    warp, one stage.
     """
     max_m = 16 if _is_interpreter() else 64
     block_h = min(triton.next_power_of_2(max(num_heads, 1)), max_m)
     block_q = min(triton.next_power_of_2(max(max_query_len, 1)), max_m // block_h)
     block_q = max(block_q, 16 // block_h)
     if _is_interpreter():
-        return MLATiles(block_h, block_q, tile_n=32, num_warps=1, num_stages=1)
-    num_warps = 8 if block_h * block_q >= 64 else 4
-    return MLATiles(block_h, block_q, tile_n=32, num_warps=num_warps, num_stages=2)
+        return MLAConfig(block_h, block_q, tile_n=32, value_split=1, num_warps=1, num_stages=1)
+    block_m = block_h * block_q
+    acc_limit = 128 if block_m >= 64 else 64
+    value_split = 1
+    while value_split < 4 and MLAConfig(block_h, block_q, 32, value_split, 4).acc_registers() > acc_limit:
+        value_split *= 2
+    return MLAConfig(block_h, block_q, tile_n=32, value_split=value_split, num_warps=4, num_stages=4)
 
 
-def mla_grid_q_blocks(num_tokens: int, num_seqs: int, tiles: MLATiles) -> int:
+def mla_programs_per_sm(config: MLAConfig) -> int:
+    """Programs of this config resident on one SM at a time (by shared memory; 1 to 4)."""
+    return max(1, min(4, SMEM_BYTES // max(config.smem_bytes(), 1)))
+
+
+def mla_grid_q_blocks(num_tokens: int, num_seqs: int, config: MLAConfig) -> int:
     """Q blocks in the grid: enough for any split of num_tokens among num_seqs (no host sync).
 
     One token a block needs no slack; otherwise each sequence may end in a partial block.
     """
-    if tiles.block_q == 1:
+    if config.block_q == 1:
         return num_tokens
-    return num_tokens // tiles.block_q + num_seqs
+    return num_tokens // config.block_q + num_seqs
 
 
-def choose_mla_splits(num_seqs: int, num_heads: int, max_query_len: int, max_seq_len: int, tiles: MLATiles,
+def choose_mla_splits(num_seqs: int, num_heads: int, max_query_len: int, max_seq_len: int, config: MLAConfig,
                       sms: int) -> int:
     """The module docstring's rule; 1 means no split (the kernel writes the output directly)."""
-    q_blocks = num_seqs * -(-max(max_query_len, 1) // tiles.block_q)
-    programs = max(1, q_blocks * -(-num_heads // tiles.block_h))
-    by_fill = MLA_PROGRAMS_PER_SM * sms // programs
+    q_blocks = num_seqs * -(-max(max_query_len, 1) // config.block_q)
+    programs = max(1, q_blocks * -(-num_heads // config.block_h) * config.value_split)
+    by_fill = MLA_FILL_PER_SM * mla_programs_per_sm(config) * sms // programs
     if by_fill < 2 or max_seq_len <= MLA_MIN_SEGMENT_TOKENS:
         return 1
     by_length = -(-max_seq_len // MLA_MIN_SEGMENT_TOKENS)
     return max(1, min(by_fill, by_length, MLA_MAX_SPLITS))
+
+
+def resolve_mla_config(config: MLAConfig | None, num_heads: int, max_query_len: int) -> MLAConfig:
+    """``config`` or the default; its block_q is raised to 16 // block_h so that block_m >= 16."""
+    config = config or pick_mla_config(num_heads, max_query_len)
+    if config.block_m < 16:
+        config = replace(config, block_q=-(-16 // config.block_h))
+    return config
 
 
 def launch_mla_decode(
@@ -92,7 +166,7 @@ def launch_mla_decode(
     *,
     scale: float,
     kv_scale: torch.Tensor | None,
-    tiles: MLATiles,
+    config: MLAConfig,
     num_splits: int,
     partial_out: torch.Tensor | None = None,
     partial_lse: torch.Tensor | None = None,
@@ -107,6 +181,10 @@ def launch_mla_decode(
     num_seqs = seq_lens.shape[0]
     if num_tokens == 0 or num_seqs == 0:
         return
+    latent_pad = max(16, triton.next_power_of_2(latent_dim))
+    if config.value_split not in (1, 2, 4) or latent_pad // config.value_split < 16:
+        raise ValueError(f"MLAConfig.value_split {config.value_split} does not divide latent dim {latent_dim} "
+                         "into parts of >= 16 columns")
     if num_splits > 1:
         dst, dst_lse = partial_out, partial_lse
         o_strides = partial_out.stride()[:3]
@@ -115,7 +193,8 @@ def launch_mla_decode(
         dst, dst_lse = out, lse
         o_strides = (out.stride(0), out.stride(1), 0)
         l_strides = (lse.stride(0), lse.stride(1), 0) if lse is not None else (0, 0, 0)
-    grid = (mla_grid_q_blocks(num_tokens, num_seqs, tiles) * num_splits * -(-num_heads // tiles.block_h),)
+    head_groups = -(-num_heads // config.block_h)
+    grid = (mla_grid_q_blocks(num_tokens, num_seqs, config) * num_splits * head_groups * config.value_split,)
     mla_decode_kernel[grid](
         out_ptr=dst,
         lse_ptr=dst_lse,
@@ -140,17 +219,19 @@ def launch_mla_decode(
         max_blocks_per_seq=block_table.shape[1],
         num_splits=num_splits,
         LATENT_DIM=latent_dim,
-        LATENT_PAD=max(16, triton.next_power_of_2(latent_dim)),
+        LATENT_PAD=latent_pad,
         ROPE_DIM=rope_dim,
         ROPE_PAD=max(16, triton.next_power_of_2(rope_dim)),
         PAGE_SIZE=kv_cache.shape[1],
-        BLOCK_H=tiles.block_h,
-        BLOCK_Q=tiles.block_q,
-        BLOCK_M=tiles.block_m,
-        TILE_N=tiles.tile_n,
+        BLOCK_H=config.block_h,
+        BLOCK_Q=config.block_q,
+        BLOCK_M=config.block_m,
+        TILE_N=config.tile_n,
+        VALUE_SPLIT=config.value_split,
+        LARGE_CACHE=sum((n - 1) * s for n, s in zip(kv_cache.shape, kv_cache.stride())) + 1 >= MLA_INT32_LIMIT,
         DOT_PRECISION="ieee" if q_nope.dtype == torch.float32 else "tf32",
-        num_warps=tiles.num_warps,
-        num_stages=tiles.num_stages,
+        num_warps=config.num_warps,
+        num_stages=config.num_stages,
     )
     if num_splits == 1:
         return
