@@ -22,17 +22,28 @@ def _param(*shape, device, dtype) -> nn.Parameter:
 
 
 class RMSNorm(nn.Module):
-    """``weight * (x / sqrt(mean(x^2) + eps))``, normalized in fp32 and cast back before the weight."""
+    """``weight * (x / sqrt(mean(x^2) + eps))``, normalized in fp32 and cast back before the weight.
+
+    ``forward(x, residual)`` first forms ``x + residual`` (the residual stream) and returns
+    (normed, the new residual); ``fused``: one Triton kernel that updates ``residual`` in place.
+    """
 
     def __init__(self, size: int, eps: float, *, device, dtype):
         super().__init__()
         self.eps = eps
         self.weight = _param(size, device=device, dtype=dtype)
+        self.fused = False
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        if self.fused:
+            from pagedattn.engine.kernels import rms_norm
+
+            return rms_norm(x, self.weight, self.eps, residual)
+        if residual is not None:
+            x = x + residual
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(x.dtype)
+        return self.weight * x32.to(x.dtype), x
 
 
 def rope_inv_freq(head_size: int, theta: float, scaling: dict | None) -> torch.Tensor:
@@ -60,6 +71,7 @@ class Rotary(nn.Module):
         self.inv_freq = rope_inv_freq(cfg.head_size, cfg.rope_theta, cfg.rope_scaling).to(device)
         self.cos = self.sin = None
         self.max_len = 0
+        self.fused = False
 
     def build(self, max_len: int) -> None:
         if max_len <= self.max_len:
@@ -67,12 +79,20 @@ class Rotary(nn.Module):
         freqs = torch.arange(max_len, device=self.inv_freq.device, dtype=torch.float32)[:, None] * self.inv_freq[None]
         self.cos, self.sin, self.max_len = freqs.cos(), freqs.sin(), max_len
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """x ``[num_tokens, heads, head_size]``, positions ``[num_tokens]`` int64."""
+    def _rotate(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         cos = self.cos[positions].to(x.dtype)[:, None]  # [num_tokens, 1, head_size // 2]
         sin = self.sin[positions].to(x.dtype)[:, None]
         x1, x2 = x.chunk(2, dim=-1)
         return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor):
+        """q ``[num_tokens, num_q_heads, head_size]``, k ``[num_tokens, num_kv_heads, head_size]``,
+        positions ``[num_tokens]`` int64 -> rotated (q, k), new contiguous tensors."""
+        if self.fused:
+            from pagedattn.engine.kernels import rope
+
+            return rope(q, k, self.cos, self.sin, positions)
+        return self._rotate(q, positions), self._rotate(k, positions)
 
 
 class Attention(nn.Module):
@@ -96,8 +116,8 @@ class Attention(nn.Module):
         q, k, v = qkv.split([hq * d, hkv * d, hkv * d], dim=-1)
         q, k, v = q.view(n, hq, d), k.view(n, hkv, d), v.view(n, hkv, d)
         if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = rotary(q, positions), rotary(k, positions)
+            q, k = self.q_norm(q)[0], self.k_norm(k)[0]
+        q, k = rotary(q, k, positions)
         out = attn(self.layer, q, k, v, meta)  # [num_tokens, hq, d]
         return F.linear(out.view(n, hq * d), self.o_weight)
 
@@ -109,9 +129,15 @@ class MLP(nn.Module):
         super().__init__()
         self.gate_up_weight = _param(2 * cfg.intermediate_size, cfg.hidden_size, device=device, dtype=dtype)
         self.down_weight = _param(cfg.hidden_size, cfg.intermediate_size, device=device, dtype=dtype)
+        self.fused = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = F.linear(x, self.gate_up_weight).chunk(2, dim=-1)
+        gate_up = F.linear(x, self.gate_up_weight)
+        if self.fused:
+            from pagedattn.engine.kernels import silu_and_mul
+
+            return F.linear(silu_and_mul(gate_up), self.down_weight)
+        gate, up = gate_up.chunk(2, dim=-1)
         return F.linear(F.silu(gate) * up, self.down_weight)
 
 
@@ -123,18 +149,23 @@ class DecoderLayer(nn.Module):
         self.post_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, device=device, dtype=dtype)
         self.mlp = MLP(cfg, device=device, dtype=dtype)
 
-    def forward(self, x, positions, rotary, attn, meta):
-        x = x + self.attn(self.input_norm(x), positions, rotary, attn, meta)
-        return x + self.mlp(self.post_norm(x))
+    def forward(self, x, residual, positions, rotary, attn, meta):
+        """(x, residual) -> (this layer's MLP output, the residual stream before it)."""
+        h, residual = self.input_norm(x, residual)
+        h = self.attn(h, positions, rotary, attn, meta)
+        h, residual = self.post_norm(h, residual)
+        return self.mlp(h), residual
 
 
 class DecoderModel(nn.Module):
     """Embedding, decoder layers, final norm and lm_head (the embedding when tied).
 
     Parameters are allocated uninitialized; :mod:`pagedattn.engine.weights` fills them.
+    ``fused`` (default: on CUDA) runs the norms, RoPE and SiLU-and-multiply as Triton kernels
+    (:mod:`pagedattn.engine.kernels`) instead of several torch operations each.
     """
 
-    def __init__(self, cfg: ModelConfig, *, device="cpu", dtype=torch.float32):
+    def __init__(self, cfg: ModelConfig, *, device="cpu", dtype=torch.float32, fused: bool | None = None):
         super().__init__()
         self.config = cfg
         self.embed = _param(cfg.vocab_size, cfg.hidden_size, device=device, dtype=dtype)
@@ -145,6 +176,12 @@ class DecoderModel(nn.Module):
         self.lm_head = None if cfg.tie_word_embeddings else _param(cfg.vocab_size, cfg.hidden_size,
                                                                    device=device, dtype=dtype)
         self.rotary = Rotary(cfg, device=device)
+        self.set_fused(torch.device(device).type == "cuda" if fused is None else fused)
+
+    def set_fused(self, fused: bool) -> None:
+        for m in [self.norm, self.rotary] + [x for layer in self.layers for x in (
+                layer.input_norm, layer.post_norm, layer.mlp)]:
+            m.fused = fused
 
     @property
     def device(self) -> torch.device:
@@ -156,10 +193,10 @@ class DecoderModel(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn, meta) -> torch.Tensor:
         """input_ids, positions ``[num_tokens]`` int64 -> final hidden states ``[num_tokens, hidden]``."""
-        x = F.embedding(input_ids, self.embed)
+        x, residual = F.embedding(input_ids, self.embed), None
         for layer in self.layers:
-            x = layer(x, positions, self.rotary, attn, meta)
-        return self.norm(x)
+            x, residual = layer(x, residual, positions, self.rotary, attn, meta)
+        return self.norm(x, residual)[0]
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """``[n, hidden]`` -> ``[n, vocab_size]`` in the model's dtype."""
