@@ -89,7 +89,7 @@ def test_greedy_matches_transformers(tmp_path, kind):
 def test_continuous_batching_matches_alone(llama, attention, block_size, num_blocks):
     _, path = llama
     prompts = [prompt(n, seed=10 + n) for n in (5, 13, 22, 9)]
-    alone = LLM(path, device="cpu", max_model_len=48, attention=attention)
+    alone = LLM(path, device="cpu", max_model_len=48, attention="sdpa")  # fast; the backends agree (below)
     expected = [alone.generate([p], max_tokens=5)[0].token_ids for p in prompts]
     # 3 sequences at most, 8 tokens a step: prompts are chunked and mixed with decodes
     llm = LLM(path, device="cpu", max_model_len=48, attention=attention, max_num_seqs=3,
@@ -99,6 +99,34 @@ def test_continuous_batching_matches_alone(llama, attention, block_size, num_blo
     if num_blocks is not None:
         assert llm.engine.scheduler.num_preemptions > 0
     assert llm.engine.blocks.num_free_blocks == llm.config.num_blocks  # every page returned
+
+
+GRAPH_KW = dict(device="cpu", max_model_len=32, max_num_seqs=4, max_num_batched_tokens=10, cuda_graph_sizes=[2, 4])
+
+
+@pytest.fixture(scope="module")
+def graph_case(llama):
+    """Prompts and their eager tokens (SDPA: the backends agree, see test_attention_backends_agree)."""
+    _, path = llama
+    ps = [prompt(n, seed=20 + n) for n in (2, 5, 9)]
+    return ps, [o.token_ids for o in LLM(path, attention="sdpa", **GRAPH_KW).generate(ps, max_tokens=4)]
+
+
+@pytest.mark.parametrize("attention", ["pagedattn", "pagedattn-2d", "sdpa"])
+def test_graph_decode_path_matches_eager(llama, graph_case, attention):
+    """The CUDA-graph decode path (static buffers, bucket padding, persistent plan.update, the SDPA
+    row layout) with replays emulated by running the same forward, against eager decode."""
+    _, path = llama
+    ps, expected = graph_case
+    llm = LLM(path, attention=attention, **GRAPH_KW)
+    llm.engine.runner.capture_graphs(emulate=True)
+    llm.engine.step_records = []
+    got = [o.token_ids for o in llm.generate(ps, max_tokens=4)]
+    assert got == expected
+    graph_sizes = [r["num_seqs"] for r in llm.engine.step_records if r["graph"]]
+    assert 3 in graph_sizes and len(graph_sizes) >= 2  # 3 sequences padded to bucket 4
+    if attention == "pagedattn":
+        assert llm.engine.runner.graph_plan.path == "persistent"
 
 
 def test_attention_backends_agree(llama):

@@ -28,7 +28,7 @@ class ModelRunner:
         self.sampler = Sampler(self.device, ecfg.seed)
         self.pages_per_seq = -(-ecfg.max_model_len // ecfg.block_size)
         self.padding_row = ecfg.max_num_seqs
-        self.graphs: dict[int, tuple] = {}
+        self.graphs: dict = {}  # bucket size -> replay() returning the bucket's logits
         self.graph_note = "eager (CPU)" if self.device.type != "cuda" else "eager (enforce_eager)"
         self.time_forward = False
         self.last_forward_ms = None
@@ -140,8 +140,7 @@ class ModelRunner:
         s["block_table"][:bucket, :table.shape[1]].copy_(table, non_blocking=True)
         n = len(layout)
         self.attn.update_graph_plan(self.graph_plan, qsl[:n + 1], lens[:n])
-        graph, logits = self.graphs[bucket]
-        graph.replay()
+        logits = self.graphs[bucket]()
         self.last_used_graph = True
         return logits[select]
 
@@ -164,9 +163,13 @@ class ModelRunner:
         return self._forward(s["input_ids"][:size], meta)
 
     @torch.inference_mode()
-    def capture_graphs(self) -> None:
+    def capture_graphs(self, *, emulate: bool = False) -> None:
         """Capture one decode graph per bucket, largest first, sharing one memory pool. A failure
-        leaves the runner eager and says why in ``graph_note``."""
+        leaves the runner eager and says why in ``graph_note``.
+
+        ``emulate``: no capture; a "replay" runs the same forward over the static buffers (what
+        the CPU tests use to check the buffers, the padding and the plan updates of graph decode).
+        """
         sizes = sorted(self.ecfg.cuda_graph_sizes, reverse=True)
         top, dev = sizes[0], self.device
         self.static = {
@@ -179,6 +182,11 @@ class ModelRunner:
             "block_table": torch.zeros(top, self.pages_per_seq, dtype=torch.int32, device=dev),
         }
         self.graph_plan = self.attn.graph_plan(top)
+        self.graphs = {}
+        if emulate:
+            self.graphs = {size: (lambda size=size: self._graph_forward(size)) for size in sizes}
+            self.graph_note = f"emulated decode graphs for batch sizes {sorted(self.graphs)}"
+            return
         pool = None
         try:
             for size in sizes:
@@ -189,9 +197,17 @@ class ModelRunner:
                 with torch.cuda.graph(graph, pool=pool):
                     logits = self._graph_forward(size)
                 pool = graph.pool()
-                self.graphs[size] = (graph, logits)
+                self.graphs[size] = self._replayer(graph, logits)
             self.graph_note = f"decode CUDA graphs for batch sizes {sorted(self.graphs)}"
         except Exception as e:  # noqa: BLE001 - run eagerly and report why
             torch.cuda.synchronize()
             self.graphs = {}
             self.graph_note = f"eager decode (graph capture failed: {type(e).__name__}: {str(e)[:200]})"
+
+    @staticmethod
+    def _replayer(graph, logits):
+        def replay() -> torch.Tensor:
+            graph.replay()
+            return logits
+
+        return replay
