@@ -15,8 +15,6 @@ from pagedattn.engine import LLM
 
 pytestmark = pytest.mark.gpu
 
-transformers = pytest.importorskip("transformers")
-
 SHAPE = dict(vocab_size=512, hidden_size=512, intermediate_size=1024, num_hidden_layers=2, num_attention_heads=8,
              num_key_value_heads=2, head_dim=64, max_position_embeddings=1024, initializer_range=0.05,
              bos_token_id=None, eos_token_id=None, pad_token_id=None)
@@ -25,6 +23,7 @@ NEAR_TIE = 0.25  # logit gap under which two bf16 runs may pick different tokens
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
+    transformers = pytest.importorskip("transformers")
     path = tmp_path_factory.mktemp("gpu_llama")
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**SHAPE)).eval()
@@ -84,7 +83,7 @@ def test_attention_backends_agree_gpu(checkpoint):
             assert_same_or_near_tie(llms["pagedattn"], p, got.token_ids, exp.token_ids)
 
 
-def test_logits_match_transformers_bf16_gpu(checkpoint):
+def test_logits_match_transformers_bf16_gpu(checkpoint):  # transformers model in fp32 on the CPU
     ref_model, path = checkpoint
     ids = prompts([150], seed=3)[0]  # >= 128 tokens: the large-tile prefill kernel
     llm = LLM(path, device="cuda", dtype="bf16", max_model_len=256)
