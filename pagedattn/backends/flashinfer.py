@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib
+
 from pagedattn.backends.base import AttentionBackend
 
 
@@ -16,7 +18,7 @@ class FlashInferBackend(AttentionBackend):
 
     def unavailable_reason(self):
         try:
-            import flashinfer  # noqa: F401
+            importlib.import_module("flashinfer")
         except Exception as e:
             return f"flashinfer is not importable ({type(e).__name__}: {e})"
         return "flashinfer is installed, but pagedattn has no adapter for it yet"
