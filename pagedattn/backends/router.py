@@ -257,8 +257,9 @@ class RouterPlan:
     def workspace(self, name: str, shape, dtype: torch.dtype, device) -> torch.Tensor:
         """A per-step buffer, made at the first request (``plan`` makes the usual ones)."""
         buf = self.workspaces.get(name)
-        shape = tuple(shape)
-        if buf is None or tuple(buf.shape) != shape or buf.dtype != dtype or buf.device != torch.device(device):
+        shape, device = tuple(shape), torch.device(device)
+        same_device = buf is not None and buf.device.type == device.type and device.index in (None, buf.device.index)
+        if not same_device or tuple(buf.shape) != shape or buf.dtype != dtype:
             buf = self.workspaces[name] = torch.empty(shape, dtype=dtype, device=device)
         return buf
 
