@@ -98,29 +98,33 @@ class ModelRunner:
             hidden = hidden[select]
         return self.model.logits(hidden)
 
+    def _timed(self, fn):
+        """``fn()``; when ``time_forward`` is on (CUDA), its GPU time, from after the step's inputs
+        were enqueued, goes to ``last_forward_ms``."""
+        if not (self.time_forward and self.device.type == "cuda"):
+            return fn()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        out = fn()
+        end.record()
+        end.synchronize()
+        self.last_forward_ms = start.elapsed_time(end)
+        return out
+
     def forward(self, batch: ScheduledBatch, *, all_tokens: bool = False) -> torch.Tensor:
         """Logits ``[n, vocab]`` fp32: of each sampling sequence's last token in batch order, or
         (``all_tokens``) of every token of the batch."""
-        events = None
-        if self.time_forward and self.device.type == "cuda":
-            events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-            events[0].record()
         self.last_used_graph = False
+        self.last_forward_ms = None
         if batch.is_decode and not all_tokens:
-            logits = self._decode(batch)
-        else:
-            host = self._eager_inputs(batch)
-            ids, meta = self._metadata(host, plan=self.attn.step_plan(host[4], host[5]))
-            select = None
-            if not all_tokens:
-                select = torch.tensor([host[4][i + 1] - 1 for i in range(len(batch.seqs)) if batch.samples(i)],
-                                      dtype=torch.int64).to(self.device)
-            logits = self._forward(ids, meta, select)
-        if events is not None:
-            events[1].record()
-            events[1].synchronize()
-            self.last_forward_ms = events[0].elapsed_time(events[1])
-        return logits.float()
+            return self._decode(batch).float()
+        host = self._eager_inputs(batch)
+        ids, meta = self._metadata(host, plan=self.attn.step_plan(host[4], host[5]))
+        select = None
+        if not all_tokens:
+            select = torch.tensor([host[4][i + 1] - 1 for i in range(len(batch.seqs)) if batch.samples(i)],
+                                  dtype=torch.int64).to(self.device)
+        return self._timed(lambda: self._forward(ids, meta, select)).float()
 
     def _decode(self, batch: ScheduledBatch) -> torch.Tensor:
         layout = self.attn.decode_layout(batch.seqs)
@@ -130,7 +134,8 @@ class ModelRunner:
         if bucket is None:
             host = self._decode_inputs(layout, len(layout))
             ids, meta = self._metadata(host, plan=self.attn.step_plan(host[4], host[5]), decode_rows=len(layout))
-            return self._forward(ids, meta, torch.tensor(select, dtype=torch.int64).to(self.device))
+            select = torch.tensor(select, dtype=torch.int64).to(self.device)
+            return self._timed(lambda: self._forward(ids, meta, select))
         ids, pos, slots, rows, qsl, lens, table = self._decode_inputs(layout, bucket)
         s = self.static
         for name, values, dtype in (("input_ids", ids, torch.int64), ("positions", pos, torch.int64),
@@ -140,7 +145,7 @@ class ModelRunner:
         s["block_table"][:bucket, :table.shape[1]].copy_(table, non_blocking=True)
         n = len(layout)
         self.attn.update_graph_plan(self.graph_plan, qsl[:n + 1], lens[:n])
-        logits = self.graphs[bucket]()
+        logits = self._timed(self.graphs[bucket])
         self.last_used_graph = True
         return logits[select]
 
