@@ -144,14 +144,20 @@ def pick_tiles(max_query_len: int, num_queries_per_kv: int, head_size: int, *, f
     return Tiles(block_m, block_q, tile_n, num_warps, num_stages=2)
 
 
-def pick_prefill_tiles(head_size: int, dtype: torch.dtype) -> Tiles:
-    """Tiles of the large-tile prefill kernel: 128 query rows x 64 keys for heads up to 128."""
+def pick_prefill_tiles(head_size: int, dtype: torch.dtype, *, paged: bool = True) -> Tiles:
+    """Tiles of the large-tile prefill kernel (block_m query rows x tile_n keys), from the H200
+    sweeps (docs/perf-notes.md, experiment 10): 128 x 128 keys at 8 warps for head 128, 128 x 64
+    at 4 warps for head 64 and at 8 warps (2 stages: shared memory) for heads up to 256."""
     head_size_pad = max(16, triton.next_power_of_2(head_size))
     if _is_interpreter():
         return Tiles(32, 32, 32, 1, 1)
-    if dtype == torch.float32 or head_size_pad > 128:
+    if dtype == torch.float32:
         return Tiles(64, 64, 32, 4 if head_size_pad <= 64 else 8, 2)
-    return Tiles(128, 128, 64, 4 if head_size_pad <= 64 else 8, 3)
+    if head_size_pad <= 64:
+        return Tiles(128, 128, 64, 4, 3)
+    if head_size_pad <= 128:
+        return Tiles(128, 128, 128, 8, 3)
+    return Tiles(128, 128, 64, 8, 2)
 
 
 def choose_num_splits(num_q_blocks: int, num_kv_heads: int, max_query_len: int, max_seq_len: int, sms: int,

@@ -16,14 +16,42 @@ import torch
 import triton.testing
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from pagedattn.ops.prefill.kernel import prefill_attention_kernel
 from pagedattn.ops.prefill.launch import launch_prefill
 from pagedattn.ops.unified.launch import AttentionArgs
 from pagedattn.plan import Tiles, pick_prefill_tiles
 
-CONFIGS = [  # block_m, tile_n, warps, stages
-    (128, 64, 8, 3), (128, 128, 8, 3), (128, 128, 8, 2), (128, 64, 8, 4),
-    (128, 64, 4, 3), (64, 64, 4, 3), (64, 128, 4, 3), (128, 32, 8, 4),
-]
+CONFIGS = {  # head size -> [(block_m, tile_n, warps, stages)]
+    64: [(128, 64, 4, 3), (128, 128, 4, 3), (128, 128, 8, 3), (128, 64, 8, 3), (64, 64, 4, 3)],
+    128: [(128, 64, 8, 3), (128, 128, 8, 3), (128, 128, 8, 2), (128, 64, 8, 4),
+          (128, 64, 4, 3), (64, 64, 4, 3), (64, 128, 4, 3), (128, 32, 8, 4)],
+    256: [(64, 32, 8, 2), (64, 64, 8, 2), (128, 64, 8, 2), (64, 64, 4, 2), (128, 32, 8, 3), (64, 64, 8, 3)],
+}
+
+
+def parse_configs(text):
+    return [tuple(int(x) for x in c.split("x")) for c in text.split(",")] if text else None
+
+
+def new_kernels(seen: set, tag: str, dump_dir) -> list[dict]:
+    """Compiled variants of the prefill kernel not seen before: registers, spills, pipelining ops."""
+    fn = prefill_attention_kernel
+    while not hasattr(fn, "device_caches"):
+        fn = fn.fn
+    info = []
+    for cache, *_ in fn.device_caches.values():
+        for key, k in cache.items():
+            if id(k) in seen:
+                continue
+            seen.add(id(k))
+            ttgir = k.asm.get("ttgir", "")
+            info.append(dict(tag=tag, n_regs=k.n_regs, n_spills=k.n_spills, shared=k.metadata.shared,
+                             async_copies=ttgir.count("async_copy_global_to_local"),
+                             wgmma=ttgir.count("warp_group_dot"), dots=ttgir.count("tt.dot")))
+            if dump_dir:
+                with open(f"{dump_dir}/{tag.replace(' ', '_')}_{len(seen)}.ttgir", "w") as f:
+                    f.write(ttgir)
+    return info
 
 
 def flops(s: int, hq: int, d: int) -> float:
@@ -55,9 +83,13 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--lengths", default="2048,8192,32768")
     p.add_argument("--heads", default="128", help="head sizes; the sweep runs only at 128, others default tiles")
+    p.add_argument("--configs", default=None, help="e.g. 128x64x8x3,64x64x4x3 (block_m x tile_n x warps x stages)")
+    p.add_argument("--variants", default="contig,paged")
+    p.add_argument("--anchors", default="sdpa-cudnn,sdpa-flash")
+    p.add_argument("--dump", default=None, help="directory for the TTGIR of each compiled variant")
     p.add_argument("--json", default=None)
     a = p.parse_args(argv)
-    rows = []
+    rows, kinfo, seen = [], [], set()
     for d in [int(x) for x in a.heads.split(",")]:
         for s in [int(x) for x in a.lengths.split(",")]:
             hq, hkv = 32, 8
@@ -69,7 +101,8 @@ def main(argv=None) -> int:
                 ref = torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=True, enable_gqa=True)
             ref = ref[0].transpose(0, 1)
             fl = flops(s, hq, d)
-            for name, backend in (("sdpa-cudnn", SDPBackend.CUDNN_ATTENTION), ("sdpa-flash", SDPBackend.FLASH_ATTENTION)):
+            anchors = {"sdpa-cudnn": SDPBackend.CUDNN_ATTENTION, "sdpa-flash": SDPBackend.FLASH_ATTENTION}
+            for name, backend in [(n, anchors[n]) for n in a.anchors.split(",") if n]:
                 try:
                     def fn(backend=backend):
                         with sdpa_kernel(backend):
@@ -80,13 +113,13 @@ def main(argv=None) -> int:
                 except Exception as e:  # noqa: BLE001
                     rows.append(dict(d=d, s=s, provider=name, cfg="", error=str(e)[:200]))
                 print(rows[-1], flush=True)
-            configs = CONFIGS if d == 128 else []
+            configs = parse_configs(a.configs) or CONFIGS.get(d, [])
             default = pick_prefill_tiles(d, torch.bfloat16)
             configs = [(default.block_m, default.tile_n, default.num_warps, default.num_stages)] + \
                 [c for c in configs if c != (default.block_m, default.tile_n, default.num_warps, default.num_stages)]
             for bm, bn, w, st in configs:
                 tiles = Tiles(bm, bm, bn, w, st)
-                for variant in ("contig", "paged"):
+                for variant in a.variants.split(","):
                     out = torch.full_like(q, float("nan"))
                     if variant == "contig":
                         cu_k = qsl
@@ -106,10 +139,11 @@ def main(argv=None) -> int:
                     except Exception as e:  # noqa: BLE001
                         rows.append(dict(d=d, s=s, provider=f"pagedattn-{variant}", cfg=f"{bm}x{bn} w{w} s{st}",
                                          error=f"{type(e).__name__}: {str(e)[:200]}"))
-                    print(rows[-1], flush=True)
+                    kinfo += new_kernels(seen, f"d{d} {variant} {bm}x{bn} w{w} s{st}", a.dump)
+                    print(rows[-1], kinfo[-1] if kinfo else "", flush=True)
     if a.json:
         with open(a.json, "w") as f:
-            json.dump(rows, f, indent=1)
+            json.dump({"rows": rows, "kernels": kinfo}, f, indent=1)
     print("\n| head | S | provider | config | us | TFLOP/s | max err |")
     print("|---|---|---|---|---|---|---|")
     for r in rows:
@@ -118,6 +152,11 @@ def main(argv=None) -> int:
         else:
             print(f"| {r['d']} | {r['s']} | {r['provider']} | {r['cfg']} | {r['us']:.0f} | {r['tflops']:.0f} | "
                   f"{r.get('max_err', 0):.3g} |")
+    print("\n| kernel | regs | spills | smem | async copies | wgmma | dots |")
+    print("|---|---|---|---|---|---|---|")
+    for k in kinfo:
+        print(f"| {k['tag']} | {k['n_regs']} | {k['n_spills']} | {k['shared']} | {k['async_copies']} | {k['wgmma']} | "
+              f"{k['dots']} |")
     return 0
 
 

@@ -41,7 +41,7 @@ def main(argv=None) -> int:
         base_plan = plan_attention(inputs.query_start_loc.cpu(), inputs.seq_lens.cpu(), num_q_heads=q.shape[1],
                                    num_kv_heads=inputs.k_cache.shape[2], head_size=q.shape[2], device=device)
         ref = paged_attention(*inputs.paged_args(), plan=base_plan, **inputs.paged_kwargs())
-        split_list = [None] if args.splits == "auto" else [int(s) for s in args.splits.split(",")]
+        split_list = [None if s == "auto" else int(s) for s in args.splits.split(",")]
         best = None
         for tile_n, warps, stages, splits in itertools.product(
             [int(x) for x in args.tile_n.split(",")], [int(x) for x in args.warps.split(",")],

@@ -63,6 +63,21 @@ def test_paged_prefill_path(feature, path):
     assert_matches_reference(out, lse, ref_out, ref_lse)
 
 
+@pytest.mark.parametrize("block_size", [1, 3])
+def test_paged_prefill_several_block_table_chunks(block_size):
+    # small pages: the kernel reads the block table in several chunks per program (one at 1-token pages
+    # holds a single tile), and at 3-token pages chunks start inside a page
+    g = torch.Generator().manual_seed(block_size)
+    batch = make_paged_batch([(300, 420), (129, 129)], num_q_heads=2, num_kv_heads=1, head_size=16,
+                             block_size=block_size, dtype=torch.float32, device=DEVICE, generator=g)
+    plan = plan_attention(batch.query_start_loc, batch.seq_lens, num_q_heads=2, num_kv_heads=1, head_size=16,
+                          device=DEVICE, path="prefill", dtype=torch.float32)
+    out = torch.full_like(batch.q, float("nan"))
+    out, lse = paged_attention(*batch.args(), out=out, return_lse=True, plan=plan, sliding_window=350)
+    ref_out, ref_lse = paged_attention_ref(*batch.args(), sliding_window=350)
+    assert_matches_reference(out, lse, ref_out, ref_lse)
+
+
 def test_varlen_rejects_bad_input():
     q = torch.randn(5, 4, 32).half()
     k = torch.randn(5, 2, 32).half()

@@ -63,6 +63,8 @@ def test_features(feature, batch_kind, dtype):
         pytest.param(2, 1, 160, 16, id="head160"),
         pytest.param(2, 1, 192, 32, id="head192"),
         pytest.param(2, 1, 256, 16, id="head256"),
+        pytest.param(2, 1, 32, 1, id="page1"),  # one tile per block-table chunk
+        pytest.param(2, 1, 32, 3, id="page3"),  # chunks that start inside a page
     ],
 )
 def test_shapes(num_q_heads, num_kv_heads, head_size, block_size):
@@ -72,6 +74,14 @@ def test_shapes(num_q_heads, num_kv_heads, head_size, block_size):
         head_size=head_size, block_size=block_size, dtype=torch.float16, device=DEVICE, generator=g,
     )
     run_and_compare(batch, {}, dtype=torch.float16)
+
+
+def test_several_block_table_chunks():
+    """Sequences longer than one chunk of block-table ids (1024 keys at 16-token pages)."""
+    g = torch.Generator().manual_seed(11)
+    batch = make_paged_batch([(1, 2100), (5, 1030), (1, 961)], num_q_heads=2, num_kv_heads=1, head_size=16,
+                             block_size=16, dtype=torch.float32, device=DEVICE, generator=g)
+    run_and_compare(batch, {"sliding_window": 1500}, dtype=torch.float32)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=["fp16", "fp32"])

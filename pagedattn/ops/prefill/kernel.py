@@ -19,7 +19,21 @@ from pagedattn.ops.common.attention_math import (
     online_softmax_step,
     score_mods,
 )
-from pagedattn.ops.unified.program import init_softmax_state, prefix_visible, visible_kv_bounds
+from pagedattn.ops.unified.program import (
+    init_softmax_state,
+    load_page_chunk,
+    page_of_keys,
+    prefix_visible,
+    visible_kv_bounds,
+)
+
+
+@triton.constexpr_function
+def _keys_per_chunk(paged, chunk_pages, page_size, block_n):
+    """Keys per block-table chunk (see ``load_page_chunk``); contiguous K/V: one chunk."""
+    if not paged:
+        return 2**30
+    return max((chunk_pages - 1) * page_size // block_n, 1) * block_n
 
 
 @triton.jit
@@ -30,6 +44,7 @@ def _key_tiles(
     stride_k_b, stride_k_s, stride_k_h, stride_v_b, stride_v_s, stride_v_h,
     stride_pr_s, stride_pr_r, num_prefix_ranges, scale, qk_scale, softcap, sliding_window,
     HEAD_SIZE: tl.constexpr, HEAD_SIZE_PAD: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
+    CHUNK_PAGES: tl.constexpr,
     IS_CAUSAL: tl.constexpr, USE_SOFTCAP: tl.constexpr, ALIBI_MODE: tl.constexpr, DOT_PRECISION: tl.constexpr,
     USE_PREFIX: tl.constexpr, KV_FP8: tl.constexpr, PAGED: tl.constexpr, MASKED: tl.constexpr,
 ):
@@ -40,54 +55,59 @@ def _key_tiles(
     offs_d = tl.arange(0, HEAD_SIZE_PAD)
     offs_n = tl.arange(0, BLOCK_N)
     dim_ok = offs_d < HEAD_SIZE
-    for start in range(start_lo, start_hi, BLOCK_N):
-        k_pos = start + offs_n
-        k_ok = (k_pos >= kv_lo) & (k_pos < kv_hi)
+    CHUNK_KEYS: tl.constexpr = _keys_per_chunk(PAGED, CHUNK_PAGES, PAGE_SIZE, BLOCK_N)
+    for chunk_lo in range(start_lo, start_hi, CHUNK_KEYS):  # one chunk for contiguous K/V
         if PAGED:
-            k_ok = k_ok & (k_pos // PAGE_SIZE < max_blocks_per_seq)
-            page = tl.load(block_row_ptr + k_pos // PAGE_SIZE, mask=k_ok, other=0).to(tl.int64)
-            page_ok = (page >= 0) & (page < num_blocks)  # out-of-cache ids: masked, never read
-            in_page = (k_pos % PAGE_SIZE).to(tl.int64)
-            k_off = page * stride_k_b + in_page * stride_k_s + kv_head * stride_k_h
-            v_off = page * stride_v_b + in_page * stride_v_s + kv_head * stride_v_h
-        else:
-            page_ok = k_ok
-            row = (k_row_start + k_pos).to(tl.int64)
-            k_off = row * stride_k_s + kv_head * stride_k_h
-            v_off = row * stride_v_s + kv_head * stride_v_h
-        if MASKED or PAGED:
-            load_ok = k_ok & page_ok
-            k = tl.load(k_ptr + k_off[None, :] + offs_d[:, None], mask=dim_ok[:, None] & load_ok[None, :], other=0.0)
-            v = tl.load(v_ptr + v_off[:, None] + offs_d[None, :], mask=load_ok[:, None] & dim_ok[None, :], other=0.0)
-        else:
-            k = tl.load(k_ptr + k_off[None, :] + offs_d[:, None], mask=dim_ok[:, None], other=0.0)
-            v = tl.load(v_ptr + v_off[:, None] + offs_d[None, :], mask=dim_ok[None, :], other=0.0)
-        if KV_FP8:
-            k = (k.to(tl.float32) * k_scale).to(q.dtype)
-            v = (v.to(tl.float32) * v_scale).to(q.dtype)
-        qk = tl.dot(q, k, input_precision=DOT_PRECISION)  # [BLOCK_M, BLOCK_N]
-        if USE_SOFTCAP or ALIBI_MODE != 0:
-            s = score_mods(qk * scale, q_pos, k_pos, softcap, slope, USE_SOFTCAP, ALIBI_MODE) * LOG2E
-        else:
-            s = qk * qk_scale  # scale and log2(e) in one multiply
-        if MASKED:
-            vis = causal_window_mask(q_pos, k_pos, sliding_window, IS_CAUSAL)
-            if USE_PREFIX:
-                vis = vis | prefix_visible(prefix_ranges_ptr, seq, stride_pr_s, stride_pr_r, num_prefix_ranges,
-                                           q_pos, k_pos)
-            vis = vis & (k_ok & page_ok)[None, :] & row_ok[:, None]
-            p, alpha, m_i, l_i = online_softmax_step(m_i, l_i, tl.where(vis, s, float("-inf")))
-        elif PAGED:
-            p, alpha, m_i, l_i = online_softmax_step(m_i, l_i, tl.where(page_ok[None, :], s, float("-inf")))
-        else:
-            # every key of the tile is visible to every row: the scores are finite, so the new
-            # max is finite and needs no -inf guard
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            p = tl.exp2(s - m_new[:, None])
-            alpha = tl.exp2(m_i - m_new)
-            l_i = l_i * alpha + tl.sum(p, 1)
-            m_i = m_new
-        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
+            first_page, pages = load_page_chunk(block_row_ptr, chunk_lo, max_blocks_per_seq, PAGE_SIZE, CHUNK_PAGES)
+        for start in range(chunk_lo, tl.minimum(chunk_lo + CHUNK_KEYS, start_hi), BLOCK_N):
+            k_pos = start + offs_n
+            k_ok = (k_pos >= kv_lo) & (k_pos < kv_hi)
+            if PAGED:
+                page = page_of_keys(pages, first_page, k_pos, PAGE_SIZE).to(tl.int64)
+                page_ok = (page >= 0) & (page < num_blocks)  # out-of-cache ids: masked, never read
+                in_page = (k_pos % PAGE_SIZE).to(tl.int64)
+                k_off = page * stride_k_b + in_page * stride_k_s + kv_head * stride_k_h
+                v_off = page * stride_v_b + in_page * stride_v_s + kv_head * stride_v_h
+            else:
+                page_ok = k_ok
+                row = (k_row_start + k_pos).to(tl.int64)
+                k_off = row * stride_k_s + kv_head * stride_k_h
+                v_off = row * stride_v_s + kv_head * stride_v_h
+            if MASKED or PAGED:
+                load_ok = k_ok & page_ok
+                k = tl.load(k_ptr + k_off[None, :] + offs_d[:, None], mask=dim_ok[:, None] & load_ok[None, :],
+                            other=0.0)
+                v = tl.load(v_ptr + v_off[:, None] + offs_d[None, :], mask=load_ok[:, None] & dim_ok[None, :],
+                            other=0.0)
+            else:
+                k = tl.load(k_ptr + k_off[None, :] + offs_d[:, None], mask=dim_ok[:, None], other=0.0)
+                v = tl.load(v_ptr + v_off[:, None] + offs_d[None, :], mask=dim_ok[None, :], other=0.0)
+            if KV_FP8:
+                k = (k.to(tl.float32) * k_scale).to(q.dtype)
+                v = (v.to(tl.float32) * v_scale).to(q.dtype)
+            qk = tl.dot(q, k, input_precision=DOT_PRECISION)  # [BLOCK_M, BLOCK_N]
+            if USE_SOFTCAP or ALIBI_MODE != 0:
+                s = score_mods(qk * scale, q_pos, k_pos, softcap, slope, USE_SOFTCAP, ALIBI_MODE) * LOG2E
+            else:
+                s = qk * qk_scale  # scale and log2(e) in one multiply
+            if MASKED:
+                vis = causal_window_mask(q_pos, k_pos, sliding_window, IS_CAUSAL)
+                if USE_PREFIX:
+                    vis = vis | prefix_visible(prefix_ranges_ptr, seq, stride_pr_s, stride_pr_r, num_prefix_ranges,
+                                               q_pos, k_pos)
+                vis = vis & (k_ok & page_ok)[None, :] & row_ok[:, None]
+                p, alpha, m_i, l_i = online_softmax_step(m_i, l_i, tl.where(vis, s, float("-inf")))
+            elif PAGED:
+                p, alpha, m_i, l_i = online_softmax_step(m_i, l_i, tl.where(page_ok[None, :], s, float("-inf")))
+            else:
+                # every key of the tile is visible to every row: the scores are finite, so the new
+                # max is finite and needs no -inf guard
+                m_new = tl.maximum(m_i, tl.max(s, 1))
+                p = tl.exp2(s - m_new[:, None])
+                alpha = tl.exp2(m_i - m_new)
+                l_i = l_i * alpha + tl.sum(p, 1)
+                m_i = m_new
+            acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
     return m_i, l_i, acc
 
 
@@ -134,6 +154,7 @@ def prefill_attention_kernel(
     PAGE_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    CHUNK_PAGES: tl.constexpr,
     IS_CAUSAL: tl.constexpr,
     USE_SOFTCAP: tl.constexpr,
     ALIBI_MODE: tl.constexpr,
@@ -214,7 +235,7 @@ def prefill_attention_kernel(
         prefix_ranges_ptr, seq, kv_head, first_tile, full_lo, kv_lo, kv_hi, num_blocks, max_blocks_per_seq,
         stride_k_b, stride_k_s, stride_k_h, stride_v_b, stride_v_s, stride_v_h,
         stride_pr_s, stride_pr_r, num_prefix_ranges, scale, qk_scale, softcap, sliding_window,
-        HEAD_SIZE, HEAD_SIZE_PAD, PAGE_SIZE, BLOCK_N, IS_CAUSAL, USE_SOFTCAP, ALIBI_MODE, DOT_PRECISION,
+        HEAD_SIZE, HEAD_SIZE_PAD, PAGE_SIZE, BLOCK_N, CHUNK_PAGES, IS_CAUSAL, USE_SOFTCAP, ALIBI_MODE, DOT_PRECISION,
         USE_PREFIX, KV_FP8, PAGED, True,
     )
     m_i, l_i, acc = _key_tiles(
@@ -222,7 +243,7 @@ def prefill_attention_kernel(
         prefix_ranges_ptr, seq, kv_head, full_lo, full_hi, kv_lo, kv_hi, num_blocks, max_blocks_per_seq,
         stride_k_b, stride_k_s, stride_k_h, stride_v_b, stride_v_s, stride_v_h,
         stride_pr_s, stride_pr_r, num_prefix_ranges, scale, qk_scale, softcap, sliding_window,
-        HEAD_SIZE, HEAD_SIZE_PAD, PAGE_SIZE, BLOCK_N, IS_CAUSAL, USE_SOFTCAP, ALIBI_MODE, DOT_PRECISION,
+        HEAD_SIZE, HEAD_SIZE_PAD, PAGE_SIZE, BLOCK_N, CHUNK_PAGES, IS_CAUSAL, USE_SOFTCAP, ALIBI_MODE, DOT_PRECISION,
         USE_PREFIX, KV_FP8, PAGED, False,
     )
     m_i, l_i, acc = _key_tiles(
@@ -230,7 +251,7 @@ def prefill_attention_kernel(
         prefix_ranges_ptr, seq, kv_head, full_hi, kv_hi, kv_lo, kv_hi, num_blocks, max_blocks_per_seq,
         stride_k_b, stride_k_s, stride_k_h, stride_v_b, stride_v_s, stride_v_h,
         stride_pr_s, stride_pr_r, num_prefix_ranges, scale, qk_scale, softcap, sliding_window,
-        HEAD_SIZE, HEAD_SIZE_PAD, PAGE_SIZE, BLOCK_N, IS_CAUSAL, USE_SOFTCAP, ALIBI_MODE, DOT_PRECISION,
+        HEAD_SIZE, HEAD_SIZE_PAD, PAGE_SIZE, BLOCK_N, CHUNK_PAGES, IS_CAUSAL, USE_SOFTCAP, ALIBI_MODE, DOT_PRECISION,
         USE_PREFIX, KV_FP8, PAGED, True,
     )
     out, lse = finalize_softmax(acc, m_i, l_i)

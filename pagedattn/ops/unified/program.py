@@ -153,6 +153,32 @@ def init_softmax_state(sinks_ptr, head, row_ok, with_sink,
     return m_i, l_i, acc
 
 
+@triton.constexpr_function
+def chunk_keys(chunk_pages, page_size, tile_n):
+    """Keys per chunk: whole tiles whose pages always fit in ``chunk_pages`` ids, wherever the chunk starts."""
+    return max((chunk_pages - 1) * page_size // tile_n, 1) * tile_n
+
+
+@triton.jit
+def load_page_chunk(block_row_ptr, chunk_lo, max_blocks_per_seq, PAGE_SIZE: tl.constexpr, CHUNK_PAGES: tl.constexpr):
+    """(first page index, the CHUNK_PAGES block ids from there; -1 past the table's row).
+
+    Reading the ids once per chunk, outside the tile loop, keeps the K/V addresses of a tile
+    free of a load in the same iteration, so the compiler's pipeliner can issue K/V loads
+    stages ahead as it does for contiguous K/V.
+    """
+    first_page = chunk_lo // PAGE_SIZE
+    idx = first_page + tl.arange(0, CHUNK_PAGES)
+    pages = tl.load(block_row_ptr + idx, mask=(idx >= 0) & (idx < max_blocks_per_seq), other=-1)
+    return first_page, pages
+
+
+@triton.jit
+def page_of_keys(pages, first_page, k_pos, PAGE_SIZE: tl.constexpr):
+    """The block id of each key position (int32), gathered from a chunk's ids in registers."""
+    return tl.gather(pages, k_pos // PAGE_SIZE - first_page, 0)
+
+
 @triton.jit
 def attend_kv_range(
     q, m_i, l_i, acc, q_pos, row_ok, slope, k_scale, v_scale,
@@ -163,59 +189,63 @@ def attend_kv_range(
     stride_pr_s, stride_pr_r, num_prefix_ranges,
     scale, softcap, sliding_window,
     HEAD_SIZE: tl.constexpr, HEAD_SIZE_PAD: tl.constexpr, PAGE_SIZE: tl.constexpr,
-    TILE_N: tl.constexpr, IS_CAUSAL: tl.constexpr, USE_SOFTCAP: tl.constexpr,
+    TILE_N: tl.constexpr, CHUNK_PAGES: tl.constexpr, IS_CAUSAL: tl.constexpr, USE_SOFTCAP: tl.constexpr,
     ALIBI_MODE: tl.constexpr, DOT_PRECISION: tl.constexpr, USE_PREFIX: tl.constexpr,
     KV_FP8: tl.constexpr,
 ):
     """Online softmax over keys [max(tile_lo, kv_lo), kv_hi) in TILE_N steps from ``tile_lo``.
 
     Each key is found through the block table: position k lives in physical block
-    ``block_row[k // PAGE_SIZE]`` at slot ``k % PAGE_SIZE``. A key whose page lies past the
-    table's row or whose block id lies outside [0, num_blocks) is masked, never dereferenced.
+    ``block_row[k // PAGE_SIZE]`` at slot ``k % PAGE_SIZE``. The table is read a chunk of
+    CHUNK_PAGES ids at a time, outside the tile loop (see ``load_page_chunk``). A key whose page
+    lies past the table's row or whose block id lies outside [0, num_blocks) is masked, never
+    dereferenced.
     """
     offs_d = tl.arange(0, HEAD_SIZE_PAD)
     offs_n = tl.arange(0, TILE_N)
     dim_ok = offs_d < HEAD_SIZE
-    for start in range(tile_lo, kv_hi, TILE_N):
-        k_pos = start + offs_n  # [TILE_N]
-        k_ok = (k_pos >= kv_lo) & (k_pos < kv_hi) & (k_pos // PAGE_SIZE < max_blocks_per_seq)
-        page = tl.load(block_row_ptr + k_pos // PAGE_SIZE, mask=k_ok, other=0).to(tl.int64)
-        # Keys whose block id lies outside the cache are masked, never dereferenced. (Clamping
-        # the id and zeroing V instead measured 1.7x slower: the select between V's load and the
-        # dot costs the async-copy pipeline; docs/perf-notes.md, experiment 6.)
-        k_ok = k_ok & (page >= 0) & (page < num_blocks)
-        in_page = (k_pos % PAGE_SIZE).to(tl.int64)
-        k_off = page * stride_k_b + in_page * stride_k_s + kv_head * stride_k_h
-        v_off = page * stride_v_b + in_page * stride_v_s + kv_head * stride_v_h
-        k = tl.load(
-            k_cache_ptr + k_off[None, :] + offs_d[:, None],
-            mask=dim_ok[:, None] & k_ok[None, :],
-            other=0.0,
-        )  # [HEAD_SIZE_PAD, TILE_N]
-        v = tl.load(
-            v_cache_ptr + v_off[:, None] + offs_d[None, :],
-            mask=k_ok[:, None] & dim_ok[None, :],
-            other=0.0,
-        )  # [TILE_N, HEAD_SIZE_PAD]
-        if KV_FP8:
-            k = (k.to(tl.float32) * k_scale).to(q.dtype)
-            v = (v.to(tl.float32) * v_scale).to(q.dtype)
+    CHUNK_KEYS: tl.constexpr = chunk_keys(CHUNK_PAGES, PAGE_SIZE, TILE_N)
+    for chunk_lo in range(tile_lo, kv_hi, CHUNK_KEYS):
+        first_page, pages = load_page_chunk(block_row_ptr, chunk_lo, max_blocks_per_seq, PAGE_SIZE, CHUNK_PAGES)
+        for start in range(chunk_lo, tl.minimum(chunk_lo + CHUNK_KEYS, kv_hi), TILE_N):
+            k_pos = start + offs_n  # [TILE_N]
+            page = page_of_keys(pages, first_page, k_pos, PAGE_SIZE).to(tl.int64)
+            # Keys whose block id lies outside the cache are masked, never dereferenced. (Clamping
+            # the id and zeroing V instead measured 1.7x slower: the select between V's load and
+            # the dot costs the async-copy pipeline; docs/perf-notes.md, experiment 6.)
+            k_ok = (k_pos >= kv_lo) & (k_pos < kv_hi) & (page >= 0) & (page < num_blocks)
+            in_page = (k_pos % PAGE_SIZE).to(tl.int64)
+            k_off = page * stride_k_b + in_page * stride_k_s + kv_head * stride_k_h
+            v_off = page * stride_v_b + in_page * stride_v_s + kv_head * stride_v_h
+            k = tl.load(
+                k_cache_ptr + k_off[None, :] + offs_d[:, None],
+                mask=dim_ok[:, None] & k_ok[None, :],
+                other=0.0,
+            )  # [HEAD_SIZE_PAD, TILE_N]
+            v = tl.load(
+                v_cache_ptr + v_off[:, None] + offs_d[None, :],
+                mask=k_ok[:, None] & dim_ok[None, :],
+                other=0.0,
+            )  # [TILE_N, HEAD_SIZE_PAD]
+            if KV_FP8:
+                k = (k.to(tl.float32) * k_scale).to(q.dtype)
+                v = (v.to(tl.float32) * v_scale).to(q.dtype)
 
-        qk = tl.dot(q, k, input_precision=DOT_PRECISION)  # [BLOCK_M, TILE_N]
-        if USE_SOFTCAP or ALIBI_MODE != 0:
-            s = score_mods(qk * scale, q_pos, k_pos, softcap, slope, USE_SOFTCAP, ALIBI_MODE) * LOG2E
-        else:
-            s = qk * (scale * LOG2E)  # scale and log2(e) in one multiply
-        vis = causal_window_mask(q_pos, k_pos, sliding_window, IS_CAUSAL)
-        if USE_PREFIX:
-            vis = vis | prefix_visible(
-                prefix_ranges_ptr, seq, stride_pr_s, stride_pr_r, num_prefix_ranges, q_pos, k_pos
-            )
-        vis = vis & k_ok[None, :] & row_ok[:, None]
-        s = tl.where(vis, s, float("-inf"))
+            qk = tl.dot(q, k, input_precision=DOT_PRECISION)  # [BLOCK_M, TILE_N]
+            if USE_SOFTCAP or ALIBI_MODE != 0:
+                s = score_mods(qk * scale, q_pos, k_pos, softcap, slope, USE_SOFTCAP, ALIBI_MODE) * LOG2E
+            else:
+                s = qk * (scale * LOG2E)  # scale and log2(e) in one multiply
+            vis = causal_window_mask(q_pos, k_pos, sliding_window, IS_CAUSAL)
+            if USE_PREFIX:
+                vis = vis | prefix_visible(
+                    prefix_ranges_ptr, seq, stride_pr_s, stride_pr_r, num_prefix_ranges, q_pos, k_pos
+                )
+            vis = vis & k_ok[None, :] & row_ok[:, None]
+            s = tl.where(vis, s, float("-inf"))
 
-        p, alpha, m_i, l_i = online_softmax_step(m_i, l_i, s)
-        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
+            p, alpha, m_i, l_i = online_softmax_step(m_i, l_i, s)
+            acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
     return m_i, l_i, acc
 
 
@@ -230,7 +260,7 @@ def attend_segment(
     stride_bt_s, stride_pr_s, stride_pr_r,
     scale, softcap, sliding_window, num_tokens, num_blocks, max_blocks_per_seq, num_prefix_ranges,
     NUM_QUERIES_PER_KV: tl.constexpr, HEAD_SIZE: tl.constexpr, HEAD_SIZE_PAD: tl.constexpr,
-    PAGE_SIZE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, TILE_N: tl.constexpr,
+    PAGE_SIZE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, TILE_N: tl.constexpr, CHUNK_PAGES: tl.constexpr,
     IS_CAUSAL: tl.constexpr, USE_SOFTCAP: tl.constexpr, ALIBI_MODE: tl.constexpr,
     DOT_PRECISION: tl.constexpr, USE_SINKS: tl.constexpr, USE_PREFIX: tl.constexpr, KV_FP8: tl.constexpr,
 ):
@@ -281,7 +311,7 @@ def attend_segment(
         seq, kv_head, tile_lo, kv_lo, seg_end, num_blocks, max_blocks_per_seq,
         stride_k_b, stride_k_s, stride_k_h, stride_v_b, stride_v_s, stride_v_h,
         stride_pr_s, stride_pr_r, num_prefix_ranges, scale, softcap, sliding_window,
-        HEAD_SIZE, HEAD_SIZE_PAD, PAGE_SIZE, TILE_N, IS_CAUSAL, USE_SOFTCAP, ALIBI_MODE,
+        HEAD_SIZE, HEAD_SIZE_PAD, PAGE_SIZE, TILE_N, CHUNK_PAGES, IS_CAUSAL, USE_SOFTCAP, ALIBI_MODE,
         DOT_PRECISION, USE_PREFIX, KV_FP8,
     )
     out, lse = finalize_softmax(acc, m_i, l_i)
