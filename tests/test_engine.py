@@ -249,6 +249,8 @@ def test_bad_input(tmp_path, capsys):
         llm.generate([""], max_tokens=2)
     with pytest.raises(ValueError, match="token ids must lie in"):
         llm.generate([[0, 300]], max_tokens=2)
+    with pytest.raises(ValueError, match="exceeds max_model_len"):
+        llm.generate(["ok", "y" * 40], max_tokens=2)  # nothing queued when any prompt is bad
     assert not llm.engine.scheduler.has_unfinished()
     assert main(["generate", "--model", "nope", "--prompt", "hi"]) == 2
     assert "model 'nope' is neither a preset" in capsys.readouterr().err

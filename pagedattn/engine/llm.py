@@ -79,10 +79,16 @@ class Engine:
             self.runner = ModelRunner(model, mcfg, ecfg)
         self.step_records: list | None = None  # a list: record every step's timing
 
-    def add(self, token_ids, params: SamplingParams) -> Sequence:
+    def _new_sequence(self, token_ids, params: SamplingParams) -> Sequence:
         seq = Sequence(token_ids, params)
         if any(not 0 <= t < self.mcfg.vocab_size for t in seq.token_ids):
             raise ValueError(f"prompt token ids must lie in [0, {self.mcfg.vocab_size})")
+        self.scheduler.check(seq)
+        return seq
+
+    def add(self, token_ids, params: SamplingParams) -> Sequence:
+        """Queue one request (ValueError for bad input); :meth:`step` runs it."""
+        seq = self._new_sequence(token_ids, params)
         self.scheduler.add(seq)
         return seq
 
@@ -123,11 +129,11 @@ class Engine:
                 progress(n)
 
     def generate(self, prompts_token_ids, params: list[SamplingParams], progress=None) -> list[Sequence]:
+        seqs = [self._new_sequence(ids, p) for ids, p in zip(prompts_token_ids, params)]  # all checked first
         start = time.perf_counter()
-        seqs = []
-        for ids, p in zip(prompts_token_ids, params):
-            seqs.append(self.add(ids, p))
-            seqs[-1].arrival_time = start
+        for seq in seqs:
+            seq.arrival_time = start
+            self.scheduler.add(seq)
         self.run(seqs, progress)
         return seqs
 

@@ -57,6 +57,12 @@ class Scheduler:
 
     def add(self, seq: Sequence) -> None:
         """Queue a sequence; ValueError when it could never fit (``max_model_len``, ``num_blocks``)."""
+        self.check(seq)
+        seq.arrival_time = seq.arrival_time or time.perf_counter()
+        self.waiting.append(seq)
+
+    def check(self, seq: Sequence) -> None:
+        """ValueError when ``seq`` could never run: empty, or longer than the cache allows."""
         total = seq.num_prompt_tokens + seq.params.max_tokens
         if seq.num_prompt_tokens == 0:
             raise ValueError("prompt is empty: at least one token is needed")
@@ -66,8 +72,6 @@ class Scheduler:
         if -(-total // self.blocks.block_size) > self.blocks.num_blocks:
             raise ValueError(f"prompt of {seq.num_prompt_tokens} tokens + max_tokens {seq.params.max_tokens} "
                              f"needs more KV-cache pages than num_blocks {self.blocks.num_blocks}")
-        seq.arrival_time = seq.arrival_time or time.perf_counter()
-        self.waiting.append(seq)
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
