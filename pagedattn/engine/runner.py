@@ -69,7 +69,8 @@ class ModelRunner:
         for r, seq in enumerate(layout):
             if seq is not None:
                 p = seq.num_computed
-                ids[r], pos[r], slots[r], rows[r], lens[r] = seq.token_ids[p], p, self._slots(seq, p, 1)[0], seq.slot, p + 1
+                ids[r], pos[r], rows[r], lens[r] = seq.token_ids[p], p, seq.slot, p + 1
+                slots[r] = self._slots(seq, p, 1)[0]
             qsl[r + 1] = qsl[r] + (seq is not None)
         for r in range(len(layout), size):
             qsl[r + 1] = qsl[r]
