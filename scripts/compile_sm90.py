@@ -1,0 +1,95 @@
+"""Compile the prefill kernel for sm90 without a GPU and report what the compiler made of it.
+
+``python scripts/compile_sm90.py --paged --tiles 128x128x8x3 [--dump DIR]`` prints registers,
+spills, shared memory and the pipelining ops of the TTGIR (async copies, waits, wgmma). Triton
+ships ptxas, so this runs on a CPU-only machine: a quick check of a kernel change's structure
+before spending GPU time on timing it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from pagedattn.ops.prefill.kernel import prefill_attention_kernel
+from pagedattn.ops.unified.launch import chunk_pages
+
+
+def base_fn(fn):
+    from triton.runtime.jit import JITFunction
+
+    while not isinstance(fn, JITFunction):
+        fn = fn.fn
+    return fn
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--paged", action="store_true")
+    p.add_argument("--tiles", default="128x128x8x3", help="block_m x tile_n x warps x stages")
+    p.add_argument("--head", type=int, default=128)
+    p.add_argument("--page", type=int, default=16)
+    p.add_argument("--dump", default=None)
+    a = p.parse_args(argv)
+    bm, bn, warps, stages = (int(x) for x in a.tiles.split("x"))
+    fn = base_fn(prefill_attention_kernel)
+    ptrs = {"out_ptr": "*bf16", "q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "kv_lens_ptr": "*i32",
+            "cu_seqlens_q_ptr": "*i32", "block_table_ptr": "*i32" if a.paged else "constexpr"}
+    none_ptrs = ["lse_ptr", "sinks_ptr", "alibi_slopes_ptr", "prefix_ranges_ptr", "k_scale_ptr", "v_scale_ptr"]
+    floats = {"scale", "softcap"}
+    constexprs = dict(
+        NUM_QUERIES_PER_KV=4, HEAD_SIZE=a.head, HEAD_SIZE_PAD=a.head, PAGE_SIZE=a.page if a.paged else 1,
+        BLOCK_M=bm, BLOCK_N=bn, CHUNK_PAGES=chunk_pages(a.page, bn, target_keys=2048) if a.paged else 2,
+        IS_CAUSAL=True, USE_SOFTCAP=False, ALIBI_MODE=0, DOT_PRECISION="tf32", USE_SINKS=False, USE_PREFIX=False,
+        KV_FP8=False, RETURN_LSE=False, PAGED=a.paged,
+    )
+    signature, cvals = {}, {}
+    for name in fn.arg_names:
+        if name in constexprs:
+            signature[name] = "constexpr"
+            cvals[(fn.arg_names.index(name),)] = constexprs[name]
+        elif name in none_ptrs or (name == "block_table_ptr" and not a.paged):
+            signature[name] = "constexpr"
+            cvals[(fn.arg_names.index(name),)] = None
+        elif name in ptrs:
+            signature[name] = ptrs[name]
+        elif name in floats:
+            signature[name] = "fp32"
+        else:
+            signature[name] = "i32"
+    # what the launcher's specialization gives on a GPU: 16-byte aligned pointers, strides that are
+    # multiples of 16 elements (Llama-like shapes); the do_not_specialize scalars get nothing
+    attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names)
+             if signature[name].startswith("*") or (name.startswith("stride_") and signature[name] == "i32")}
+    src = ASTSource(fn=fn, signature=signature, constexprs=cvals, attrs=attrs)
+    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
+    ttgir = k.asm["ttgir"]
+    stats = {op: ttgir.count(op) for op in ("async_copy_global_to_local", "async_wait", "warp_group_dot ",
+                                            "local_load", "local_store", "gather", "gpu.barrier", "scf.for")}
+    # registers and spills from the cubin (n_regs is only filled in when a kernel is loaded on a GPU)
+    import subprocess
+    import tempfile
+
+    bindir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(k.asm["cubin"])
+        f.flush()
+        res = subprocess.run([os.path.join(bindir, "cuobjdump"), "-res-usage", f.name], capture_output=True, text=True).stdout
+    usage = " ".join(re.findall(r"(REG:\d+|STACK:\d+|SHARED:\d+|LOCAL:\d+)", res))
+    print(f"paged={a.paged} tiles={a.tiles} {usage} smem={k.metadata.shared} {stats}")
+    if a.dump:
+        os.makedirs(a.dump, exist_ok=True)
+        tag = f"{'paged' if a.paged else 'contig'}_{a.tiles}"
+        for ext in ("ttgir", "ptx"):
+            with open(os.path.join(a.dump, f"{tag}.{ext}"), "w") as f:
+                f.write(k.asm[ext])
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
