@@ -38,7 +38,8 @@ def select_device() -> torch.device:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="pagedattn bench e2e", description=__doc__.splitlines()[0])
+    summary = " ".join(__doc__.split("\n\n")[0].split()).replace("``", "")
+    p = argparse.ArgumentParser(prog="pagedattn bench e2e", description=summary)
     p.add_argument("--attention", action="append", help=f"comma list of {', '.join(ATTENTIONS)} (default: all)")
     p.add_argument("--quick", action="store_true", help="tiny preset and short runs (seconds on the CPU)")
     p.add_argument("--json", default="bench_out/e2e.json", help="results file (default: %(default)s)")

@@ -1,4 +1,7 @@
-"""``pagedattn generate``: generate text with the engine and report tokens/s."""
+"""``pagedattn generate``: generate text with the engine and report tokens/s.
+
+The text goes to stdout; the progress bar and the tokens/s line go to stderr.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +13,7 @@ from pagedattn.engine.config import ATTENTION_BACKENDS, PRESETS
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="pagedattn generate", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="pagedattn generate", description=__doc__.splitlines()[0].replace("``", ""))
     p.add_argument("--model", required=True, help=f"a preset ({', '.join(PRESETS)}) or a Hugging Face folder")
     p.add_argument("--prompt", required=True)
     p.add_argument("--max-tokens", type=int, default=16)
