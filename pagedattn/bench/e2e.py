@@ -109,7 +109,7 @@ def run_attention(attention: str, model, mcfg, s: dict, args, device, dtype, rng
     longest = max(s["output_lens"])
     ecfg = EngineConfig(max_model_len=s["prompt_len"] + longest, max_num_seqs=1,
                         max_num_batched_tokens=max(2048, s["prompt_len"]), attention=attention, device=str(device),
-                        dtype=str(dtype), cuda_graph_sizes=[1], seed=args.seed)
+                        dtype=str(dtype).removeprefix("torch."), cuda_graph_sizes=[1], seed=args.seed)
     engine = Engine(model, mcfg, ecfg, eos_token_ids=())
     notes = dict(attention_note=engine.runner.attn.note, graph_note=engine.runner.graph_note)
     if s["warmup_tokens"]:
@@ -130,8 +130,8 @@ def run_attention(attention: str, model, mcfg, s: dict, args, device, dtype, rng
     steps = args.batch_decode_steps or s["batch_decode_steps"]
     prompts = torch.randint(0, mcfg.vocab_size, (b, ctx), generator=rng).tolist()
     ecfg = EngineConfig(max_model_len=ctx + steps + 1, max_num_seqs=b, max_num_batched_tokens=b * ctx,
-                        attention=attention, device=str(device), dtype=str(dtype), cuda_graph_sizes=[b],
-                        seed=args.seed)
+                        attention=attention, device=str(device), dtype=str(dtype).removeprefix("torch."),
+                        cuda_graph_sizes=[b], seed=args.seed)
     engine = Engine(model, mcfg, ecfg, eos_token_ids=())
     notes = dict(attention_note=engine.runner.attn.note, graph_note=engine.runner.graph_note)
     if s["warmup_tokens"]:
