@@ -163,7 +163,7 @@ def _mla_decode(q_nope, q_pe, kv_cache, block_table, seq_lens, query_start_loc, 
         if max_query_len > MLA_MAX_QUERY_LEN:
             raise ValueError(f"query_start_loc gives a query of {max_query_len} tokens; mla_decode takes at most "
                              f"{MLA_MAX_QUERY_LEN} (prefill takes the decompressed attention path)")
-    config = resolve_mla_config(config, num_heads, max_query_len)
+    config = resolve_mla_config(config, num_heads, max_query_len, (latent_dim + rope_dim) * q_nope.element_size())
     if num_splits is None:
         num_splits = config.num_splits
     if num_splits is None:

@@ -7,6 +7,9 @@ import pytest
 import torch
 
 from pagedattn import mla_decode, write_mla_kv
+from pagedattn.bench.mla import sweep_configs
+from pagedattn.mla import _mla_decode
+from pagedattn.ops.mla.launch import MLAConfig
 from pagedattn.reference import mla_decode_ref, write_mla_kv_ref
 from pagedattn.testing import TOLERANCES
 
@@ -45,10 +48,10 @@ def make_batch(cases, *, num_heads=NUM_HEADS, block_size=16, dtype=torch.bfloat1
                 seq_lens=seq_lens.cuda(), query_start_loc=qsl.cuda()), max(q_lens.tolist()), max(seq_lens.tolist())
 
 
-def compare(batch, max_query_len, max_seq_len, *, kv_scale=None, num_splits=None):
+def compare(batch, max_query_len, max_seq_len, *, kv_scale=None, num_splits=None, config=None):
     out = torch.full_like(batch["q_nope"], float("nan"))
-    out, lse = mla_decode(**batch, scale=SCALE, max_query_len=max_query_len, max_seq_len=max_seq_len,
-                          kv_scale=kv_scale, num_splits=num_splits, out=out, return_lse=True)
+    out, lse = _mla_decode(**batch, scale=SCALE, max_query_len=max_query_len, max_seq_len=max_seq_len,
+                           kv_scale=kv_scale, num_splits=num_splits, out=out, return_lse=True, config=config)
     ref_out, ref_lse = mla_decode_ref(**batch, scale=SCALE, kv_scale=kv_scale)
     atol, rtol = TOLERANCES[batch["q_nope"].dtype]
     assert not torch.isnan(out).any() and not torch.isnan(lse).any()
@@ -94,6 +97,34 @@ def test_mla_splits_gpu(num_splits):
     cases = [(1, 5000), (3, 17), (0, 9), (8, 1000), (1, 1), (2, 130)]
     batch, mql, msl = make_batch(cases, seed=num_splits)
     compare(batch, mql, msl, num_splits=num_splits)
+
+
+@pytest.mark.parametrize("config", sweep_configs(), ids=lambda c: c.label)
+def test_mla_sweep_configs_gpu(config):
+    """Every config of the benchmark sweep, unsplit (bf16 out) and split (fp32 partials + merge)."""
+    cases = [(1, 5000), (1, 17), (0, 9), (1, 1000), (1, 1), (1, 130), (1, 64)]
+    batch, mql, msl = make_batch(cases, seed=config.block_h + config.value_split)
+    compare(batch, mql, msl, num_splits=1, config=config)
+    compare(batch, mql, msl, num_splits=5, config=config)
+
+
+@pytest.mark.parametrize(
+    "config, num_heads, block_size, fp8",
+    [
+        pytest.param(MLAConfig(64, 1, 32, 2, 4, 4), 128, 64, True, id="default-page64-fp8"),
+        pytest.param(MLAConfig(64, 1, 64, 2, 4, 2), 128, 16, True, id="tile64-fp8"),
+        pytest.param(MLAConfig(16, 4, 32, 2, 4, 4), 16, 16, False, id="h16q4-spec-wgmma"),
+        pytest.param(MLAConfig(32, 2, 32, 2, 4, 4), 32, 32, False, id="h32q2-spec"),
+        pytest.param(MLAConfig(64, 1, 32, 4, 4, 3), 96, 16, False, id="value4-masked-heads"),
+    ],
+)
+def test_mla_configs_spec_gpu(config, num_heads, block_size, fp8):
+    """Speculative rows (up to 8 tokens), pages 16-64, fp8 with a scale, heads not a multiple of the group."""
+    cases = [(8, 3000), (4, 70), (1, 1), (3, 900), (0, 5), (2, 2)]
+    batch, mql, msl = make_batch(cases, num_heads=num_heads, block_size=block_size,
+                                 cache_dtype=torch.float8_e4m3fn if fp8 else None, seed=num_heads + block_size)
+    for splits in (None, 3):
+        compare(batch, mql, msl, kv_scale=0.8 if fp8 else None, num_splits=splits, config=config)
 
 
 def test_mla_few_heads_gpu():

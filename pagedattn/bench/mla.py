@@ -1,16 +1,24 @@
 """``python -m pagedattn.bench.mla``: MLA decode (SPEC workloads) beside torch ops on a contiguous latent.
 
 Cases: 128 heads, 512 latent + 64 rope, bf16, page 16, B in {1, 32, 128} x L in {4096, 32768}
-(skipping B*L > 4M). Bytes = B*L*576*2 (the latent a call must read, at bf16). Both providers
-run in the same process and are timed by :func:`pagedattn.bench.timing.bench` (CUDA-graph
-replays rotating over input copies for short calls, ``do_bench`` otherwise):
+(skipping B*L > 4M). Bytes = B*L*576*2 (the latent a call must read, at bf16); FLOPs =
+2 * B * query_len * heads * L * (576 + 512) (score and output dots). Both providers run in the
+same process and are timed by :func:`pagedattn.bench.timing.bench` (CUDA-graph replays
+rotating over input copies for short calls, ``do_bench`` otherwise):
 
 * ``pagedattn``: :func:`pagedattn.mla_decode` over the paged cache (host maxima given: no sync);
 * ``torch``: ``einsum`` scores + fp32 softmax + ``einsum`` output over a contiguous
   ``[B, L, 576]`` copy of the same latents.
 
+``--sweep`` times a grid of kernel configs (``SWEEP_CONFIGS``: heads per program, value split,
+keys per tile, warps, stages; plus split counts around the rule's for B=1) on every case,
+checks each output against the torch baseline once, prints progress, a table and the best
+config per case, and writes JSON (``--json``, default ``mla-sweep.json``). It also measures the
+ceilings (a large read, a bf16 matmul) in the same run. Configs whose accumulator or shared
+memory cannot fit (``MLAConfig.problems``) are skipped and listed.
+
 Without a GPU the Triton interpreter runs a tiny ``--quick`` configuration; those times only
-show that the script runs. ``--tiles`` and ``--num-splits`` fix the kernel's choices for sweeps.
+show that the script runs. ``--config`` and ``--num-splits`` fix the kernel's choices.
 """
 
 from __future__ import annotations
@@ -19,12 +27,15 @@ import argparse
 import json
 import os
 import sys
+import time
 
 import torch
 
 PEAK_TBPS = 4.6  # H200 decode ceiling used in PERFORMANCE.md (cuDNN reads at 4.64 TB/s)
 MAX_TOKENS = 4 * 1024 * 1024
 LATENT, ROPE = 512, 64
+BF16_TOLERANCE = 3e-2  # max |pagedattn - torch fp32| accepted in the sweep (bf16 table in pagedattn.testing)
+SCALE = 192**-0.5
 
 
 def select_device() -> torch.device:
@@ -32,6 +43,35 @@ def select_device() -> torch.device:
         return torch.device("cuda", torch.cuda.current_device())
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before any kernel module is imported
     return torch.device("cpu")
+
+
+def sweep_configs():
+    """The sweep grid for 128 heads (12 configs; see docs/perf-notes.md experiment 10).
+
+    64-row programs on one warp group (the default and its tile/stage/value-split neighbours),
+    64 rows on two warp groups (scores computed twice, 2 readers per tile instead of 4), 128 rows
+    on two warp groups, and the 32/16-row mma.sync programs (more readers per tile, the shape
+    vLLM's Triton MLA kernel uses); the last one is the tiling of the kernel before experiment 10.
+    """
+    from pagedattn.ops.mla.launch import MLAConfig as C
+
+    return [
+        C(64, 1, 32, 2, 4, 4),  # the default
+        C(64, 1, 32, 2, 4, 3),
+        C(64, 1, 64, 2, 4, 2),
+        C(64, 1, 32, 4, 4, 4),
+        C(64, 1, 64, 4, 4, 2),
+        C(64, 1, 32, 1, 8, 4),
+        C(64, 1, 64, 1, 8, 2),
+        C(128, 1, 16, 2, 8, 4),
+        C(128, 1, 32, 2, 8, 2),
+        C(32, 1, 32, 2, 4, 4),
+        C(16, 1, 32, 1, 4, 4),
+        C(64, 1, 32, 1, 8, 2),  # the tiling before the restructure
+    ]
+
+
+SPLIT_FACTORS = (0.5, 2.0, 4.0)  # B=1 cases also run the default config at these multiples of the rule's splits
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -43,19 +83,30 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--fp8", action="store_true", help="fp8 e4m3 latent cache for pagedattn (bytes still at bf16)")
     p.add_argument("--num-splits", type=int, help="force the split count (default: the launcher's rule)")
-    p.add_argument("--tiles", help="force tiles: BLOCK_H,BLOCK_Q,TILE_N,NUM_WARPS,NUM_STAGES")
+    p.add_argument("--config", help="force the kernel config: BLOCK_H,BLOCK_Q,TILE_N,VALUE_SPLIT,NUM_WARPS,NUM_STAGES")
+    p.add_argument("--sweep", action="store_true", help="time the config grid on every case (see the module doc)")
     p.add_argument("--no-baseline", action="store_true", help="skip the torch provider")
     p.add_argument("--quick", action="store_true", help="tiny shapes (the default without a GPU)")
-    p.add_argument("--json", help="also write the records to this file")
+    p.add_argument("--json", help="also write the records to this file (--sweep: default mla-sweep.json)")
     p.add_argument("--seed", type=int, default=0)
     return p
+
+
+def parse_config(text: str):
+    from pagedattn.ops.mla.launch import MLAConfig
+
+    block_h, block_q, tile_n, value_split, num_warps, num_stages = (int(x) for x in text.split(","))
+    return MLAConfig(block_h, block_q, tile_n, value_split, num_warps, num_stages)
 
 
 def _paged_inputs(batch, seq_len, query_len, heads, block_size, dtype, cache_dtype, device, g):
     """(q, kv_cache, block_table, seq_lens, query_start_loc, latent): latent is the contiguous copy."""
     pages = -(-seq_len // block_size)
     num_blocks = batch * pages + 1
-    kv = torch.randn(num_blocks, block_size, LATENT + ROPE, generator=g, dtype=torch.float32).to(device, dtype)
+    if device.type == "cuda":  # large caches: random data made on the device
+        kv = torch.randn(num_blocks, block_size, LATENT + ROPE, device=device, dtype=dtype)
+    else:
+        kv = torch.randn(num_blocks, block_size, LATENT + ROPE, generator=g, dtype=torch.float32).to(device, dtype)
     block_table = torch.randperm(num_blocks, generator=g)[: batch * pages].view(batch, pages).to(device, torch.int32)
     latent = kv[block_table.long()].reshape(batch, pages * block_size, LATENT + ROPE)[:, :seq_len].contiguous()
     q = torch.randn(batch * query_len, heads, LATENT + ROPE, generator=g).to(device, dtype)
@@ -79,70 +130,156 @@ def torch_mla(q, latent, scale, query_len):
     return out.view(batch * query_len, q.shape[1], LATENT)
 
 
-def run_case(batch, seq_len, args, device, dtype, g) -> list[dict]:
-    from pagedattn.bench.timing import bench, copies_for
-    from pagedattn.mla import _mla_decode
-    from pagedattn.ops.mla.launch import MLATiles, choose_mla_splits, pick_mla_tiles
+class Workload:
+    """One (B, L) case: rotated input copies, output buffers and the fp32 torch check."""
+
+    def __init__(self, batch, seq_len, args, device, dtype, g):
+        from pagedattn.bench.timing import copies_for
+
+        self.batch, self.seq_len, self.args, self.device, self.dtype = batch, seq_len, args, device, dtype
+        self.heads, self.ql = args.heads, args.query_len
+        cache_dtype = torch.float8_e4m3fn if args.fp8 else dtype
+        self.nbytes = batch * seq_len * (LATENT + ROPE) * 2
+        self.flops = 2 * batch * self.ql * self.heads * seq_len * (LATENT + ROPE + LATENT)
+        self.copies = copies_for(self.nbytes, device)
+        self.sets = [_paged_inputs(batch, seq_len, self.ql, self.heads, args.block_size, dtype, cache_dtype, device, g)
+                     for _ in range(self.copies)]
+        self.outs = [torch.empty(batch * self.ql, self.heads, LATENT, dtype=dtype, device=device) for _ in self.sets]
+        self.kv_scale = torch.ones(1, device=device) if args.fp8 else None
+        q0, latent0 = self.sets[0][0], self.sets[0][5]
+        self.check = torch_mla(q0.float(), latent0.float(), SCALE, self.ql)  # fp32, same latents (pre-fp8)
+
+    def record(self, provider, timing, err, **extra):
+        us = timing["time_us"]
+        gbps = self.nbytes / (us * 1e-6) / 1e9
+        return {
+            "B": self.batch, "L": self.seq_len, "query_len": self.ql, "heads": self.heads, "provider": provider,
+            "time_us": us, "gbps": gbps, "pct_peak": 100 * gbps / (PEAK_TBPS * 1e3),
+            "tflops": self.flops / (us * 1e-6) / 1e12, "method": timing["method"], "max_err_vs_torch": err,
+            "fp8": bool(self.args.fp8 and provider != "torch"), **extra,
+        }
+
+    def time_paged(self, config, num_splits):
+        """Record of pagedattn with this config (num_splits None: the config's, else the rule's)."""
+        from pagedattn.bench.timing import bench
+        from pagedattn.mla import _mla_decode
+        from pagedattn.ops.mla.launch import choose_mla_splits, resolve_mla_config
+        from pagedattn.plan import num_sms
+
+        config = resolve_mla_config(config, self.heads, self.ql)
+        splits = num_splits or config.num_splits or choose_mla_splits(
+            self.batch, self.heads, self.ql, self.seq_len, config, num_sms(self.device))
+
+        def paged_fn(i):
+            q, kv, bt, lens, qsl, _ = self.sets[i]
+            return lambda: _mla_decode(q[..., :LATENT], q[..., LATENT:], kv, bt, lens, qsl, scale=SCALE,
+                                       max_query_len=self.ql, max_seq_len=self.seq_len, kv_scale=self.kv_scale,
+                                       num_splits=splits, out=self.outs[i], config=config)
+
+        fns = [paged_fn(i) for i in range(self.copies)]
+        result = fns[0]()  # compiles, then the check
+        err = float((result.float() - self.check).abs().max())
+        timing = bench(fns, self.device)
+        return self.record("pagedattn", timing, err, config=config.label, num_splits=splits,
+                           tiles=[config.block_h, config.block_q, config.tile_n, config.value_split,
+                                  config.num_warps, config.num_stages])
+
+    def time_torch(self):
+        from pagedattn.bench.timing import bench
+
+        fns = [lambda s=s: torch_mla(s[0], s[5], SCALE, self.ql) for s in self.sets]
+        err = float((fns[0]().float() - self.check).abs().max())
+        return self.record("torch", bench(fns, self.device), err, config=None, num_splits=None, tiles=None)
+
+
+def _cases(args):
+    return [(b, seq) for seq in args.lens for b in args.batches if b * seq <= MAX_TOKENS]
+
+
+def run_plain(args, device, dtype, g) -> list[dict]:
+    config = parse_config(args.config) if args.config else None
+    records = []
+    for batch, seq_len in _cases(args):
+        w = Workload(batch, seq_len, args, device, dtype, g)
+        records.append(w.time_paged(config, args.num_splits))
+        if not args.no_baseline:
+            records.append(w.time_torch())
+        del w
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return records
+
+
+def run_sweep(args, device, dtype, g) -> list[dict]:
+    """Every config of the grid (and split variants at B=1) on every case; progress on stdout."""
+    from pagedattn.ops.mla.launch import choose_mla_splits, pick_mla_config, resolve_mla_config
     from pagedattn.plan import num_sms
 
-    heads, ql = args.heads, args.query_len
-    cache_dtype = torch.float8_e4m3fn if args.fp8 else dtype
-    scale = 192 ** -0.5
-    nbytes = batch * seq_len * (LATENT + ROPE) * 2
-    copies = copies_for(nbytes, device)
-    sets = [_paged_inputs(batch, seq_len, ql, heads, args.block_size, dtype, cache_dtype, device, g)
-            for _ in range(copies)]
-    if args.tiles:
-        bh, bq, tn, nw, ns = (int(x) for x in args.tiles.split(","))
-        tiles = MLATiles(bh, bq, tn, nw, ns)
-    else:
-        tiles = pick_mla_tiles(heads, ql)
-    splits = args.num_splits or choose_mla_splits(batch, heads, ql, seq_len, tiles, num_sms(device))
-    kv_scale = torch.ones(1, device=device) if args.fp8 else None
-    outs = [torch.empty(batch * ql, heads, LATENT, dtype=dtype, device=device) for _ in sets]
-
-    def paged_fn(i):
-        q, kv, bt, lens, qsl, _ = sets[i]
-        return lambda: _mla_decode(q[..., :LATENT], q[..., LATENT:], kv, bt, lens, qsl, scale=scale,
-                                   max_query_len=ql, max_seq_len=seq_len, kv_scale=kv_scale, num_splits=splits,
-                                   out=outs[i], tiles=tiles)
-
-    def torch_fn(i):
-        q, _, _, _, _, latent = sets[i]
-        return lambda: torch_mla(q, latent, scale, ql)
-
-    providers = [("pagedattn", paged_fn)] + ([] if args.no_baseline else [("torch", torch_fn)])
-    check = torch_mla(sets[0][0].float(), sets[0][5].float(), scale, ql)  # fp32, same latents (pre-fp8)
+    configs = [parse_config(args.config)] if args.config else sweep_configs()
+    runnable = []
+    for c in configs:
+        problems = c.problems()
+        if problems and device.type == "cuda":
+            print(f"skip {c.label}: {'; '.join(problems)}", flush=True)
+        else:
+            runnable.append(c)
+    cases = _cases(args)
+    t0 = time.perf_counter()
     records = []
-    for name, make in providers:
-        fns = [make(i) for i in range(copies)]
-        result = fns[0]()
-        err = float((result.float() - check).abs().max())
-        timing = bench(fns, device)
-        us = timing["time_us"]
-        gbps = nbytes / (us * 1e-6) / 1e9
-        records.append({
-            "B": batch, "L": seq_len, "query_len": ql, "heads": heads, "provider": name,
-            "time_us": us, "gbps": gbps, "pct_peak": 100 * gbps / (PEAK_TBPS * 1e3),
-            "method": timing["method"], "max_err_vs_torch": err,
-            "num_splits": splits if name == "pagedattn" else None,
-            "tiles": [tiles.block_h, tiles.block_q, tiles.tile_n, tiles.num_warps, tiles.num_stages]
-            if name == "pagedattn" else None,
-            "fp8": bool(args.fp8 and name == "pagedattn"),
-        })
+    for n, (batch, seq_len) in enumerate(cases, 1):
+        w = Workload(batch, seq_len, args, device, dtype, g)
+        runs = [(c, args.num_splits) for c in runnable]
+        if batch == 1 and args.num_splits is None:  # split counts around the rule's, default config
+            default = resolve_mla_config(pick_mla_config(args.heads, args.query_len), args.heads, args.query_len)
+            rule = choose_mla_splits(batch, args.heads, args.query_len, seq_len, default, num_sms(device))
+            runs += [(default, k) for k in sorted({max(2, round(rule * f)) for f in SPLIT_FACTORS} - {rule})]
+        if not args.no_baseline:
+            records.append(w.time_torch())
+            r = records[-1]
+            print(f"[{time.perf_counter() - t0:6.1f}s] case {n}/{len(cases)} B={batch} L={seq_len}: torch "
+                  f"{r['time_us']:.1f} us", flush=True)
+        for i, (config, splits) in enumerate(runs, 1):
+            try:
+                r = w.time_paged(config, splits)
+            except Exception as e:  # noqa: BLE001 - one config failing must not stop the sweep
+                print(f"[{time.perf_counter() - t0:6.1f}s] B={batch} L={seq_len} {config.label}: FAILED "
+                      f"{type(e).__name__}: {str(e)[:200]}", flush=True)
+                if device.type == "cuda":
+                    torch.cuda.synchronize()
+                continue
+            r["ok"] = r["max_err_vs_torch"] <= BF16_TOLERANCE or device.type == "cpu"
+            records.append(r)
+            print(f"[{time.perf_counter() - t0:6.1f}s] B={batch} L={seq_len} ({i}/{len(runs)}) {r['config']} "
+                  f"splits={r['num_splits']}: {r['time_us']:.1f} us, {r['gbps']:.0f} GB/s "
+                  f"({r['pct_peak']:.1f}%), {r['tflops']:.0f} TFLOP/s, err {r['max_err_vs_torch']:.2g}"
+                  f"{'' if r['ok'] else '  MISMATCH'}", flush=True)
+        del w
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
     return records
+
+
+def best_per_case(records) -> list[dict]:
+    best = {}
+    for r in records:
+        if r["provider"] != "pagedattn" or not r.get("ok", True):
+            continue
+        key = (r["B"], r["L"])
+        if key not in best or r["time_us"] < best[key]["time_us"]:
+            best[key] = r
+    return [best[k] for k in sorted(best, key=lambda k: (k[1], k[0]))]
 
 
 def markdown(records) -> str:
     lines = [
-        "| B x L | provider | µs | GB/s | % of 4.6 TB/s | splits | method | max err vs torch |",
-        "|---|---|---|---|---|---|---|---|",
+        "| B x L | provider | config | splits | µs | GB/s | % of 4.6 TB/s | TFLOP/s | method | max err vs torch |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in records:
         lines.append(
-            f"| {r['B']} x {r['L']} | {r['provider']}{' (fp8)' if r['fp8'] else ''} | {r['time_us']:.1f} | "
-            f"{r['gbps']:.0f} | {r['pct_peak']:.1f} | {r['num_splits'] or '-'} | {r['method']} | "
-            f"{r['max_err_vs_torch']:.3g} |"
+            f"| {r['B']} x {r['L']} | {r['provider']}{' (fp8)' if r['fp8'] else ''} | {r['config'] or '-'} | "
+            f"{r['num_splits'] or '-'} | {r['time_us']:.1f} | {r['gbps']:.0f} | {r['pct_peak']:.1f} | "
+            f"{r['tflops']:.0f} | {r['method']} | {r['max_err_vs_torch']:.3g}{'' if r.get('ok', True) else ' ✗'} |"
         )
     return "\n".join(lines)
 
@@ -152,30 +289,47 @@ def main(argv=None) -> int:
     device = select_device()
     quick = args.quick or device.type == "cpu"
     args.heads = args.heads or (16 if quick else 128)
-    batches = args.batch or ([1, 2] if quick else [1, 32, 128])
-    lens = args.seq_len or ([64, 200] if quick else [4096, 32768])
+    args.batches = args.batch or ([1, 2] if quick else [1, 32, 128])
+    args.lens = args.seq_len or ([64, 200] if quick else [4096, 32768])
     dtype = torch.float16 if device.type == "cpu" else torch.bfloat16  # the interpreter has no bf16 dot
     g = torch.Generator().manual_seed(args.seed)
-    records = []
-    for seq_len in lens:
-        for batch in batches:
-            if batch * seq_len > MAX_TOKENS:
-                continue
-            records += run_case(batch, seq_len, args, device, dtype, g)
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
     import triton
 
+    from pagedattn.bench.ceilings import measure_ceilings
+
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (Triton interpreter)"
-    print(f"MLA decode, {args.heads} heads, {LATENT}+{ROPE} latent, {str(dtype).replace('torch.', '')}, "
-          f"page {args.block_size}, query_len {args.query_len}; {gpu}, torch {torch.__version__}, "
-          f"triton {triton.__version__}; bytes = B*L*576*2")
+    header = (f"MLA decode, {args.heads} heads, {LATENT}+{ROPE} latent, {str(dtype).replace('torch.', '')}, "
+              f"page {args.block_size}, query_len {args.query_len}; {gpu}, torch {torch.__version__}, "
+              f"triton {triton.__version__}; bytes = B*L*576*2, FLOPs = 2*B*q*H*L*1088")
+    ceilings = {}
+    if args.sweep:
+        print(header, flush=True)
+        ceilings = measure_ceilings(device)
+        if ceilings:
+            print(f"ceilings: read {ceilings['read_gbps']:.0f} GB/s, bf16 matmul {ceilings['matmul_tflops']:.0f} "
+                  "TFLOP/s", flush=True)
+        records = run_sweep(args, device, dtype, g)
+    else:
+        records = run_plain(args, device, dtype, g)
+    if not args.sweep:
+        print(header)
     print(markdown(records))
-    if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w") as f:
-            json.dump({"gpu": gpu, "torch": torch.__version__, "triton": triton.__version__,
-                       "records": records}, f, indent=1)
+    best = best_per_case(records) if args.sweep else []
+    if args.sweep:
+        baseline = {(r["B"], r["L"]): r for r in records if r["provider"] == "torch"}
+        print("\nBest config per case:")
+        print(markdown(best))
+        for r in best:
+            t = baseline.get((r["B"], r["L"]))
+            if t:
+                print(f"B={r['B']} L={r['L']}: {r['config']} {t['time_us'] / r['time_us']:.2f}x torch")
+    path = args.json or ("mla-sweep.json" if args.sweep else None)
+    if path:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        with open(path, "w") as f:
+            json.dump({"gpu": gpu, "torch": torch.__version__, "triton": triton.__version__, "ceilings": ceilings,
+                       "records": records, "best": best}, f, indent=1)
+        print(f"wrote {path}")
     return 0
 
 

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import pagedattn.mla as mla
+import pagedattn.ops.mla.launch as mla_launch
 from pagedattn import mla_decode, write_mla_kv
 from pagedattn.ops.mla.launch import MLAConfig, choose_mla_splits, pick_mla_config
 from pagedattn.reference import mla_decode_ref, write_mla_kv_ref
@@ -17,6 +18,7 @@ from tests.test_safety import CORRUPTIONS, GUARD
 # (query_len, seq_len) per sequence
 DECODE = [(1, 17), (1, 129), (1, 1), (1, 300)]
 SPEC = [(8, 129), (3, 5), (1, 17), (0, 4), (2, 2), (5, 40), (1, 1), (7, 7)]  # speculative: up to 8 tokens
+SPEC_SHORT = [(8, 70), (3, 5), (0, 4), (5, 40), (7, 7)]
 
 
 @dataclass
@@ -120,14 +122,14 @@ CONFIGS = [
     pytest.param(MLAConfig(4, 4, 64, 1, 1, 1), 4, 1, torch.float16, id="h4q4-tile64-across-pages"),
     pytest.param(MLAConfig(16, 1, 32, 2, 1, 1), 12, 2, torch.float32, id="h16-masked-heads-value2"),
     pytest.param(MLAConfig(2, 8, 16, 4, 1, 1), 6, 2, torch.float16, id="h2q8-3-head-groups-value4"),
-    pytest.param(MLAConfig(16, 1, 16, 4, 2, 2), 32, 1, torch.float16, id="h16-2-head-groups-value4-tile16"),
+    pytest.param(MLAConfig(8, 2, 16, 4, 2, 2), 12, 1, torch.float16, id="h8q2-masked-head-group-value4-tile16"),
     pytest.param(MLAConfig(4, 4, 32, 2, 1, 1, num_splits=4), 8, None, torch.float32, id="h4q4-value2-config-splits"),
 ]
 
 
 @pytest.mark.parametrize("config, num_heads, num_splits, dtype", CONFIGS)
 def test_mla_configs(poisoned_workspace, config, num_heads, num_splits, dtype):
-    b = make_mla_batch(SPEC, num_heads=num_heads, latent_dim=64, dtype=dtype, seed=config.block_h)
+    b = make_mla_batch(SPEC_SHORT, num_heads=num_heads, latent_dim=64, dtype=dtype, seed=config.block_h)
     out, lse = run_mla(b, config=config, num_splits=num_splits)
     assert_matches_reference(b, out, lse)
     expected = num_splits or config.num_splits
@@ -141,20 +143,31 @@ def test_mla_odd_dims():
 
 
 @pytest.mark.parametrize(
-    "dtype, cache_dtype, num_splits",
+    "dtype, cache_dtype, num_splits, config",
     [
-        pytest.param(torch.float16, None, 1, id="fp16"),
-        pytest.param(torch.float32, torch.float8_e4m3fn, 3, id="fp32-fp8cache-3splits"),
+        pytest.param(torch.float16, None, 1, None, id="fp16"),
+        pytest.param(torch.float32, torch.float8_e4m3fn, 3, None, id="fp32-fp8cache-3splits"),
+        pytest.param(torch.float16, None, 2, MLAConfig(16, 1, 16, 2, 1, 1), id="fp16-value2-2splits"),
+        pytest.param(torch.float32, None, 1, MLAConfig(4, 4, 16, 4, 1, 1), id="fp32-value4-4tokens"),
     ],
 )
-def test_mla_real_widths(poisoned_workspace, dtype, cache_dtype, num_splits):
+def test_mla_real_widths(poisoned_workspace, dtype, cache_dtype, num_splits, config):
     """DeepSeek's 512 latent + 64 rope, few heads and short sequences."""
     b = make_mla_batch([(1, 17), (2, 40), (0, 3), (1, 1)], num_heads=4, latent_dim=512, rope_dim=64,
                        dtype=dtype, cache_dtype=cache_dtype, seed=7)
     b.scale = 1.0 / math.sqrt(192)
     kv_scale = 0.5 if cache_dtype is not None else None
-    out, lse = run_mla(b, kv_scale=kv_scale, num_splits=num_splits)
+    out, lse = run_mla(b, kv_scale=kv_scale, num_splits=num_splits, config=config)
     assert_matches_reference(b, out, lse, kv_scale=kv_scale)
+
+
+@pytest.mark.parametrize("config", [None, MLAConfig(8, 2, 16, 2, 1, 1)], ids=["default", "value2"])
+def test_mla_int64_offsets(poisoned_workspace, monkeypatch, config):
+    """The int64 row-offset variant (caches of 2**31 elements or more), forced on a small cache."""
+    monkeypatch.setattr(mla_launch, "MLA_INT32_LIMIT", 0)
+    b = make_mla_batch([(1, 70), (3, 40), (2, 35)], num_heads=8, dtype=torch.float32, seed=37)
+    out, lse = run_mla(b, num_splits=2, config=config)
+    assert_matches_reference(b, out, lse)
 
 
 @pytest.mark.parametrize("kv_scale", [0.7, "tensor"], ids=["float-scale", "tensor-scale"])

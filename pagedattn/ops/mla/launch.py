@@ -74,7 +74,7 @@ class MLAConfig:
         """Shared memory the kernel needs (queries + pipelined latent tiles), within a few KB."""
         return (self.block_m + self.num_stages * self.tile_n) * row_bytes
 
-    def problems(self, latent_pad: int = 512) -> list[str]:
+    def problems(self, latent_pad: int = 512, row_bytes: int = ROW_WIDTH_BYTES) -> list[str]:
         """Why this config cannot run (or would spill heavily) on a Hopper-class GPU; [] if fine."""
         out = []
         if self.value_split not in (1, 2, 4):
@@ -85,8 +85,8 @@ class MLAConfig:
             out.append("tl.dot needs block_m and tile_n >= 16")
         if self.acc_registers(latent_pad) > 128:
             out.append(f"accumulator needs {self.acc_registers(latent_pad)} registers a thread (> 128)")
-        if self.smem_bytes() > SMEM_BYTES:
-            out.append(f"needs {self.smem_bytes() // 1024} KB of shared memory (> {SMEM_BYTES // 1024})")
+        if self.smem_bytes(row_bytes) > SMEM_BYTES:
+            out.append(f"needs {self.smem_bytes(row_bytes) // 1024} KB of shared memory (> {SMEM_BYTES // 1024})")
         return out
 
 
@@ -94,7 +94,7 @@ def _is_interpreter() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
-def pick_mla_config(num_heads: int, max_query_len: int) -> MLAConfig:
+def pick_mla_config(num_heads: int, max_query_len: int, row_bytes: int = ROW_WIDTH_BYTES) -> MLAConfig:
     """The default config: rows from heads first, then query tokens; 64 rows where they exist.
 
     64 rows (Hopper's warp-group MMA): 4 warps, one warp group, so the scores are computed
@@ -102,8 +102,9 @@ def pick_mla_config(num_heads: int, max_query_len: int) -> MLAConfig:
     in flight, 216 KB). For 128 heads of a decode token that is 2 head groups x 2 value parts:
     4 programs read each latent tile, all but the first from L2. Fewer rows (16 or 32: few
     heads, one token) take the mma.sync path, where the queries also sit in registers, so the
-    value split keeps the accumulator at <= 64 registers. The interpreter gets 16 rows, one
-    warp, one stage.
+    value split keeps the accumulator at <= 64 registers. Wider rows (``row_bytes``: fp32
+    queries) drop stages, then keys per tile, until shared memory fits. The interpreter gets 16
+    rows, one warp, one stage.
     """
     max_m = 16 if _is_interpreter() else 64
     block_h = min(triton.next_power_of_2(max(num_heads, 1)), max_m)
@@ -116,7 +117,13 @@ def pick_mla_config(num_heads: int, max_query_len: int) -> MLAConfig:
     value_split = 1
     while value_split < 4 and MLAConfig(block_h, block_q, 32, value_split, 4).acc_registers() > acc_limit:
         value_split *= 2
-    return MLAConfig(block_h, block_q, tile_n=32, value_split=value_split, num_warps=4, num_stages=4)
+    config = MLAConfig(block_h, block_q, tile_n=32, value_split=value_split, num_warps=4, num_stages=4)
+    while config.smem_bytes(row_bytes) > SMEM_BYTES and (config.num_stages > 2 or config.tile_n > 16):
+        if config.num_stages > 2:
+            config = replace(config, num_stages=config.num_stages - 1)
+        else:
+            config = replace(config, tile_n=16)
+    return config
 
 
 def mla_programs_per_sm(config: MLAConfig) -> int:
@@ -146,9 +153,10 @@ def choose_mla_splits(num_seqs: int, num_heads: int, max_query_len: int, max_seq
     return max(1, min(by_fill, by_length, MLA_MAX_SPLITS))
 
 
-def resolve_mla_config(config: MLAConfig | None, num_heads: int, max_query_len: int) -> MLAConfig:
+def resolve_mla_config(config: MLAConfig | None, num_heads: int, max_query_len: int,
+                       row_bytes: int = ROW_WIDTH_BYTES) -> MLAConfig:
     """``config`` or the default; its block_q is raised to 16 // block_h so that block_m >= 16."""
-    config = config or pick_mla_config(num_heads, max_query_len)
+    config = config or pick_mla_config(num_heads, max_query_len, row_bytes)
     if config.block_m < 16:
         config = replace(config, block_q=-(-16 // config.block_h))
     return config
