@@ -290,7 +290,10 @@ def varlen_attention(
     Parameters
     ----------
     q : ``[num_tokens, num_q_heads, head_size]`` float16, bfloat16 or float32
-    k, v : ``[total_kv_tokens, num_kv_heads, head_size]`` q's dtype
+    k : ``[total_kv_tokens, num_kv_heads, head_size]`` q's dtype
+    v : ``[total_kv_tokens, num_kv_heads, head_size_v]`` q's dtype; ``head_size_v`` may differ
+        from ``head_size`` (MLA prefill after decompression: 192 and 128). ``out`` is then
+        ``[num_tokens, num_q_heads, head_size_v]``.
     cu_seqlens_q, cu_seqlens_k : ``[num_seqs + 1]`` int32
     max_query_len : int, optional
         Host maximum of the query lengths (else computed with one host sync).
@@ -310,10 +313,12 @@ def varlen_attention(
     num_tokens, num_q_heads, head_size = q.shape
     check_tensor("k", k, ndim=3, dtypes=(q.dtype,), device=device)
     check_tensor("v", v, ndim=3, dtypes=(q.dtype,), device=device)
-    check_shape("v", v, tuple(k.shape))
     check_head_size("q", head_size)
     if k.shape[2] != head_size:
         raise ValueError(f"k head_size {k.shape[2]} differs from q head_size {head_size}")
+    head_size_v = v.shape[2]  # may differ from head_size (MLA prefill: q/k 192, v 128)
+    check_shape("v", v, (k.shape[0], k.shape[1], head_size_v))
+    check_head_size("v", head_size_v)
     num_kv_heads = k.shape[1]
     if num_kv_heads == 0 or num_q_heads % num_kv_heads != 0:
         raise ValueError(f"q has {num_q_heads} heads, which is not a multiple of k's {num_kv_heads} KV heads")
@@ -328,9 +333,9 @@ def varlen_attention(
     )
     if out is not None:
         check_tensor("out", out, dtypes=(q.dtype,), device=device)
-        check_shape("out", out, tuple(q.shape))
+        check_shape("out", out, (num_tokens, num_q_heads, head_size_v))
     else:
-        out = torch.empty_like(q)
+        out = q.new_empty(num_tokens, num_q_heads, head_size_v)
     if max_query_len is None:
         lens = cu_seqlens_q[1:] - cu_seqlens_q[:-1]
         max_query_len = int(lens.max().item()) if num_seqs > 0 else 0

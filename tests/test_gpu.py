@@ -236,6 +236,25 @@ def test_varlen_gpu(feature):
     torch.testing.assert_close(lse.double()[finite], ref_lse[finite], atol=3e-2, rtol=3e-2)
 
 
+@pytest.mark.parametrize("feature", ["causal", "window"])
+def test_varlen_value_head_size_differs_gpu(feature):
+    """MLA prefill after decompression: q/k heads of 192, v heads of 128 (bf16)."""
+    from pagedattn import varlen_attention
+    from pagedattn.reference import varlen_attention_ref
+
+    g = torch.Generator().manual_seed(len(feature) + 70)
+    cases = [(1200, 1200), (300, 900), (1, 77)]
+    cu_q = torch.tensor([0] + [q for q, _ in cases]).cumsum(0).to(torch.int32)
+    cu_k = torch.tensor([0] + [k for _, k in cases]).cumsum(0).to(torch.int32)
+    q = torch.randn(int(cu_q[-1]), 16, 192, generator=g).to("cuda", torch.bfloat16)
+    k = torch.randn(int(cu_k[-1]), 16, 192, generator=g).to("cuda", torch.bfloat16)
+    v = torch.randn(int(cu_k[-1]), 16, 128, generator=g).to("cuda", torch.bfloat16)
+    kwargs = feature_kwargs(feature, 16, len(cases), device="cuda", generator=g)
+    out = torch.full((q.shape[0], 16, 128), float("nan"), dtype=torch.bfloat16, device="cuda")
+    out, lse = varlen_attention(q, k, v, cu_q.cuda(), cu_k.cuda(), out=out, return_lse=True, **kwargs)
+    assert_matches_reference(out, lse, *varlen_attention_ref(q, k, v, cu_q, cu_k, **kwargs))
+
+
 @pytest.mark.parametrize("head_size", [64, 128, 256])
 @pytest.mark.parametrize("feature", ["causal", "fp8", "softcap", "sinks"])
 def test_paged_prefill_gpu(feature, head_size):

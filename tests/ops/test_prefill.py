@@ -45,6 +45,27 @@ def test_varlen_head_sizes(head_size):
     assert_matches_reference(out, lse, ref_out, ref_lse)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=["fp16", "fp32"])
+@pytest.mark.parametrize("head_size, head_size_v", [(48, 32), (24, 40)], ids=["v-narrower", "v-wider"])
+def test_varlen_value_head_size_differs(head_size, head_size_v, dtype):
+    # MLA prefill after decompression has q/k heads of 192 and v heads of 128 (scaled down here)
+    g = torch.Generator().manual_seed(head_size * 100 + head_size_v)
+    cases = VARLEN
+    cu_q = torch.tensor([0] + [q for q, _ in cases], dtype=torch.int32).cumsum(0).to(torch.int32)
+    cu_k = torch.tensor([0] + [k for _, k in cases], dtype=torch.int32).cumsum(0).to(torch.int32)
+    q = torch.randn(int(cu_q[-1]), 4, head_size, generator=g).to(DEVICE, dtype)
+    k = torch.randn(int(cu_k[-1]), 2, head_size, generator=g).to(DEVICE, dtype)
+    v = torch.randn(int(cu_k[-1]), 2, head_size_v, generator=g).to(DEVICE, dtype)
+    out = torch.full((q.shape[0], 4, head_size_v), float("nan"), dtype=dtype, device=DEVICE)
+    out, lse = varlen_attention(q, k, v, cu_q.to(DEVICE), cu_k.to(DEVICE), out=out, return_lse=True, softcap=8.0,
+                                sliding_window=30)
+    ref_out, ref_lse = varlen_attention_ref(q, k, v, cu_q, cu_k, softcap=8.0, sliding_window=30)
+    assert out.shape == (q.shape[0], 4, head_size_v)
+    assert_matches_reference(out, lse, ref_out, ref_lse)
+    with pytest.raises(ValueError, match="out"):
+        varlen_attention(q, k, v, cu_q.to(DEVICE), cu_k.to(DEVICE), out=torch.empty_like(q))
+
+
 @pytest.mark.parametrize("path", ["prefill", "auto"])
 @pytest.mark.parametrize("feature", ["causal", "window", "sinks", "prefix", "alibi_sqrt", "fp8"])
 def test_paged_prefill_path(feature, path):

@@ -43,8 +43,8 @@ def _key_tiles(
     seq, kv_head, start_lo, start_hi, kv_lo, kv_hi, num_blocks, max_blocks_per_seq,
     stride_k_b, stride_k_s, stride_k_h, stride_v_b, stride_v_s, stride_v_h,
     stride_pr_s, stride_pr_r, num_prefix_ranges, scale, qk_scale, softcap, sliding_window,
-    HEAD_SIZE: tl.constexpr, HEAD_SIZE_PAD: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
-    CHUNK_PAGES: tl.constexpr,
+    HEAD_SIZE: tl.constexpr, HEAD_SIZE_PAD: tl.constexpr, HEAD_SIZE_V: tl.constexpr, HEAD_SIZE_V_PAD: tl.constexpr,
+    PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, CHUNK_PAGES: tl.constexpr,
     IS_CAUSAL: tl.constexpr, USE_SOFTCAP: tl.constexpr, ALIBI_MODE: tl.constexpr, DOT_PRECISION: tl.constexpr,
     USE_PREFIX: tl.constexpr, KV_FP8: tl.constexpr, PAGED: tl.constexpr, MASKED: tl.constexpr,
 ):
@@ -53,8 +53,10 @@ def _key_tiles(
     MASKED=False is for tiles whose keys are all visible to all rows: no rule is evaluated.
     """
     offs_d = tl.arange(0, HEAD_SIZE_PAD)
+    offs_dv = tl.arange(0, HEAD_SIZE_V_PAD)
     offs_n = tl.arange(0, BLOCK_N)
     dim_ok = offs_d < HEAD_SIZE
+    dim_v_ok = offs_dv < HEAD_SIZE_V
     CHUNK_KEYS: tl.constexpr = _keys_per_chunk(PAGED, CHUNK_PAGES, PAGE_SIZE, BLOCK_N)
     for chunk_lo in range(start_lo, start_hi, CHUNK_KEYS):  # one chunk for contiguous K/V
         if PAGED:
@@ -77,11 +79,11 @@ def _key_tiles(
                 load_ok = k_ok & page_ok
                 k = tl.load(k_ptr + k_off[None, :] + offs_d[:, None], mask=dim_ok[:, None] & load_ok[None, :],
                             other=0.0)
-                v = tl.load(v_ptr + v_off[:, None] + offs_d[None, :], mask=load_ok[:, None] & dim_ok[None, :],
+                v = tl.load(v_ptr + v_off[:, None] + offs_dv[None, :], mask=load_ok[:, None] & dim_v_ok[None, :],
                             other=0.0)
             else:
                 k = tl.load(k_ptr + k_off[None, :] + offs_d[:, None], mask=dim_ok[:, None], other=0.0)
-                v = tl.load(v_ptr + v_off[:, None] + offs_d[None, :], mask=dim_ok[None, :], other=0.0)
+                v = tl.load(v_ptr + v_off[:, None] + offs_dv[None, :], mask=dim_v_ok[None, :], other=0.0)
             if KV_FP8:
                 k = (k.to(tl.float32) * k_scale).to(q.dtype)
                 v = (v.to(tl.float32) * v_scale).to(q.dtype)
@@ -126,7 +128,7 @@ def _key_tiles(
 def prefill_attention_kernel(
     out_ptr,  # [num_tokens, num_q_heads, head_size]
     lse_ptr,  # [num_tokens, num_q_heads] fp32 or None
-    q_ptr,  # [num_tokens, num_q_heads, head_size]
+    q_ptr,  # [num_tokens, num_q_heads, head_size] (out: head_size_v)
     k_ptr,  # paged: [num_blocks, block_size, num_kv_heads, head_size]; else [total_k, num_kv_heads, head_size]
     v_ptr,
     block_table_ptr,  # [num_seqs, max_blocks_per_seq] int32, or None (contiguous K/V)
@@ -151,6 +153,8 @@ def prefill_attention_kernel(
     NUM_QUERIES_PER_KV: tl.constexpr,
     HEAD_SIZE: tl.constexpr,
     HEAD_SIZE_PAD: tl.constexpr,
+    HEAD_SIZE_V: tl.constexpr,  # values may be narrower or wider than queries/keys (MLA prefill: 192 / 128)
+    HEAD_SIZE_V_PAD: tl.constexpr,
     PAGE_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -224,7 +228,7 @@ def prefill_attention_kernel(
         v_scale = tl.load(v_scale_ptr)
     qk_scale = scale * LOG2E
     heads = tl.zeros([BLOCK_M], dtype=tl.int32) + head
-    m_i, l_i, acc = init_softmax_state(sinks_ptr, heads, row_ok, True, BLOCK_M, HEAD_SIZE_PAD, USE_SINKS)
+    m_i, l_i, acc = init_softmax_state(sinks_ptr, heads, row_ok, True, BLOCK_M, HEAD_SIZE_V_PAD, USE_SINKS)
     if PAGED:
         block_row = block_table_ptr + seq.to(tl.int64) * stride_bt_s
     else:
@@ -235,7 +239,7 @@ def prefill_attention_kernel(
         prefix_ranges_ptr, seq, kv_head, first_tile, full_lo, kv_lo, kv_hi, num_blocks, max_blocks_per_seq,
         stride_k_b, stride_k_s, stride_k_h, stride_v_b, stride_v_s, stride_v_h,
         stride_pr_s, stride_pr_r, num_prefix_ranges, scale, qk_scale, softcap, sliding_window,
-        HEAD_SIZE, HEAD_SIZE_PAD, PAGE_SIZE, BLOCK_N, CHUNK_PAGES, IS_CAUSAL, USE_SOFTCAP, ALIBI_MODE, DOT_PRECISION,
+        HEAD_SIZE, HEAD_SIZE_PAD, HEAD_SIZE_V, HEAD_SIZE_V_PAD, PAGE_SIZE, BLOCK_N, CHUNK_PAGES, IS_CAUSAL, USE_SOFTCAP, ALIBI_MODE, DOT_PRECISION,
         USE_PREFIX, KV_FP8, PAGED, True,
     )
     m_i, l_i, acc = _key_tiles(
@@ -243,7 +247,7 @@ def prefill_attention_kernel(
         prefix_ranges_ptr, seq, kv_head, full_lo, full_hi, kv_lo, kv_hi, num_blocks, max_blocks_per_seq,
         stride_k_b, stride_k_s, stride_k_h, stride_v_b, stride_v_s, stride_v_h,
         stride_pr_s, stride_pr_r, num_prefix_ranges, scale, qk_scale, softcap, sliding_window,
-        HEAD_SIZE, HEAD_SIZE_PAD, PAGE_SIZE, BLOCK_N, CHUNK_PAGES, IS_CAUSAL, USE_SOFTCAP, ALIBI_MODE, DOT_PRECISION,
+        HEAD_SIZE, HEAD_SIZE_PAD, HEAD_SIZE_V, HEAD_SIZE_V_PAD, PAGE_SIZE, BLOCK_N, CHUNK_PAGES, IS_CAUSAL, USE_SOFTCAP, ALIBI_MODE, DOT_PRECISION,
         USE_PREFIX, KV_FP8, PAGED, False,
     )
     m_i, l_i, acc = _key_tiles(
@@ -251,11 +255,12 @@ def prefill_attention_kernel(
         prefix_ranges_ptr, seq, kv_head, full_hi, kv_hi, kv_lo, kv_hi, num_blocks, max_blocks_per_seq,
         stride_k_b, stride_k_s, stride_k_h, stride_v_b, stride_v_s, stride_v_h,
         stride_pr_s, stride_pr_r, num_prefix_ranges, scale, qk_scale, softcap, sliding_window,
-        HEAD_SIZE, HEAD_SIZE_PAD, PAGE_SIZE, BLOCK_N, CHUNK_PAGES, IS_CAUSAL, USE_SOFTCAP, ALIBI_MODE, DOT_PRECISION,
+        HEAD_SIZE, HEAD_SIZE_PAD, HEAD_SIZE_V, HEAD_SIZE_V_PAD, PAGE_SIZE, BLOCK_N, CHUNK_PAGES, IS_CAUSAL, USE_SOFTCAP, ALIBI_MODE, DOT_PRECISION,
         USE_PREFIX, KV_FP8, PAGED, True,
     )
     out, lse = finalize_softmax(acc, m_i, l_i)
-    tl.store(out_ptr + token[:, None] * stride_o_t + head * stride_o_h + offs_d[None, :],
-             out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & dim_ok[None, :])
+    offs_dv = tl.arange(0, HEAD_SIZE_V_PAD)
+    tl.store(out_ptr + token[:, None] * stride_o_t + head * stride_o_h + offs_dv[None, :],
+             out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & (offs_dv < HEAD_SIZE_V)[None, :])
     if RETURN_LSE:
         tl.store(lse_ptr + token * stride_lse_t + head * stride_lse_h, lse, mask=row_ok)

@@ -71,6 +71,8 @@ def launch_prefill(
         NUM_QUERIES_PER_KV=num_q_heads // num_kv_heads,
         HEAD_SIZE=head_size,
         HEAD_SIZE_PAD=max(16, triton.next_power_of_2(head_size)),
+        HEAD_SIZE_V=v.shape[-1],
+        HEAD_SIZE_V_PAD=max(16, triton.next_power_of_2(v.shape[-1])),
         PAGE_SIZE=page_size,
         BLOCK_M=tiles.block_m,
         BLOCK_N=tiles.tile_n,
