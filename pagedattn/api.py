@@ -52,6 +52,17 @@ def _alibi_mode(alibi_slopes, alibi_sqrt: bool) -> int:
     return (ALIBI_SQRT if alibi_sqrt else ALIBI_LINEAR).value
 
 
+def _lse_buffer(lse_out, return_lse: bool, num_tokens: int, num_heads: int, device) -> torch.Tensor | None:
+    """The lse tensor to write: ``lse_out`` (checked), a new one when ``return_lse``, else None."""
+    if lse_out is not None:
+        check_tensor("lse_out", lse_out, dtypes=(torch.float32,), device=device, last_dim_contiguous=False)
+        check_shape("lse_out", lse_out, (num_tokens, num_heads))
+        return lse_out
+    if return_lse:
+        return torch.empty(num_tokens, num_heads, dtype=torch.float32, device=device)
+    return None
+
+
 def _check_cache_pair(k_cache, v_cache, q_dtype, device) -> None:
     cache_dtypes = (q_dtype, *FP8_DTYPES)
     check_tensor("k_cache", k_cache, ndim=4, dtypes=cache_dtypes, device=device)
@@ -83,6 +94,7 @@ def paged_attention(
     v_scale: float | torch.Tensor | None = None,
     out: torch.Tensor | None = None,
     return_lse: bool = False,
+    lse_out: torch.Tensor | None = None,
     plan: AttentionPlan | None = None,
     validate: bool = False,
     allow_shared_blocks: bool = False,
@@ -131,6 +143,9 @@ def paged_attention(
     return_lse : bool
         Also return lse ``[num_tokens, num_q_heads]`` float32 (natural log, sink included; -inf
         for a row that sees no key, whose output is 0).
+    lse_out : Tensor, optional
+        ``[num_tokens, num_q_heads]`` float32 to write the lse into (implies ``return_lse``); with
+        ``out=`` and ``plan=`` the call then allocates nothing (for CUDA-graph capture).
     plan : AttentionPlan, optional
         From :func:`pagedattn.plan_attention` for this step: fixes the path (unified,
         split-KV or persistent), the tiles and owns the workspaces, so the call allocates nothing but ``out``
@@ -204,9 +219,8 @@ def paged_attention(
         scale = 1.0 / math.sqrt(head_size)
     if out is None:
         out = torch.empty_like(q)
-    lse = None
-    if return_lse:
-        lse = torch.empty(num_tokens, num_q_heads, dtype=torch.float32, device=device)
+    lse = _lse_buffer(lse_out, return_lse, num_tokens, num_q_heads, device)
+    return_lse = lse is not None
     fp8 = k_cache.dtype in FP8_DTYPES
     alibi_mode = _alibi_mode(alibi_slopes, alibi_sqrt)
     args = AttentionArgs(
@@ -279,6 +293,7 @@ def varlen_attention(
     prefix_ranges: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
     return_lse: bool = False,
+    lse_out: torch.Tensor | None = None,
 ):
     """Attention over contiguous K/V of several sequences (prefill; also what an encoder calls).
 
@@ -298,7 +313,7 @@ def varlen_attention(
     max_query_len : int, optional
         Host maximum of the query lengths (else computed with one host sync).
     scale, causal, sliding_window, softcap, alibi_slopes, alibi_sqrt, sinks, prefix_ranges, out,
-    return_lse : as in :func:`paged_attention`.
+    return_lse, lse_out : as in :func:`paged_attention`.
 
     Returns
     -------
@@ -339,7 +354,8 @@ def varlen_attention(
     if max_query_len is None:
         lens = cu_seqlens_q[1:] - cu_seqlens_q[:-1]
         max_query_len = int(lens.max().item()) if num_seqs > 0 else 0
-    lse = torch.empty(num_tokens, num_q_heads, dtype=torch.float32, device=device) if return_lse else None
+    lse = _lse_buffer(lse_out, return_lse, num_tokens, num_q_heads, device)
+    return_lse = lse is not None
     alibi_mode = _alibi_mode(alibi_slopes, alibi_sqrt)
     args = AttentionArgs(
         q=q, k_cache=k, v_cache=v, block_table=None, seq_lens=None, query_start_loc=cu_seqlens_q,
@@ -376,6 +392,7 @@ def merge_attention_states(
     lse_b: torch.Tensor,
     *,
     out: torch.Tensor | None = None,
+    lse_out: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Combine attention over two disjoint key sets into attention over their union.
 
@@ -387,7 +404,9 @@ def merge_attention_states(
     ----------
     out_a, out_b : ``[num_tokens, num_heads, head_size]`` float16, bfloat16 or float32
     lse_a, lse_b : ``[num_tokens, num_heads]`` float32
-    out : ``[num_tokens, num_heads, head_size]`` out_a's dtype, optional
+    out : ``[num_tokens, num_heads, head_size]`` out_a's dtype, optional (may be out_a itself)
+    lse_out : ``[num_tokens, num_heads]`` float32, optional (may be lse_a itself); with ``out``
+        the merge allocates nothing.
 
     Returns
     -------
@@ -411,7 +430,7 @@ def merge_attention_states(
     else:
         out = torch.empty_like(out_a)
     num_tokens, num_heads, head_size = out_a.shape
-    lse = torch.empty(num_tokens, num_heads, dtype=torch.float32, device=device)
+    lse = _lse_buffer(lse_out, True, num_tokens, num_heads, device)
     if num_tokens == 0 or num_heads == 0:
         return out, lse
     merge_states_kernel[(num_tokens, num_heads)](

@@ -64,3 +64,24 @@ def test_merge_rejects_bad_input():
         merge_attention_states(x, l, x[:2], l)
     with pytest.raises(ValueError, match="lse_b"):
         merge_attention_states(x, l, x, l[:, :1])
+
+
+def test_merge_in_place_into_a():
+    """out=out_a, lse_out=lse_a: the merge overwrites side a, allocating nothing (CUDA graphs)."""
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(6, 2, 16, generator=g, dtype=torch.float64)
+    k = torch.randn(30, 2, 16, generator=g, dtype=torch.float64)
+    v = torch.randn(30, 2, 16, generator=g, dtype=torch.float64)
+    kw = dict(q_pos=torch.full((6,), 30), scale=0.25, causal=False)
+    full_out, full_lse = attention_ref(q, k, v, **kw)
+    a_out, a_lse = attention_ref(q, k[:11], v[:11], **kw)
+    b_out, b_lse = attention_ref(q, k[11:], v[11:], **kw)
+    out_a, lse_a = a_out.to(DEVICE, torch.float32), a_lse.float().to(DEVICE)
+    got, lse = merge_attention_states(out_a, lse_a, b_out.to(DEVICE, torch.float32), b_lse.float().to(DEVICE),
+                                      out=out_a, lse_out=lse_a)
+    assert got.data_ptr() == out_a.data_ptr() and lse.data_ptr() == lse_a.data_ptr()
+    atol, rtol = TOLERANCES[torch.float32]
+    torch.testing.assert_close(got.double().cpu(), full_out, atol=atol, rtol=rtol)
+    torch.testing.assert_close(lse.double().cpu(), full_lse, atol=atol, rtol=rtol)
+    with pytest.raises(ValueError, match="lse_out"):
+        merge_attention_states(out_a, lse_a, out_a, lse_a, lse_out=torch.empty(6, 3, device=DEVICE))

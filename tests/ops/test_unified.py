@@ -8,7 +8,7 @@ import zlib
 import pytest
 import torch
 
-from pagedattn import paged_attention
+from pagedattn import paged_attention, plan_attention
 from pagedattn.reference import paged_attention_ref
 from pagedattn.testing import (
     BATCHES,
@@ -74,6 +74,21 @@ def test_shapes(num_q_heads, num_kv_heads, head_size, block_size):
         head_size=head_size, block_size=block_size, dtype=torch.float16, device=DEVICE, generator=g,
     )
     run_and_compare(batch, {}, dtype=torch.float16)
+
+
+def test_lse_out_buffer():
+    """lse_out= receives the lse (return_lse implied): with out= and a plan the call allocates nothing."""
+    g = torch.Generator().manual_seed(12)
+    batch = make_paged_batch([(1, 50), (4, 30)], dtype=torch.float32, device=DEVICE, generator=g)
+    plan = plan_attention(batch.query_start_loc, batch.seq_lens, num_q_heads=batch.q.shape[1],
+                          num_kv_heads=batch.k_cache.shape[2], head_size=batch.q.shape[2], device=DEVICE)
+    out = torch.full_like(batch.q, float("nan"))
+    lse_buf = torch.full(batch.q.shape[:2], float("nan"), device=DEVICE)
+    got, lse = paged_attention(*batch.args(), out=out, lse_out=lse_buf, plan=plan)
+    assert lse.data_ptr() == lse_buf.data_ptr()
+    assert_matches_reference(got, lse, *paged_attention_ref(*batch.args()))
+    with pytest.raises(ValueError, match="lse_out"):
+        paged_attention(*batch.args(), plan=plan, lse_out=torch.empty(3, 1, device=DEVICE))
 
 
 def test_several_block_table_chunks():
