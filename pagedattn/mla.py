@@ -163,7 +163,9 @@ def _mla_decode(q_nope, q_pe, kv_cache, block_table, seq_lens, query_start_loc, 
         if max_query_len > MLA_MAX_QUERY_LEN:
             raise ValueError(f"query_start_loc gives a query of {max_query_len} tokens; mla_decode takes at most "
                              f"{MLA_MAX_QUERY_LEN} (prefill takes the decompressed attention path)")
-    config = resolve_mla_config(config, num_heads, max_query_len, (latent_dim + rope_dim) * q_nope.element_size())
+    fp8 = kv_cache.dtype in FP8_DTYPES
+    config = resolve_mla_config(config, num_heads, max_query_len, (latent_dim + rope_dim) * q_nope.element_size(),
+                                fp8)
     if num_splits is None:
         num_splits = config.num_splits
     if num_splits is None:
@@ -177,7 +179,6 @@ def _mla_decode(q_nope, q_pe, kv_cache, block_table, seq_lens, query_start_loc, 
     partial_out = partial_lse = None
     if num_splits > 1 and num_tokens > 0:
         partial_out, partial_lse = _workspace(num_tokens, num_heads, num_splits, latent_dim, device)
-    fp8 = kv_cache.dtype in FP8_DTYPES
     launch_mla_decode(
         out, lse, q_nope, q_pe, kv_cache, block_table, seq_lens, query_start_loc,
         scale=float(scale), kv_scale=_scale_tensor(kv_scale, device) if fp8 else None, config=config,

@@ -111,8 +111,8 @@ def test_mla_sweep_configs_gpu(config):
 @pytest.mark.parametrize(
     "config, num_heads, block_size, fp8",
     [
-        pytest.param(MLAConfig(64, 1, 32, 2, 4, 4), 128, 64, True, id="default-page64-fp8"),
-        pytest.param(MLAConfig(64, 1, 64, 2, 4, 2), 128, 16, True, id="tile64-fp8"),
+        pytest.param(MLAConfig(64, 1, 32, 2, 4, 4), 128, 64, True, id="fp8-default-page64"),
+        pytest.param(MLAConfig(64, 1, 64, 1, 8, 2), 128, 16, True, id="bf16-default-with-fp8"),
         pytest.param(MLAConfig(16, 4, 32, 2, 4, 4), 16, 16, False, id="h16q4-spec-wgmma"),
         pytest.param(MLAConfig(32, 2, 32, 2, 4, 4), 32, 32, False, id="h32q2-spec"),
         pytest.param(MLAConfig(64, 1, 32, 4, 4, 3), 96, 16, False, id="value4-masked-heads"),

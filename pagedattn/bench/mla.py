@@ -48,21 +48,21 @@ def select_device() -> torch.device:
 def sweep_configs():
     """The sweep grid for 128 heads (12 configs; see docs/perf-notes.md experiment 10).
 
-    64-row programs on one warp group (the default and its tile/stage/value-split neighbours),
-    64 rows on two warp groups (scores computed twice, 2 readers per tile instead of 4), 128 rows
-    on two warp groups, and the 32/16-row mma.sync programs (more readers per tile, the shape
-    vLLM's Triton MLA kernel uses); the last one is the tiling of the kernel before experiment 10.
+    64 rows on two warp groups (the default: whole accumulator, scores computed by both groups,
+    2 readers per tile), 64 rows on one warp group with 2 or 4 value parts (4 or 8 readers),
+    128 rows on two warp groups with 2 value parts, and the 32/16-row mma.sync programs (the
+    shape vLLM's Triton MLA kernel uses); the last one is the tiling before experiment 10.
     """
     from pagedattn.ops.mla.launch import MLAConfig as C
 
     return [
-        C(64, 1, 32, 2, 4, 4),  # the default
+        C(64, 1, 64, 1, 8, 2),  # the default (bf16 / fp16 cache)
+        C(64, 1, 32, 1, 8, 4),
+        C(64, 1, 32, 2, 4, 4),  # the default for an fp8 cache
         C(64, 1, 32, 2, 4, 3),
         C(64, 1, 64, 2, 4, 2),
         C(64, 1, 32, 4, 4, 4),
         C(64, 1, 64, 4, 4, 2),
-        C(64, 1, 32, 1, 8, 4),
-        C(64, 1, 64, 1, 8, 2),
         C(128, 1, 16, 2, 8, 4),
         C(128, 1, 32, 2, 8, 2),
         C(32, 1, 32, 2, 4, 4),
@@ -166,7 +166,7 @@ class Workload:
         from pagedattn.ops.mla.launch import choose_mla_splits, resolve_mla_config
         from pagedattn.plan import num_sms
 
-        config = resolve_mla_config(config, self.heads, self.ql)
+        config = resolve_mla_config(config, self.heads, self.ql, fp8_cache=self.args.fp8)
         splits = num_splits or config.num_splits or choose_mla_splits(
             self.batch, self.heads, self.ql, self.seq_len, config, num_sms(self.device))
 
@@ -212,7 +212,7 @@ def run_plain(args, device, dtype, g) -> list[dict]:
 
 def run_sweep(args, device, dtype, g) -> list[dict]:
     """Every config of the grid (and split variants at B=1) on every case; progress on stdout."""
-    from pagedattn.ops.mla.launch import choose_mla_splits, pick_mla_config, resolve_mla_config
+    from pagedattn.ops.mla.launch import choose_mla_splits, resolve_mla_config
     from pagedattn.plan import num_sms
 
     configs = [parse_config(args.config)] if args.config else sweep_configs()
@@ -230,7 +230,7 @@ def run_sweep(args, device, dtype, g) -> list[dict]:
         w = Workload(batch, seq_len, args, device, dtype, g)
         runs = [(c, args.num_splits) for c in runnable]
         if batch == 1 and args.num_splits is None:  # split counts around the rule's, default config
-            default = resolve_mla_config(pick_mla_config(args.heads, args.query_len), args.heads, args.query_len)
+            default = resolve_mla_config(None, args.heads, args.query_len, fp8_cache=args.fp8)
             rule = choose_mla_splits(batch, args.heads, args.query_len, seq_len, default, num_sms(device))
             runs += [(default, k) for k in sorted({max(2, round(rule * f)) for f in SPLIT_FACTORS} - {rule})]
         if not args.no_baseline:

@@ -256,13 +256,15 @@ def test_write_then_decode():
 
 
 def test_choose_mla_splits():
-    config = MLAConfig(64, 1, 32, 2, 4, 4)  # 128 heads: 2 head groups x 2 value parts, 216 KB: 1 per SM
+    config = MLAConfig(64, 1, 64, 1, 8, 2)  # 128 heads: 2 head groups, 216 KB: 1 program per SM
     assert choose_mla_splits(1, 128, 1, 4096, config, 132) == 32  # by length (128 keys a split)
-    assert choose_mla_splits(1, 128, 1, 32768, config, 132) == 33  # by fill: 132 // 4 programs
-    assert choose_mla_splits(1, 128, 1, 32768, MLAConfig(64, 1, 32, 1, 8, 4), 132) == 64  # by the cap
-    assert choose_mla_splits(32, 128, 1, 4096, config, 132) == 1  # 128 programs: one wave already
-    assert choose_mla_splits(16, 128, 1, 4096, config, 132) == 2  # 64 programs -> 128
+    assert choose_mla_splits(1, 128, 1, 32768, config, 132) == 64  # by the cap
+    assert choose_mla_splits(32, 128, 1, 4096, config, 132) == 2  # 64 programs -> 128
+    assert choose_mla_splits(128, 128, 1, 4096, config, 132) == 1  # the grid already fills the GPU
     assert choose_mla_splits(1, 128, 1, 100, config, 132) == 1  # too short to split
+    value2 = MLAConfig(64, 1, 32, 2, 4, 4)  # 2 head groups x 2 value parts
+    assert choose_mla_splits(1, 128, 1, 32768, value2, 132) == 33  # by fill: 132 // 4 programs
+    assert choose_mla_splits(32, 128, 1, 4096, value2, 132) == 1  # 128 programs: one wave already
     small = MLAConfig(16, 1, 32, 1, 4, 1)  # 54 KB: 4 per SM
     assert choose_mla_splits(4, 16, 1, 32768, small, 132) == 64  # fill 4 * 132 // 4 = 132 -> cap
 
@@ -270,9 +272,11 @@ def test_choose_mla_splits():
 def test_pick_mla_config(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "0")  # the GPU rule (no launch here)
     for heads, q_len in [(128, 1), (128, 8), (16, 1), (16, 4), (32, 1), (8, 1), (1, 1)]:
-        config = pick_mla_config(heads, q_len)
-        assert config.block_m >= 16 and config.problems() == [], (heads, q_len, config)
-    assert pick_mla_config(128, 1) == MLAConfig(64, 1, 32, 2, 4, 4)
+        for row_bytes, fp8 in [(1152, False), (1152, True), (2304, False)]:
+            config = pick_mla_config(heads, q_len, row_bytes, fp8)
+            assert config.block_m >= 16 and config.problems(row_bytes=row_bytes) == [], (heads, q_len, config)
+    assert pick_mla_config(128, 1) == MLAConfig(64, 1, 64, 1, 8, 2)
+    assert pick_mla_config(128, 1, fp8_cache=True) == MLAConfig(64, 1, 32, 2, 4, 4)
     assert pick_mla_config(16, 1).value_split == 1 and pick_mla_config(32, 1).value_split == 2
     assert MLAConfig(64, 1, 64, 1, 4, 4).problems()  # 256 accumulator registers, 360 KB
     monkeypatch.setenv("TRITON_INTERPRET", "1")

@@ -7,10 +7,10 @@ budget on Hopper-class GPUs, from compiling the kernel for sm_90a (ptxas registe
 counts, Triton's shared-memory figure; docs/perf-notes.md experiment 10):
 
 * the fp32 accumulator takes ``block_m * latent / value_split / (32 * num_warps)`` registers a
-  thread; at 128 (e.g. 64 rows x 256 columns on 4 warps) everything else still fits in the
-  255-register limit with 32-key tiles, 64-key tiles spill a little inside the loop;
+  thread; at 128 (64 rows x 512 columns on 8 warps, or x 256 on 4) the rest still fits in the
+  255-register limit without spills inside the loop, except 64-key tiles on 4 warps;
 * shared memory holds the queries (``block_m * 576 * 2`` bytes) and ``num_stages`` latent tiles
-  (``tile_n * 576 * 2`` bytes each): 64 rows x 32 keys x 4 stages = 216 KB of the 227 KB;
+  (``tile_n * 576 * 2`` bytes each): 64 rows + 2 x 64 keys (or 4 x 32) = 216 KB of the 227 KB;
 * ``tl.dot`` lays its warps along M when a second dot consumes its result, so ``block_m`` below
   ``16 * num_warps`` (below 64 per warp group on Hopper) computes the scores redundantly.
 
@@ -94,17 +94,20 @@ def _is_interpreter() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
-def pick_mla_config(num_heads: int, max_query_len: int, row_bytes: int = ROW_WIDTH_BYTES) -> MLAConfig:
+def pick_mla_config(num_heads: int, max_query_len: int, row_bytes: int = ROW_WIDTH_BYTES,
+                    fp8_cache: bool = False) -> MLAConfig:
     """The default config: rows from heads first, then query tokens; 64 rows where they exist.
 
-    64 rows (Hopper's warp-group MMA): 4 warps, one warp group, so the scores are computed
-    once; 2 value parts for a 128-register accumulator; 32-key tiles through 4 stages (3 tiles
-    in flight, 216 KB). For 128 heads of a decode token that is 2 head groups x 2 value parts:
-    4 programs read each latent tile, all but the first from L2. Fewer rows (16 or 32: few
-    heads, one token) take the mma.sync path, where the queries also sit in registers, so the
-    value split keeps the accumulator at <= 64 registers. Wider rows (``row_bytes``: fp32
-    queries) drop stages, then keys per tile, until shared memory fits. The interpreter gets 16
-    rows, one warp, one stage.
+    64 rows (Hopper's warp-group MMA): the whole 512-column accumulator on 8 warps (128
+    registers a thread; the two warp groups split the columns and both compute the scores), 64-key
+    tiles, 2 stages (216 KB). For 128 heads of a decode token that is 2 head groups: 2 programs
+    read each latent tile, the second from L2. In the static model of docs/perf-notes.md
+    (experiment 10) this beats 2 value parts on 4 warps (4 readers per tile, 32-key tiles),
+    which an fp8 cache gets instead (its in-register up-conversion spills at 64-key tiles).
+    Fewer rows (16 or 32: few heads, one token) take the mma.sync path, where the queries also
+    sit in registers, so the value split keeps the accumulator at <= 64 registers. Wider rows
+    (``row_bytes``: fp32 queries) drop stages, then keys per tile, until shared memory fits.
+    The interpreter gets 16 rows, one warp, one stage.
     """
     max_m = 16 if _is_interpreter() else 64
     block_h = min(triton.next_power_of_2(max(num_heads, 1)), max_m)
@@ -112,17 +115,19 @@ def pick_mla_config(num_heads: int, max_query_len: int, row_bytes: int = ROW_WID
     block_q = max(block_q, 16 // block_h)
     if _is_interpreter():
         return MLAConfig(block_h, block_q, tile_n=32, value_split=1, num_warps=1, num_stages=1)
-    block_m = block_h * block_q
-    acc_limit = 128 if block_m >= 64 else 64
-    value_split = 1
-    while value_split < 4 and MLAConfig(block_h, block_q, 32, value_split, 4).acc_registers() > acc_limit:
-        value_split *= 2
-    config = MLAConfig(block_h, block_q, tile_n=32, value_split=value_split, num_warps=4, num_stages=4)
+    if block_h * block_q >= 64 and not fp8_cache:
+        config = MLAConfig(block_h, block_q, tile_n=64, value_split=1, num_warps=8, num_stages=2)
+    else:
+        acc_limit = 128 if block_h * block_q >= 64 else 64
+        value_split = 1
+        while value_split < 4 and MLAConfig(block_h, block_q, 32, value_split, 4).acc_registers() > acc_limit:
+            value_split *= 2
+        config = MLAConfig(block_h, block_q, tile_n=32, value_split=value_split, num_warps=4, num_stages=4)
     while config.smem_bytes(row_bytes) > SMEM_BYTES and (config.num_stages > 2 or config.tile_n > 16):
         if config.num_stages > 2:
             config = replace(config, num_stages=config.num_stages - 1)
         else:
-            config = replace(config, tile_n=16)
+            config = replace(config, tile_n=config.tile_n // 2)
     return config
 
 
@@ -154,9 +159,9 @@ def choose_mla_splits(num_seqs: int, num_heads: int, max_query_len: int, max_seq
 
 
 def resolve_mla_config(config: MLAConfig | None, num_heads: int, max_query_len: int,
-                       row_bytes: int = ROW_WIDTH_BYTES) -> MLAConfig:
+                       row_bytes: int = ROW_WIDTH_BYTES, fp8_cache: bool = False) -> MLAConfig:
     """``config`` or the default; its block_q is raised to 16 // block_h so that block_m >= 16."""
-    config = config or pick_mla_config(num_heads, max_query_len, row_bytes)
+    config = config or pick_mla_config(num_heads, max_query_len, row_bytes, fp8_cache)
     if config.block_m < 16:
         config = replace(config, block_q=-(-16 // config.block_h))
     return config
