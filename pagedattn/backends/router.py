@@ -29,9 +29,9 @@ Per-layer cost (CONVENTIONS.md, plan/run): ``plan`` reads the host metadata once
 ``block_size``, also builds every device tensor of the step (sub-batch metadata, the extend
 chunks' slot lists, block tables and plans, the gather workspace) and the token workspaces.
 ``forward`` then never synchronizes with the host nor copies host data to the device, so it can
-be captured in a CUDA graph; with ``out=`` it allocates only what ``paged_attention`` and
-``merge_attention_states`` allocate themselves (each call's lse, ``[tokens, num_q_heads]``
-float32; an ``lse_out=`` argument there would remove those) and the returned lse. Without
+be captured in a CUDA graph; with ``out=`` the extend chunks write their lse into the plan's
+workspace (``lse_out=``), so only the decode/prefill launches' returned lse (when asked for) is
+allocated. Without
 ``block_size`` the first layer's call builds the extend workspaces (host-to-device copies).
 """
 
@@ -179,6 +179,7 @@ class _ExtendChunks:
     ws_k: torch.Tensor | None = None
     ws_v: torch.Tensor | None = None
     ws_out: torch.Tensor | None = None  # [extend tokens, num_q_heads, head_size]: one chunk's output
+    ws_lse: torch.Tensor | None = None  # [2, extend tokens, num_q_heads] fp32: running and chunk lse
     key: tuple = ()
 
     def materialize(self, part: _Part, config: BackendConfig, block_size: int, cache_dtype: torch.dtype) -> None:
@@ -198,6 +199,7 @@ class _ExtendChunks:
         self.ws_v = torch.empty_like(self.ws_k)
         self.ws_out = torch.empty(md.num_tokens, config.num_q_heads, config.head_size, dtype=config.dtype,
                                   device=device) if self.context else None
+        self.ws_lse = torch.empty(2, md.num_tokens, config.num_q_heads, dtype=torch.float32, device=device)
         q_lens = md.query_lens_host
         for step in steps:
             seq_index, positions, pages = [], [], step.pages(block_size)
@@ -322,7 +324,7 @@ def _run_extend_chunked(q, k_cache, v_cache, part: _Part, config: BackendConfig,
     ws_k_flat = chunks.ws_k.view(-1, num_kv_heads, head_size)
     ws_v_flat = chunks.ws_v.view(-1, num_kv_heads, head_size)
 
-    def attend(step: _ChunkStep, dest, **extra):
+    def attend(step: _ChunkStep, dest, lse_dest, **extra):
         # every cached key precedes the new tokens: a context chunk needs no causal rule
         extra["causal"] = causal if step.causal else False
         n = step.src_slots.shape[0]
@@ -331,20 +333,21 @@ def _run_extend_chunked(q, k_cache, v_cache, part: _Part, config: BackendConfig,
         return paged_attention(
             q, chunks.ws_k, chunks.ws_v, step.block_table, step.seq_lens, md.query_start_loc,
             max_query_len=md.max_query_len, max_seq_len=max(step.seq_lens_host + [0]), plan=step.plan,
-            out=dest, return_lse=True, alibi_slopes=alibi_slopes, alibi_sqrt=alibi_sqrt, **features, **extra,
+            out=dest, lse_out=lse_dest, alibi_slopes=alibi_slopes, alibi_sqrt=alibi_sqrt, **features, **extra,
         )
 
     # The sink joins exactly one part's denominator; merging then counts it once.
-    _, acc_lse = attend(chunks.new_tokens, out, sinks=sinks)
+    lse_ws = chunks.ws_lse[:, : q.shape[0]] if chunks.ws_lse.shape[2] == q.shape[1] else None
+    _, acc_lse = attend(chunks.new_tokens, out, None if lse_ws is None else lse_ws[0], sinks=sinks)
     ws_out = chunks.ws_out[: q.shape[0]] if chunks.context else None
     if ws_out is not None and ws_out.dtype != q.dtype:
         ws_out = torch.empty_like(q)  # q's dtype differs from the plan's config: not the usual case
     for step in chunks.context:
-        o, lse = attend(step, ws_out)
+        o, lse = attend(step, ws_out, None if lse_ws is None else lse_ws[1])
         if alibi_slopes is not None:
             # the chunk's keys sit (seq_len - chunk end) further from the queries than the kernel saw
             lse.addcmul_(step.alibi_shift[:, None], alibi_slopes.float()[None, :], value=-1.0)
-        _, acc_lse = merge_attention_states(o, lse, out, acc_lse, out=out)
+        _, acc_lse = merge_attention_states(o, lse, out, acc_lse, out=out, lse_out=acc_lse)
     return (out, acc_lse) if return_lse else out
 
 
