@@ -165,7 +165,7 @@ def _mla_decode(q_nope, q_pe, kv_cache, block_table, seq_lens, query_start_loc, 
                              f"{MLA_MAX_QUERY_LEN} (prefill takes the decompressed attention path)")
     fp8 = kv_cache.dtype in FP8_DTYPES
     config = resolve_mla_config(config, num_heads, max_query_len, (latent_dim + rope_dim) * q_nope.element_size(),
-                                fp8)
+                                fp8, num_seqs=num_seqs, sms=num_sms(device))
     if num_splits is None:
         num_splits = config.num_splits
     if num_splits is None:

@@ -35,7 +35,11 @@ INVARIANT_SEGMENT_TOKENS = 1024
 PERSISTENT_MAX_SPLITS = 64
 PREFILL_MIN_QUERY_LEN = 128
 PATHS = ("auto", "unified", "split_kv", "persistent", "prefill")
-SCHEDULES = ("static", "atomic")
+SCHEDULES = ("auto", "static", "atomic")
+# "auto": the atomic counter when the work list has at least this many items per program
+# (waves, docs/bench/s3-runE: static won at 32 items on 528 programs, 9.6 vs 14.8 us; atomic
+# at 512 and 576 items, 179.5 vs 222.1 and 63.1 vs 67.4 us)
+ATOMIC_MIN_ITEMS_PER_PROGRAM = 0.5
 
 
 @dataclass(frozen=True)
@@ -71,11 +75,11 @@ class AttentionPlan:
     partial_lse: torch.Tensor | None
     # persistent path only: the device work lists, their capacity and the fixed grid
     work_items: torch.Tensor | None = None  # [max_items, 5] int32: seq, q block, kv head, split, splits
-    work_counts: torch.Tensor | None = None  # [2] int32: items, reduce rows
+    work_counts: torch.Tensor | None = None  # [3] int32: items, reduce rows, 1 = atomic schedule
     work_counter: torch.Tensor | None = None  # [1] int32 (atomic schedule)
     reduce_rows: torch.Tensor | None = None  # [max_num_tokens, 2] int32: token, splits
     num_programs: int = 0
-    schedule: str = "static"
+    schedule: str = "auto"
     max_num_seqs: int = 0
     sliding_window: int | None = None
     # prefill path: sequences with at least prefill_min_q_len queries run the large-tile kernel
@@ -107,7 +111,9 @@ class AttentionPlan:
         device = self.work_items.device
         self.work_items[: items.shape[0]].copy_(items.to(device))
         self.reduce_rows[: rows.shape[0]].copy_(rows.to(device))
-        self.work_counts.copy_(torch.tensor([items.shape[0], rows.shape[0]], dtype=torch.int32).to(device))
+        atomic = self.schedule == "atomic" or (
+            self.schedule == "auto" and items.shape[0] >= ATOMIC_MIN_ITEMS_PER_PROGRAM * self.num_programs)
+        self.work_counts.copy_(torch.tensor([items.shape[0], rows.shape[0], int(atomic)], dtype=torch.int32).to(device))
         q_lens = [b - a for a, b in zip(qsl[:-1], qsl[1:])]
         self.max_query_len = max(q_lens + [0])
         self.max_seq_len = max(lens + [0])
@@ -240,7 +246,7 @@ def plan_attention(
     max_num_seqs: int | None = None,
     max_context_len: int | None = None,
     num_programs: int | None = None,
-    schedule: str = "static",
+    schedule: str = "auto",
     dtype: torch.dtype = torch.bfloat16,
 ) -> AttentionPlan:
     """Plan one engine step.
@@ -266,7 +272,9 @@ def plan_attention(
     max_num_seqs, max_context_len : persistent path: the capacity to plan for (defaults: this
         batch), so that :meth:`AttentionPlan.update` can re-plan any batch up to it in place.
     num_programs : persistent path: the fixed grid (default ``PROGRAMS_PER_SM * num_sms``).
-    schedule : persistent path: ``"static"`` striding or ``"atomic"`` work counter.
+    schedule : persistent path: ``"static"`` striding, ``"atomic"`` work counter, or ``"auto"``
+        (default): chosen at every ``update()`` from the work list's size, without recapture (the
+        kernel reads the choice from the plan's device buffer).
     dtype : q's dtype (the prefill path's tiles depend on it).
 
     Examples
@@ -358,7 +366,7 @@ def _plan_persistent(qsl, lens, *, tiles, num_q_heads, num_kv_heads, head_size, 
         partial_out=torch.empty(max_num_tokens, num_q_heads, max_splits, head_size, dtype=torch.float32, device=device),
         partial_lse=torch.empty(max_num_tokens, num_q_heads, max_splits, dtype=torch.float32, device=device),
         work_items=torch.zeros(max_items, 5, dtype=torch.int32, device=device),
-        work_counts=torch.zeros(2, dtype=torch.int32, device=device),
+        work_counts=torch.zeros(3, dtype=torch.int32, device=device),
         work_counter=torch.zeros(1, dtype=torch.int32, device=device),
         reduce_rows=torch.zeros(max(1, max_num_tokens), 2, dtype=torch.int32, device=device),
         num_programs=num_programs, schedule=schedule, max_num_seqs=max_num_seqs, sliding_window=sliding_window,

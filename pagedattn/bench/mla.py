@@ -170,7 +170,8 @@ class Workload:
         from pagedattn.ops.mla.launch import choose_mla_splits, resolve_mla_config
         from pagedattn.plan import num_sms
 
-        config = resolve_mla_config(config, self.heads, self.ql, fp8_cache=self.args.fp8)
+        config = resolve_mla_config(config, self.heads, self.ql, fp8_cache=self.args.fp8, num_seqs=self.batch,
+                                    sms=num_sms(self.device))
         splits = num_splits or config.num_splits or choose_mla_splits(
             self.batch, self.heads, self.ql, self.seq_len, config, num_sms(self.device))
 
@@ -235,7 +236,8 @@ def run_sweep(args, device, dtype, g) -> list[dict]:
         w = Workload(batch, seq_len, args, device, dtype, g)
         runs = [(c, args.num_splits) for c in runnable]
         if batch == 1 and args.num_splits is None:  # split counts around the rule's, default config
-            default = resolve_mla_config(None, args.heads, args.query_len, fp8_cache=args.fp8)
+            default = resolve_mla_config(None, args.heads, args.query_len, fp8_cache=args.fp8, num_seqs=batch,
+                                         sms=num_sms(device))
             rule = choose_mla_splits(batch, args.heads, args.query_len, seq_len, default, num_sms(device))
             runs += [(default, k) for k in sorted({max(2, round(rule * f)) for f in SPLIT_FACTORS} - {rule})]
         if not args.no_baseline:

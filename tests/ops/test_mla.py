@@ -278,6 +278,9 @@ def test_pick_mla_config(monkeypatch):
     assert pick_mla_config(128, 1) == MLAConfig(64, 1, 64, 1, 8, 2)
     assert pick_mla_config(128, 1, fp8_cache=True) == MLAConfig(64, 1, 32, 2, 4, 4)
     assert pick_mla_config(16, 1).value_split == 1 and pick_mla_config(32, 1).value_split == 2
+    # small batches (split keys) take the 4-warp value-split config; B=32 of 128 heads does not
+    assert pick_mla_config(128, 1, num_seqs=1, sms=132) == MLAConfig(64, 1, 32, 2, 4, 4)
+    assert pick_mla_config(128, 1, num_seqs=32, sms=132) == MLAConfig(64, 1, 64, 1, 8, 2)
     assert MLAConfig(64, 1, 64, 1, 4, 4).problems()  # 256 accumulator registers, 360 KB
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     assert pick_mla_config(128, 1).block_m == 16

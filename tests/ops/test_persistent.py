@@ -38,11 +38,14 @@ def test_persistent_update_in_place():
     plan = plan_attention([0] + list(range(1, 9)), [500] * 8, num_q_heads=4, num_kv_heads=2, head_size=32,
                           device=DEVICE, path="persistent", num_programs=5, max_num_tokens=24)
     buffers = (plan.work_items.data_ptr(), plan.partial_out.data_ptr(), plan.work_counts.data_ptr())
-    for cases in ([(1, 450)], [(1, 17), (1, 300), (3, 9)], [(1, 1)] * 8, [(4, 400), (8, 100), (0, 5)]):
+    schedules = set()  # "auto": static striding for short work lists, the atomic counter for long ones
+    for cases in ([(1, 450)], [(1, 10)], [(1, 17), (1, 300), (3, 9)], [(1, 1)] * 8, [(4, 400), (8, 100), (0, 5)]):
         batch = make_paged_batch(cases, dtype=torch.float16, device=DEVICE, generator=g)
         plan.update(batch.query_start_loc, batch.seq_lens)
         assert (plan.work_items.data_ptr(), plan.partial_out.data_ptr(), plan.work_counts.data_ptr()) == buffers
+        schedules.add(int(plan.work_counts[2]))
         check(batch, plan, {"sliding_window": 200})
+    assert schedules == {0, 1}
     with pytest.raises(ValueError, match="capacity"):
         plan.update([0] + list(range(1, 11)), [5] * 10)
 

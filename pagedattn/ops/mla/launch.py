@@ -95,7 +95,7 @@ def _is_interpreter() -> bool:
 
 
 def pick_mla_config(num_heads: int, max_query_len: int, row_bytes: int = ROW_WIDTH_BYTES,
-                    fp8_cache: bool = False) -> MLAConfig:
+                    fp8_cache: bool = False, num_seqs: int | None = None, sms: int | None = None) -> MLAConfig:
     """The default config: rows from heads first, then query tokens; 64 rows where they exist.
 
     64 rows (Hopper's warp-group MMA): the whole 512-column accumulator on 8 warps (128
@@ -108,6 +108,12 @@ def pick_mla_config(num_heads: int, max_query_len: int, row_bytes: int = ROW_WID
     sit in registers, so the value split keeps the accumulator at <= 64 registers. Wider rows
     (``row_bytes``: fp32 queries) drop stages, then keys per tile, until shared memory fits.
     The interpreter gets 16 rows, one warp, one stage.
+
+    A grid of fewer than a quarter program per SM unsplit (``num_seqs`` and ``sms`` given: small
+    batches, which split the keys) takes the 4-warp value-split config instead: in the H200
+    sweep (docs/bench/s3-runE) it ran B=1 L=32768 in 58 us against 96 us for the 8-warp one,
+    which in turn was 19% faster at B=32 (64 head groups on 132 SMs). Batches between were not
+    measured; the quarter is the middle of that range.
     """
     max_m = 16 if _is_interpreter() else 64
     block_h = min(triton.next_power_of_2(max(num_heads, 1)), max_m)
@@ -115,7 +121,9 @@ def pick_mla_config(num_heads: int, max_query_len: int, row_bytes: int = ROW_WID
     block_q = max(block_q, 16 // block_h)
     if _is_interpreter():
         return MLAConfig(block_h, block_q, tile_n=32, value_split=1, num_warps=1, num_stages=1)
-    if block_h * block_q >= 64 and not fp8_cache:
+    head_groups = -(-max(num_heads, 1) // block_h)
+    small_grid = num_seqs is not None and sms is not None and 4 * num_seqs * head_groups < sms
+    if block_h * block_q >= 64 and not fp8_cache and not small_grid:
         config = MLAConfig(block_h, block_q, tile_n=64, value_split=1, num_warps=8, num_stages=2)
     else:
         acc_limit = 128 if block_h * block_q >= 64 else 64
@@ -159,9 +167,10 @@ def choose_mla_splits(num_seqs: int, num_heads: int, max_query_len: int, max_seq
 
 
 def resolve_mla_config(config: MLAConfig | None, num_heads: int, max_query_len: int,
-                       row_bytes: int = ROW_WIDTH_BYTES, fp8_cache: bool = False) -> MLAConfig:
+                       row_bytes: int = ROW_WIDTH_BYTES, fp8_cache: bool = False, num_seqs: int | None = None,
+                       sms: int | None = None) -> MLAConfig:
     """``config`` or the default; its block_q is raised to 16 // block_h so that block_m >= 16."""
-    config = config or pick_mla_config(num_heads, max_query_len, row_bytes, fp8_cache)
+    config = config or pick_mla_config(num_heads, max_query_len, row_bytes, fp8_cache, num_seqs, sms)
     if config.block_m < 16:
         config = replace(config, block_q=-(-16 // config.block_h))
     return config

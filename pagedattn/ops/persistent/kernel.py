@@ -6,8 +6,9 @@ captured maximum: the grid never changes, and no program exists only to exit. It
 block with one split write the output directly; the others write partials that
 ``persistent_reduce_kernel`` merges, again from a device-side list of rows.
 
-Scheduling: ``ATOMIC_SCHEDULE=False`` strides statically (program p takes items p, p + P, ...);
-``True`` takes the next item from a global atomic counter (zeroed before each launch).
+Scheduling, read from ``work_counts[2]`` at run time (so ``plan.update()`` can switch it between
+replays of one captured graph): 0 strides statically (program p takes items p, p + P, ...); 1
+takes the next item from a global atomic counter (zeroed before each launch).
 """
 
 import triton
@@ -75,7 +76,7 @@ def persistent_attention_kernel(
     partial_out_ptr,  # [max_num_tokens, num_q_heads, max_splits, head_size] fp32
     partial_lse_ptr,  # [max_num_tokens, num_q_heads, max_splits] fp32
     work_items_ptr,  # [max_items, 5] int32
-    work_counts_ptr,  # [2] int32: items, reduce rows
+    work_counts_ptr,  # [3] int32: items, reduce rows, schedule (1: atomic)
     work_counter_ptr,  # [1] int32, zeroed before launch (atomic schedule)
     stride_o_t, stride_o_h,
     stride_lse_t, stride_lse_h,
@@ -112,11 +113,11 @@ def persistent_attention_kernel(
     USE_PREFIX: tl.constexpr,
     KV_FP8: tl.constexpr,
     RETURN_LSE: tl.constexpr,
-    ATOMIC_SCHEDULE: tl.constexpr,
 ):
     """Each program runs work items until the list is done (see the module docstring)."""
     num_items = tl.load(work_counts_ptr)
-    if ATOMIC_SCHEDULE:
+    atomic = tl.load(work_counts_ptr + 2) != 0
+    if atomic:
         item = tl.atomic_add(work_counter_ptr, 1)
     else:
         item = tl.program_id(0)
@@ -133,7 +134,7 @@ def persistent_attention_kernel(
             NUM_QUERIES_PER_KV, HEAD_SIZE, HEAD_SIZE_PAD, PAGE_SIZE, BLOCK_Q, BLOCK_M, TILE_N, CHUNK_PAGES,
             IS_CAUSAL, USE_SOFTCAP, ALIBI_MODE, DOT_PRECISION, USE_SINKS, USE_PREFIX, KV_FP8, RETURN_LSE,
         )
-        if ATOMIC_SCHEDULE:
+        if atomic:
             item = tl.atomic_add(work_counter_ptr, 1)
         else:
             item += tl.num_programs(0)
@@ -147,7 +148,7 @@ def persistent_reduce_kernel(
     partial_out_ptr,  # [max_num_tokens, num_q_heads, max_splits, head_size] fp32
     partial_lse_ptr,  # [max_num_tokens, num_q_heads, max_splits] fp32
     reduce_rows_ptr,  # [max_num_tokens, 2] int32: token, num_splits
-    work_counts_ptr,  # [2] int32: items, reduce rows
+    work_counts_ptr,  # [3] int32: items, reduce rows, schedule
     stride_o_t, stride_o_h,
     stride_lse_t, stride_lse_h,
     stride_po_t, stride_po_h, stride_po_s,

@@ -11,8 +11,7 @@ from pagedattn.ops.unified.launch import AttentionArgs, common_kernel_args
 
 def launch_persistent(out: torch.Tensor, lse: torch.Tensor | None, a: AttentionArgs, plan) -> None:
     """Run ``plan``'s work list (see pagedattn.plan.AttentionPlan.update) with its fixed grid."""
-    atomic = plan.schedule == "atomic"
-    if atomic:
+    if plan.schedule != "static":  # the kernel reads the schedule of this batch from work_counts[2]
         plan.work_counter.zero_()
     po, pl = plan.partial_out, plan.partial_lse
     persistent_attention_kernel[(plan.num_programs,)](
@@ -28,7 +27,6 @@ def launch_persistent(out: torch.Tensor, lse: torch.Tensor | None, a: AttentionA
         stride_lse_h=lse.stride(1) if lse is not None else 0,
         stride_po_t=po.stride(0), stride_po_h=po.stride(1), stride_po_s=po.stride(2),
         stride_pl_t=pl.stride(0), stride_pl_h=pl.stride(1),
-        ATOMIC_SCHEDULE=atomic,
         **common_kernel_args(a, plan.tiles),
     )
     head_size = a.q.shape[2]
