@@ -11,8 +11,6 @@ from pagedattn.ops.unified.launch import AttentionArgs, common_kernel_args
 
 def launch_persistent(out: torch.Tensor, lse: torch.Tensor | None, a: AttentionArgs, plan) -> None:
     """Run ``plan``'s work list (see pagedattn.plan.AttentionPlan.update) with its fixed grid."""
-    if plan.schedule != "static":  # the kernel reads the schedule of this batch from work_counts[2]
-        plan.work_counter.zero_()
     po, pl = plan.partial_out, plan.partial_lse
     persistent_attention_kernel[(plan.num_programs,)](
         out_ptr=out,
@@ -37,6 +35,7 @@ def launch_persistent(out: torch.Tensor, lse: torch.Tensor | None, a: AttentionA
         partial_lse_ptr=pl,
         reduce_rows_ptr=plan.reduce_rows,
         work_counts_ptr=plan.work_counts,
+        work_counter_ptr=plan.work_counter,
         stride_o_t=out.stride(0), stride_o_h=out.stride(1),
         stride_lse_t=lse.stride(0) if lse is not None else 0,
         stride_lse_h=lse.stride(1) if lse is not None else 0,
