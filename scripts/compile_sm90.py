@@ -43,7 +43,7 @@ def main(argv=None) -> int:
     none_ptrs = ["lse_ptr", "sinks_ptr", "alibi_slopes_ptr", "prefix_ranges_ptr", "k_scale_ptr", "v_scale_ptr"]
     floats = {"scale", "softcap"}
     constexprs = dict(
-        NUM_QUERIES_PER_KV=4, HEAD_SIZE=a.head, HEAD_SIZE_PAD=a.head, PAGE_SIZE=a.page if a.paged else 1,
+        NUM_QUERIES_PER_KV=4, HEAD_SIZE=a.head, HEAD_SIZE_PAD=a.head, HEAD_SIZE_V=a.head, HEAD_SIZE_V_PAD=a.head, PAGE_SIZE=a.page if a.paged else 1,
         BLOCK_M=bm, BLOCK_N=bn, CHUNK_PAGES=chunk_pages(a.page, bn, target_keys=2048) if a.paged else 2,
         IS_CAUSAL=True, USE_SOFTCAP=False, ALIBI_MODE=0, DOT_PRECISION="tf32", USE_SINKS=False, USE_PREFIX=False,
         KV_FP8=False, RETURN_LSE=False, PAGED=a.paged,

@@ -216,43 +216,33 @@ def test_graph_capture_once_replay_many_gpu():
         torch.testing.assert_close(out[:b].double(), ref, atol=3e-2, rtol=3e-2)
 
 
-@pytest.mark.parametrize("feature", FEATURES)
-def test_varlen_gpu(feature):
+def _check_varlen(cases, num_q_heads, num_kv_heads, head_size, head_size_v, feature, seed):
+    """varlen_attention in bf16 on random contiguous K/V against the float64 reference."""
     from pagedattn import varlen_attention
     from pagedattn.reference import varlen_attention_ref
 
-    g = torch.Generator().manual_seed(len(feature) + 50)
-    cases = [(1500, 1500), (300, 2100), (1, 999), (129, 129)] + ([(40, 9)] if "noncausal" in feature else [])
+    g = torch.Generator().manual_seed(seed)
     cu_q = torch.tensor([0] + [q for q, _ in cases]).cumsum(0).to(torch.int32)
     cu_k = torch.tensor([0] + [k for _, k in cases]).cumsum(0).to(torch.int32)
-    q = torch.randn(int(cu_q[-1]), 32, 128, generator=g).to("cuda", torch.bfloat16)
-    k = torch.randn(int(cu_k[-1]), 8, 128, generator=g).to("cuda", torch.bfloat16)
-    v = torch.randn(int(cu_k[-1]), 8, 128, generator=g).to("cuda", torch.bfloat16)
-    kwargs = feature_kwargs(feature, 32, len(cases), device="cuda", generator=g)
-    out, lse = varlen_attention(q, k, v, cu_q.cuda(), cu_k.cuda(), return_lse=True, **kwargs)
-    ref_out, ref_lse = varlen_attention_ref(q, k, v, cu_q, cu_k, **kwargs)
-    torch.testing.assert_close(out.double(), ref_out, atol=3e-2, rtol=3e-2)
-    finite = torch.isfinite(ref_lse)
-    torch.testing.assert_close(lse.double()[finite], ref_lse[finite], atol=3e-2, rtol=3e-2)
+    q = torch.randn(int(cu_q[-1]), num_q_heads, head_size, generator=g).to("cuda", torch.bfloat16)
+    k = torch.randn(int(cu_k[-1]), num_kv_heads, head_size, generator=g).to("cuda", torch.bfloat16)
+    v = torch.randn(int(cu_k[-1]), num_kv_heads, head_size_v, generator=g).to("cuda", torch.bfloat16)
+    kwargs = feature_kwargs(feature, num_q_heads, len(cases), device="cuda", generator=g)
+    out = torch.full((q.shape[0], num_q_heads, head_size_v), float("nan"), dtype=torch.bfloat16, device="cuda")
+    out, lse = varlen_attention(q, k, v, cu_q.cuda(), cu_k.cuda(), out=out, return_lse=True, **kwargs)
+    assert_matches_reference(out, lse, *varlen_attention_ref(q, k, v, cu_q, cu_k, **kwargs))
+
+
+@pytest.mark.parametrize("feature", FEATURES)
+def test_varlen_gpu(feature):
+    cases = [(1500, 1500), (300, 2100), (1, 999), (129, 129)] + ([(40, 9)] if "noncausal" in feature else [])
+    _check_varlen(cases, 32, 8, 128, 128, feature, seed=len(feature) + 50)
 
 
 @pytest.mark.parametrize("feature", ["causal", "window"])
 def test_varlen_value_head_size_differs_gpu(feature):
-    """MLA prefill after decompression: q/k heads of 192, v heads of 128 (bf16)."""
-    from pagedattn import varlen_attention
-    from pagedattn.reference import varlen_attention_ref
-
-    g = torch.Generator().manual_seed(len(feature) + 70)
-    cases = [(1200, 1200), (300, 900), (1, 77)]
-    cu_q = torch.tensor([0] + [q for q, _ in cases]).cumsum(0).to(torch.int32)
-    cu_k = torch.tensor([0] + [k for _, k in cases]).cumsum(0).to(torch.int32)
-    q = torch.randn(int(cu_q[-1]), 16, 192, generator=g).to("cuda", torch.bfloat16)
-    k = torch.randn(int(cu_k[-1]), 16, 192, generator=g).to("cuda", torch.bfloat16)
-    v = torch.randn(int(cu_k[-1]), 16, 128, generator=g).to("cuda", torch.bfloat16)
-    kwargs = feature_kwargs(feature, 16, len(cases), device="cuda", generator=g)
-    out = torch.full((q.shape[0], 16, 128), float("nan"), dtype=torch.bfloat16, device="cuda")
-    out, lse = varlen_attention(q, k, v, cu_q.cuda(), cu_k.cuda(), out=out, return_lse=True, **kwargs)
-    assert_matches_reference(out, lse, *varlen_attention_ref(q, k, v, cu_q, cu_k, **kwargs))
+    """MLA prefill after decompression: q/k heads of 192, v heads of 128."""
+    _check_varlen([(1200, 1200), (300, 900), (1, 77)], 16, 16, 192, 128, feature, seed=len(feature) + 70)
 
 
 @pytest.mark.parametrize("head_size", [64, 128, 256])

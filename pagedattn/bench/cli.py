@@ -149,7 +149,7 @@ def main(argv=None) -> int:
     device = select_device()  # before anything imports a Triton kernel
     from pagedattn.bench.ceilings import measure_ceilings
     from pagedattn.bench.providers import PROVIDERS
-    from pagedattn.bench.report import machine_info, markdown_table, write_json
+    from pagedattn.bench.report import machine_info, markdown_table, write_json, write_outputs
     from pagedattn.bench.workloads import make_cases
 
     on_cpu = device.type == "cpu"
@@ -205,12 +205,5 @@ def main(argv=None) -> int:
     finally:
         progress.close()
 
-    path = write_json(results, args.json)
-    table = markdown_table(results)
-    print(table)
-    if args.markdown:
-        os.makedirs(os.path.dirname(os.path.abspath(args.markdown)), exist_ok=True)
-        with open(args.markdown, "w") as f:
-            f.write(table)
-    print(f"results: {path}", file=sys.stderr)
+    write_outputs(results, args.json, markdown_table(results), args.markdown)
     return 1 if any(r["status"] == "fail" for r in results["records"]) else 0

@@ -190,7 +190,7 @@ def markdown_table(results: dict) -> str:
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     device = select_device()  # before anything imports a Triton kernel
-    from pagedattn.bench.report import machine_info, write_json
+    from pagedattn.bench.report import machine_info, write_json, write_outputs
     from pagedattn.engine.config import PRESETS
     from pagedattn.engine.weights import random_model
 
@@ -220,14 +220,7 @@ def main(argv=None) -> int:
     for attention in names:
         results["records"] += run_attention(attention, model, mcfg, s, args, device, dtype, rng)
         write_json(results, args.json)  # partial results survive a crash or a timeout
-    path = write_json(results, args.json)
-    table = markdown_table(results)
-    print(table)
-    if args.markdown:
-        os.makedirs(os.path.dirname(os.path.abspath(args.markdown)), exist_ok=True)
-        with open(args.markdown, "w") as f:
-            f.write(table)
-    print(f"results: {path}", file=sys.stderr)
+    write_outputs(results, args.json, markdown_table(results), args.markdown)
     return 0
 
 

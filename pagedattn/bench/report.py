@@ -7,6 +7,7 @@ import json
 import math
 import os
 import platform
+import sys
 from pathlib import Path
 
 import torch
@@ -47,6 +48,18 @@ def write_json(results: dict, path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(_clean(results), indent=1) + "\n")
+    return path
+
+
+def write_outputs(results: dict, json_path, table: str, markdown_path=None) -> Path:
+    """The end of a benchmark: results to JSON, the table to stdout (and to ``markdown_path``)."""
+    path = write_json(results, json_path)
+    print(table)
+    if markdown_path:
+        md = Path(markdown_path)
+        md.parent.mkdir(parents=True, exist_ok=True)
+        md.write_text(table)
+    print(f"results: {path}", file=sys.stderr)
     return path
 
 

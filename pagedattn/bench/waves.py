@@ -42,18 +42,7 @@ def _graph_us(fn, iters: int = 50) -> float:
 
 
 def _replay_us(g, iters: int = 50) -> float:
-    g.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(5):
-        start.record()
-        for _ in range(iters):
-            g.replay()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / iters)
-    return sorted(times)[len(times) // 2]
+    return _eager_us(g.replay, iters)
 
 
 def _eager_us(fn, iters: int = 50) -> float:

@@ -38,6 +38,15 @@ def score_mods(s, q_pos, k_pos, softcap, slope, USE_SOFTCAP: tl.constexpr, ALIBI
 
 
 @triton.jit
+def scores_log2(qk, scale, q_pos, k_pos, softcap, slope, USE_SOFTCAP: tl.constexpr, ALIBI_MODE: tl.constexpr):
+    """Scores in base-2 units from the raw dot products ``qk``: one multiply by scale * log2(e)
+    unless a softcap or ALiBi needs the natural-log scores first."""
+    if USE_SOFTCAP or ALIBI_MODE != 0:
+        return score_mods(qk * scale, q_pos, k_pos, softcap, slope, USE_SOFTCAP, ALIBI_MODE) * LOG2E
+    return qk * (scale * LOG2E)
+
+
+@triton.jit
 def causal_window_mask(q_pos, k_pos, sliding_window, IS_CAUSAL: tl.constexpr):
     """[M, N] visibility by the causal and sliding-window rules (window <= 0 means none)."""
     p = q_pos[:, None]

@@ -13,11 +13,10 @@ import triton
 import triton.language as tl
 
 from pagedattn.ops.common.attention_math import (
-    LOG2E,
     causal_window_mask,
     finalize_softmax,
     online_softmax_step,
-    score_mods,
+    scores_log2,
 )
 from pagedattn.ops.unified.program import (
     init_softmax_state,
@@ -42,7 +41,7 @@ def _key_tiles(
     k_ptr, v_ptr, block_row_ptr, k_row_start, prefix_ranges_ptr,
     seq, kv_head, start_lo, start_hi, kv_lo, kv_hi, num_blocks, max_blocks_per_seq,
     stride_k_b, stride_k_s, stride_k_h, stride_v_b, stride_v_s, stride_v_h,
-    stride_pr_s, stride_pr_r, num_prefix_ranges, scale, qk_scale, softcap, sliding_window,
+    stride_pr_s, stride_pr_r, num_prefix_ranges, scale, softcap, sliding_window,
     HEAD_SIZE: tl.constexpr, HEAD_SIZE_PAD: tl.constexpr, HEAD_SIZE_V: tl.constexpr, HEAD_SIZE_V_PAD: tl.constexpr,
     PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, CHUNK_PAGES: tl.constexpr,
     IS_CAUSAL: tl.constexpr, USE_SOFTCAP: tl.constexpr, ALIBI_MODE: tl.constexpr, DOT_PRECISION: tl.constexpr,
@@ -88,10 +87,7 @@ def _key_tiles(
                 k = (k.to(tl.float32) * k_scale).to(q.dtype)
                 v = (v.to(tl.float32) * v_scale).to(q.dtype)
             qk = tl.dot(q, k, input_precision=DOT_PRECISION)  # [BLOCK_M, BLOCK_N]
-            if USE_SOFTCAP or ALIBI_MODE != 0:
-                s = score_mods(qk * scale, q_pos, k_pos, softcap, slope, USE_SOFTCAP, ALIBI_MODE) * LOG2E
-            else:
-                s = qk * qk_scale  # scale and log2(e) in one multiply
+            s = scores_log2(qk, scale, q_pos, k_pos, softcap, slope, USE_SOFTCAP, ALIBI_MODE)
             if MASKED:
                 vis = causal_window_mask(q_pos, k_pos, sliding_window, IS_CAUSAL)
                 if USE_PREFIX:
@@ -226,7 +222,6 @@ def prefill_attention_kernel(
     if KV_FP8:
         k_scale = tl.load(k_scale_ptr)
         v_scale = tl.load(v_scale_ptr)
-    qk_scale = scale * LOG2E
     heads = tl.zeros([BLOCK_M], dtype=tl.int32) + head
     m_i, l_i, acc = init_softmax_state(sinks_ptr, heads, row_ok, True, BLOCK_M, HEAD_SIZE_V_PAD, USE_SINKS)
     if PAGED:
@@ -238,7 +233,7 @@ def prefill_attention_kernel(
         q, m_i, l_i, acc, q_pos, row_ok, slope, k_scale, v_scale, k_ptr, v_ptr, block_row, k_row_start,
         prefix_ranges_ptr, seq, kv_head, first_tile, full_lo, kv_lo, kv_hi, num_blocks, max_blocks_per_seq,
         stride_k_b, stride_k_s, stride_k_h, stride_v_b, stride_v_s, stride_v_h,
-        stride_pr_s, stride_pr_r, num_prefix_ranges, scale, qk_scale, softcap, sliding_window,
+        stride_pr_s, stride_pr_r, num_prefix_ranges, scale, softcap, sliding_window,
         HEAD_SIZE, HEAD_SIZE_PAD, HEAD_SIZE_V, HEAD_SIZE_V_PAD, PAGE_SIZE, BLOCK_N, CHUNK_PAGES, IS_CAUSAL, USE_SOFTCAP, ALIBI_MODE, DOT_PRECISION,
         USE_PREFIX, KV_FP8, PAGED, True,
     )
@@ -246,7 +241,7 @@ def prefill_attention_kernel(
         q, m_i, l_i, acc, q_pos, row_ok, slope, k_scale, v_scale, k_ptr, v_ptr, block_row, k_row_start,
         prefix_ranges_ptr, seq, kv_head, full_lo, full_hi, kv_lo, kv_hi, num_blocks, max_blocks_per_seq,
         stride_k_b, stride_k_s, stride_k_h, stride_v_b, stride_v_s, stride_v_h,
-        stride_pr_s, stride_pr_r, num_prefix_ranges, scale, qk_scale, softcap, sliding_window,
+        stride_pr_s, stride_pr_r, num_prefix_ranges, scale, softcap, sliding_window,
         HEAD_SIZE, HEAD_SIZE_PAD, HEAD_SIZE_V, HEAD_SIZE_V_PAD, PAGE_SIZE, BLOCK_N, CHUNK_PAGES, IS_CAUSAL, USE_SOFTCAP, ALIBI_MODE, DOT_PRECISION,
         USE_PREFIX, KV_FP8, PAGED, False,
     )
@@ -254,7 +249,7 @@ def prefill_attention_kernel(
         q, m_i, l_i, acc, q_pos, row_ok, slope, k_scale, v_scale, k_ptr, v_ptr, block_row, k_row_start,
         prefix_ranges_ptr, seq, kv_head, full_hi, kv_hi, kv_lo, kv_hi, num_blocks, max_blocks_per_seq,
         stride_k_b, stride_k_s, stride_k_h, stride_v_b, stride_v_s, stride_v_h,
-        stride_pr_s, stride_pr_r, num_prefix_ranges, scale, qk_scale, softcap, sliding_window,
+        stride_pr_s, stride_pr_r, num_prefix_ranges, scale, softcap, sliding_window,
         HEAD_SIZE, HEAD_SIZE_PAD, HEAD_SIZE_V, HEAD_SIZE_V_PAD, PAGE_SIZE, BLOCK_N, CHUNK_PAGES, IS_CAUSAL, USE_SOFTCAP, ALIBI_MODE, DOT_PRECISION,
         USE_PREFIX, KV_FP8, PAGED, True,
     )

@@ -15,7 +15,7 @@ from pagedattn.ops.common.attention_math import (
     causal_window_mask,
     finalize_softmax,
     online_softmax_step,
-    score_mods,
+    scores_log2,
 )
 
 
@@ -232,10 +232,7 @@ def attend_kv_range(
                 v = (v.to(tl.float32) * v_scale).to(q.dtype)
 
             qk = tl.dot(q, k, input_precision=DOT_PRECISION)  # [BLOCK_M, TILE_N]
-            if USE_SOFTCAP or ALIBI_MODE != 0:
-                s = score_mods(qk * scale, q_pos, k_pos, softcap, slope, USE_SOFTCAP, ALIBI_MODE) * LOG2E
-            else:
-                s = qk * (scale * LOG2E)  # scale and log2(e) in one multiply
+            s = scores_log2(qk, scale, q_pos, k_pos, softcap, slope, USE_SOFTCAP, ALIBI_MODE)
             vis = causal_window_mask(q_pos, k_pos, sliding_window, IS_CAUSAL)
             if USE_PREFIX:
                 vis = vis | prefix_visible(
