@@ -57,3 +57,47 @@ def test_persistent_fp8_softcap():
     plan = plan_attention(batch.query_start_loc, batch.seq_lens, num_q_heads=4, num_kv_heads=2, head_size=32,
                           device=DEVICE, path="persistent", num_programs=2)
     check(batch, plan, {"k_scale": 0.5, "v_scale": 2.0, "softcap": 2.0})
+
+
+def _work_list_loop(qsl, lens, *, tiles, num_kv_heads, num_programs, max_splits, sliding_window=None):
+    """The work list spelled out as loops (the rule in persistent_work_list's docstring)."""
+    from pagedattn.plan import MIN_SEGMENT_TOKENS, SPLIT_KV_MAX_QUERY_LEN
+
+    blocks = []
+    for s, (a, b) in enumerate(zip(qsl[:-1], qsl[1:])):
+        visible = max(lens[s], 0)
+        if sliding_window:
+            visible = min(visible, sliding_window + (b - a) - 1)
+        blocks += [(s, qb, visible, b - a) for qb in range(-(-(b - a) // tiles.block_q))]
+    total = sum(v for _, _, v, q in blocks if q <= SPLIT_KV_MAX_QUERY_LEN) * num_kv_heads
+    segment = max(MIN_SEGMENT_TOKENS, -(-total // max(1, 2 * num_programs)))
+    if len(blocks) * num_kv_heads >= num_programs:
+        segment = 1 << 62
+    items, rows = [], []
+    for s, qb, visible, q_len in blocks:
+        n = max(1, min(-(-visible // segment), max_splits)) if q_len <= SPLIT_KV_MAX_QUERY_LEN else 1
+        items += [(s, qb, h, i, n) for h in range(num_kv_heads) for i in range(n)]
+        if n > 1:
+            first = qsl[s] + qb * tiles.block_q
+            rows += [(t, n) for t in range(first, min(first + tiles.block_q, qsl[s + 1]))]
+    return (torch.tensor(items, dtype=torch.int32).reshape(-1, 5), torch.tensor(rows, dtype=torch.int32).reshape(-1, 2))
+
+
+def test_persistent_work_list_matches_loops():
+    """The vectorized work list (it runs every engine step) equals the loop form on random batches."""
+    import random
+
+    from pagedattn.plan import Tiles, persistent_work_list
+
+    rng = random.Random(0)
+    for _ in range(150):
+        q_lens = [rng.choice([0, 1, 1, 2, 5, 8, 9, 30, 130]) for _ in range(rng.randint(0, 12))]
+        qsl = [0]
+        for q in q_lens:
+            qsl.append(qsl[-1] + q)
+        lens = [q + rng.randint(0, 3000) for q in q_lens]
+        kw = dict(tiles=Tiles(rng.choice([16, 64]), rng.choice([4, 16, 64]), 64, 4),
+                  num_kv_heads=rng.choice([1, 2, 8]), num_programs=rng.choice([3, 64, 528]),
+                  max_splits=rng.choice([1, 4, 64]), sliding_window=rng.choice([None, 0, 128]))
+        got, want = persistent_work_list(qsl, lens, **kw), _work_list_loop(qsl, lens, **kw)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), (qsl, lens, kw)
