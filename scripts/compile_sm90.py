@@ -30,21 +30,33 @@ def base_fn(fn):
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser()
-    p.add_argument("--paged", action="store_true")
+    p.add_argument("--kernel", choices=("prefill", "split_kv", "unified"), default="prefill")
+    p.add_argument("--paged", action="store_true", help="prefill: K/V through the block table")
     p.add_argument("--tiles", default="128x128x8x3", help="block_m x tile_n x warps x stages")
     p.add_argument("--head", type=int, default=128)
     p.add_argument("--page", type=int, default=16)
     p.add_argument("--dump", default=None)
     a = p.parse_args(argv)
     bm, bn, warps, stages = (int(x) for x in a.tiles.split("x"))
-    fn = base_fn(prefill_attention_kernel)
+    if a.kernel != "prefill":  # the paged Q-block kernels (decode tiles: e.g. --tiles 16x64x4x2)
+        from pagedattn.ops.split_kv.kernel import split_kv_attention_kernel
+        from pagedattn.ops.unified.kernel import unified_attention_kernel
+
+        a.paged = True
+        fn = base_fn(split_kv_attention_kernel if a.kernel == "split_kv" else unified_attention_kernel)
+    else:
+        fn = base_fn(prefill_attention_kernel)
     ptrs = {"out_ptr": "*bf16", "q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "kv_lens_ptr": "*i32",
-            "cu_seqlens_q_ptr": "*i32", "block_table_ptr": "*i32" if a.paged else "constexpr"}
+            "cu_seqlens_q_ptr": "*i32", "block_table_ptr": "*i32" if a.paged else "constexpr",
+            "k_cache_ptr": "*bf16", "v_cache_ptr": "*bf16", "seq_lens_ptr": "*i32", "query_start_loc_ptr": "*i32",
+            "partial_out_ptr": "*fp32", "partial_lse_ptr": "*fp32"}
     none_ptrs = ["lse_ptr", "sinks_ptr", "alibi_slopes_ptr", "prefix_ranges_ptr", "k_scale_ptr", "v_scale_ptr"]
     floats = {"scale", "softcap"}
     constexprs = dict(
         NUM_QUERIES_PER_KV=4, HEAD_SIZE=a.head, HEAD_SIZE_PAD=a.head, HEAD_SIZE_V=a.head, HEAD_SIZE_V_PAD=a.head, PAGE_SIZE=a.page if a.paged else 1,
-        BLOCK_M=bm, BLOCK_N=bn, CHUNK_PAGES=chunk_pages(a.page, bn, target_keys=2048) if a.paged else 2,
+        BLOCK_M=bm, BLOCK_N=bn,
+        CHUNK_PAGES=chunk_pages(a.page, bn, target_keys=2048 if a.kernel == "prefill" else 1024) if a.paged else 2,
+        BLOCK_Q=max(1, bm // 4), TILE_N=bn,
         IS_CAUSAL=True, USE_SOFTCAP=False, ALIBI_MODE=0, DOT_PRECISION="tf32", USE_SINKS=False, USE_PREFIX=False,
         KV_FP8=False, RETURN_LSE=False, PAGED=a.paged,
     )
@@ -81,10 +93,10 @@ def main(argv=None) -> int:
         f.flush()
         res = subprocess.run([os.path.join(bindir, "cuobjdump"), "-res-usage", f.name], capture_output=True, text=True).stdout
     usage = " ".join(re.findall(r"(REG:\d+|STACK:\d+|SHARED:\d+|LOCAL:\d+)", res))
-    print(f"paged={a.paged} tiles={a.tiles} {usage} smem={k.metadata.shared} {stats}")
+    print(f"{a.kernel} paged={a.paged} tiles={a.tiles} {usage} smem={k.metadata.shared} {stats}")
     if a.dump:
         os.makedirs(a.dump, exist_ok=True)
-        tag = f"{'paged' if a.paged else 'contig'}_{a.tiles}"
+        tag = f"{a.kernel}_{'paged' if a.paged else 'contig'}_{a.tiles}"
         for ext in ("ttgir", "ptx"):
             with open(os.path.join(a.dump, f"{tag}.{ext}"), "w") as f:
                 f.write(k.asm[ext])
