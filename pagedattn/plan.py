@@ -150,9 +150,11 @@ def pick_tiles(max_query_len: int, num_queries_per_kv: int, head_size: int, *, f
     return Tiles(block_m, block_q, tile_n, num_warps, num_stages=2)
 
 
-def pick_prefill_tiles(head_size: int, dtype: torch.dtype, *, paged: bool = True) -> Tiles:
+def pick_prefill_tiles(head_size: int, dtype: torch.dtype) -> Tiles:
     """Tiles of the large-tile prefill kernel (block_m query rows x tile_n keys), from the H200
-    sweeps (docs/perf-notes.md, experiment 10): 128 x 128 keys at 8 warps for head 128, 128 x 64
+    sweeps (docs/perf-notes.md, experiment 11; one set for contiguous and paged K/V, tuned on
+    contiguous: at head 128 paged K/V preferred the same tiles, at head 64 128 x 128 keys by 20%
+    in run B, before the block-table chunks): 128 x 128 keys at 8 warps for head 128, 128 x 64
     at 4 warps for head 64 and at 8 warps (2 stages: shared memory) for heads up to 256."""
     head_size_pad = max(16, triton.next_power_of_2(head_size))
     if _is_interpreter():

@@ -122,9 +122,9 @@ def _key_tiles(
     "num_tokens", "num_blocks", "max_blocks_per_seq", "num_prefix_ranges", "sliding_window", "min_q_len",
 ])
 def prefill_attention_kernel(
-    out_ptr,  # [num_tokens, num_q_heads, head_size]
+    out_ptr,  # [num_tokens, num_q_heads, head_size_v]
     lse_ptr,  # [num_tokens, num_q_heads] fp32 or None
-    q_ptr,  # [num_tokens, num_q_heads, head_size] (out: head_size_v)
+    q_ptr,  # [num_tokens, num_q_heads, head_size]
     k_ptr,  # paged: [num_blocks, block_size, num_kv_heads, head_size]; else [total_k, num_kv_heads, head_size]
     v_ptr,
     block_table_ptr,  # [num_seqs, max_blocks_per_seq] int32, or None (contiguous K/V)
