@@ -364,7 +364,7 @@ def varlen_attention(
         alibi_mode=alibi_mode, alibi_slopes=alibi_slopes, sinks=sinks, prefix_ranges=prefix_ranges,
         k_scale=None, v_scale=None,
     )
-    launch_prefill(out, lse, args, pick_prefill_tiles(head_size, q.dtype), max_query_len=max_query_len,
+    launch_prefill(out, lse, args, pick_prefill_tiles(max(head_size, head_size_v), q.dtype), max_query_len=max_query_len,
                    cu_seqlens_k=cu_seqlens_k)
     return (out, lse) if return_lse else out
 

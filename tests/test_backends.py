@@ -287,6 +287,9 @@ def test_router_per_layer_call_uses_the_step_plan(monkeypatch):
         monkeypatch.setattr(torch, "tensor", no_host_data)
     after = buffers()
     assert after.pop("lse") and after == before  # the lse workspace is made at the first return_lse call
+    monkeypatch.undo()
+    with pytest.raises(ValueError, match="plan's config"):  # the workspaces are shaped by the plan's config
+        router.forward(batch.q.float(), batch.k_cache.float(), batch.v_cache.float(), md, **kwargs)
 
 
 @pytest.mark.gpu

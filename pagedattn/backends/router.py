@@ -337,13 +337,11 @@ def _run_extend_chunked(q, k_cache, v_cache, part: _Part, config: BackendConfig,
         )
 
     # The sink joins exactly one part's denominator; merging then counts it once.
-    lse_ws = chunks.ws_lse[:, : q.shape[0]] if chunks.ws_lse.shape[2] == q.shape[1] else None
-    _, acc_lse = attend(chunks.new_tokens, out, None if lse_ws is None else lse_ws[0], sinks=sinks)
+    lse_ws = chunks.ws_lse[:, : q.shape[0]]  # q matches the plan's config (checked in forward)
+    _, acc_lse = attend(chunks.new_tokens, out, lse_ws[0], sinks=sinks)
     ws_out = chunks.ws_out[: q.shape[0]] if chunks.context else None
-    if ws_out is not None and ws_out.dtype != q.dtype:
-        ws_out = torch.empty_like(q)  # q's dtype differs from the plan's config: not the usual case
     for step in chunks.context:
-        o, lse = attend(step, ws_out, None if lse_ws is None else lse_ws[1])
+        o, lse = attend(step, ws_out, lse_ws[1])
         if alibi_slopes is not None:
             # the chunk's keys sit (seq_len - chunk end) further from the queries than the kernel saw
             lse.addcmul_(step.alibi_shift[:, None], alibi_slopes.float()[None, :], value=-1.0)
@@ -407,6 +405,11 @@ class RouterBackend(AttentionBackend):
     def forward(self, q, k_cache, v_cache, metadata, *, out=None, return_lse=False, prefix_ranges=None, **features):
         self._check_metadata(metadata)
         plan: RouterPlan = metadata.state
+        cfg = plan.config
+        if q.dtype != cfg.dtype or q.shape[1] != cfg.num_q_heads or q.shape[2] != cfg.head_size:
+            # the plan's workspaces are shaped by its config
+            raise ValueError(f"q ({q.dtype}, {q.shape[1]} heads of {q.shape[2]}) does not match the plan's config "
+                             f"({cfg.dtype}, {cfg.num_q_heads} heads of {cfg.head_size}); plan with q's shape")
         order = plan.order
         if q.shape[0] != metadata.num_tokens:
             raise ValueError(f"q has {q.shape[0]} tokens; the plan's batch has {metadata.num_tokens}")
