@@ -17,7 +17,6 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from pagedattn.ops.prefill.kernel import prefill_attention_kernel
-from pagedattn.ops.unified.launch import chunk_pages
 
 
 def base_fn(fn):
@@ -55,7 +54,6 @@ def main(argv=None) -> int:
     constexprs = dict(
         NUM_QUERIES_PER_KV=4, HEAD_SIZE=a.head, HEAD_SIZE_PAD=a.head, HEAD_SIZE_V=a.head, HEAD_SIZE_V_PAD=a.head, PAGE_SIZE=a.page if a.paged else 1,
         BLOCK_M=bm, BLOCK_N=bn,
-        CHUNK_PAGES=chunk_pages(a.page, bn, target_keys=2048 if a.kernel == "prefill" else 1024) if a.paged else 2,
         BLOCK_Q=max(1, bm // 4), TILE_N=bn,
         IS_CAUSAL=True, USE_SOFTCAP=False, ALIBI_MODE=0, DOT_PRECISION="tf32", USE_SINKS=False, USE_PREFIX=False,
         KV_FP8=False, RETURN_LSE=False, PAGED=a.paged,

@@ -19,6 +19,8 @@ from pagedattn.ops.common.attention_math import (
     scores_log2,
 )
 from pagedattn.ops.unified.program import (
+    chunk_keys,
+    chunk_pages,
     init_softmax_state,
     load_page_chunk,
     page_of_keys,
@@ -28,11 +30,11 @@ from pagedattn.ops.unified.program import (
 
 
 @triton.constexpr_function
-def _keys_per_chunk(paged, chunk_pages, page_size, block_n):
-    """Keys per block-table chunk (see ``load_page_chunk``); contiguous K/V: one chunk."""
+def _keys_per_chunk(paged, page_size, block_n):
+    """Keys per block-table chunk (``chunk_keys`` at ~2048 keys); contiguous K/V: one chunk."""
     if not paged:
         return 2**30
-    return max((chunk_pages - 1) * page_size // block_n, 1) * block_n
+    return chunk_keys(page_size, block_n, 2048)
 
 
 @triton.jit
@@ -43,7 +45,7 @@ def _key_tiles(
     stride_k_b, stride_k_s, stride_k_h, stride_v_b, stride_v_s, stride_v_h,
     stride_pr_s, stride_pr_r, num_prefix_ranges, scale, softcap, sliding_window,
     HEAD_SIZE: tl.constexpr, HEAD_SIZE_PAD: tl.constexpr, HEAD_SIZE_V: tl.constexpr, HEAD_SIZE_V_PAD: tl.constexpr,
-    PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, CHUNK_PAGES: tl.constexpr,
+    PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_CAUSAL: tl.constexpr, USE_SOFTCAP: tl.constexpr, ALIBI_MODE: tl.constexpr, DOT_PRECISION: tl.constexpr,
     USE_PREFIX: tl.constexpr, KV_FP8: tl.constexpr, PAGED: tl.constexpr, MASKED: tl.constexpr,
 ):
@@ -56,7 +58,8 @@ def _key_tiles(
     offs_n = tl.arange(0, BLOCK_N)
     dim_ok = offs_d < HEAD_SIZE
     dim_v_ok = offs_dv < HEAD_SIZE_V
-    CHUNK_KEYS: tl.constexpr = _keys_per_chunk(PAGED, CHUNK_PAGES, PAGE_SIZE, BLOCK_N)
+    CHUNK_PAGES: tl.constexpr = chunk_pages(PAGE_SIZE, BLOCK_N, 2048)
+    CHUNK_KEYS: tl.constexpr = _keys_per_chunk(PAGED, PAGE_SIZE, BLOCK_N)
     for chunk_lo in range(start_lo, start_hi, CHUNK_KEYS):  # one chunk for contiguous K/V
         if PAGED:
             first_page, pages = load_page_chunk(block_row_ptr, chunk_lo, max_blocks_per_seq, PAGE_SIZE, CHUNK_PAGES)
@@ -154,7 +157,6 @@ def prefill_attention_kernel(
     PAGE_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    CHUNK_PAGES: tl.constexpr,
     IS_CAUSAL: tl.constexpr,
     USE_SOFTCAP: tl.constexpr,
     ALIBI_MODE: tl.constexpr,
@@ -234,7 +236,7 @@ def prefill_attention_kernel(
         prefix_ranges_ptr, seq, kv_head, first_tile, full_lo, kv_lo, kv_hi, num_blocks, max_blocks_per_seq,
         stride_k_b, stride_k_s, stride_k_h, stride_v_b, stride_v_s, stride_v_h,
         stride_pr_s, stride_pr_r, num_prefix_ranges, scale, softcap, sliding_window,
-        HEAD_SIZE, HEAD_SIZE_PAD, HEAD_SIZE_V, HEAD_SIZE_V_PAD, PAGE_SIZE, BLOCK_N, CHUNK_PAGES, IS_CAUSAL, USE_SOFTCAP, ALIBI_MODE, DOT_PRECISION,
+        HEAD_SIZE, HEAD_SIZE_PAD, HEAD_SIZE_V, HEAD_SIZE_V_PAD, PAGE_SIZE, BLOCK_N, IS_CAUSAL, USE_SOFTCAP, ALIBI_MODE, DOT_PRECISION,
         USE_PREFIX, KV_FP8, PAGED, True,
     )
     m_i, l_i, acc = _key_tiles(
@@ -242,7 +244,7 @@ def prefill_attention_kernel(
         prefix_ranges_ptr, seq, kv_head, full_lo, full_hi, kv_lo, kv_hi, num_blocks, max_blocks_per_seq,
         stride_k_b, stride_k_s, stride_k_h, stride_v_b, stride_v_s, stride_v_h,
         stride_pr_s, stride_pr_r, num_prefix_ranges, scale, softcap, sliding_window,
-        HEAD_SIZE, HEAD_SIZE_PAD, HEAD_SIZE_V, HEAD_SIZE_V_PAD, PAGE_SIZE, BLOCK_N, CHUNK_PAGES, IS_CAUSAL, USE_SOFTCAP, ALIBI_MODE, DOT_PRECISION,
+        HEAD_SIZE, HEAD_SIZE_PAD, HEAD_SIZE_V, HEAD_SIZE_V_PAD, PAGE_SIZE, BLOCK_N, IS_CAUSAL, USE_SOFTCAP, ALIBI_MODE, DOT_PRECISION,
         USE_PREFIX, KV_FP8, PAGED, False,
     )
     m_i, l_i, acc = _key_tiles(
@@ -250,7 +252,7 @@ def prefill_attention_kernel(
         prefix_ranges_ptr, seq, kv_head, full_hi, kv_hi, kv_lo, kv_hi, num_blocks, max_blocks_per_seq,
         stride_k_b, stride_k_s, stride_k_h, stride_v_b, stride_v_s, stride_v_h,
         stride_pr_s, stride_pr_r, num_prefix_ranges, scale, softcap, sliding_window,
-        HEAD_SIZE, HEAD_SIZE_PAD, HEAD_SIZE_V, HEAD_SIZE_V_PAD, PAGE_SIZE, BLOCK_N, CHUNK_PAGES, IS_CAUSAL, USE_SOFTCAP, ALIBI_MODE, DOT_PRECISION,
+        HEAD_SIZE, HEAD_SIZE_PAD, HEAD_SIZE_V, HEAD_SIZE_V_PAD, PAGE_SIZE, BLOCK_N, IS_CAUSAL, USE_SOFTCAP, ALIBI_MODE, DOT_PRECISION,
         USE_PREFIX, KV_FP8, PAGED, True,
     )
     out, lse = finalize_softmax(acc, m_i, l_i)

@@ -6,7 +6,7 @@ import torch
 import triton
 
 from pagedattn.ops.prefill.kernel import prefill_attention_kernel
-from pagedattn.ops.unified.launch import AttentionArgs, chunk_pages
+from pagedattn.ops.unified.launch import AttentionArgs
 from pagedattn.plan import Tiles
 
 
@@ -76,7 +76,6 @@ def launch_prefill(
         PAGE_SIZE=page_size,
         BLOCK_M=tiles.block_m,
         BLOCK_N=tiles.tile_n,
-        CHUNK_PAGES=chunk_pages(page_size, tiles.tile_n, target_keys=2048) if paged else 2,
         IS_CAUSAL=a.causal,
         USE_SOFTCAP=a.softcap > 0,
         ALIBI_MODE=a.alibi_mode,

@@ -60,7 +60,7 @@ def split_kv_attention_kernel(
     PAGE_SIZE: tl.constexpr,
     BLOCK_Q: tl.constexpr,
     BLOCK_M: tl.constexpr,
-    TILE_N: tl.constexpr, CHUNK_PAGES: tl.constexpr,
+    TILE_N: tl.constexpr,
     IS_CAUSAL: tl.constexpr,
     USE_SOFTCAP: tl.constexpr,
     ALIBI_MODE: tl.constexpr,
@@ -81,7 +81,7 @@ def split_kv_attention_kernel(
         stride_q_t, stride_q_h, stride_k_b, stride_k_s, stride_k_h, stride_v_b, stride_v_s, stride_v_h,
         stride_bt_s, stride_pr_s, stride_pr_r,
         scale, softcap, sliding_window, num_tokens, num_blocks, max_blocks_per_seq, num_prefix_ranges,
-        NUM_QUERIES_PER_KV, HEAD_SIZE, HEAD_SIZE_PAD, PAGE_SIZE, BLOCK_Q, BLOCK_M, TILE_N, CHUNK_PAGES,
+        NUM_QUERIES_PER_KV, HEAD_SIZE, HEAD_SIZE_PAD, PAGE_SIZE, BLOCK_Q, BLOCK_M, TILE_N,
         IS_CAUSAL, USE_SOFTCAP, ALIBI_MODE, DOT_PRECISION, USE_SINKS, USE_PREFIX, KV_FP8,
     )
     store_partial(partial_out_ptr, partial_lse_ptr, out, lse, token, head, row_ok, split,

@@ -34,14 +34,6 @@ class AttentionArgs:
     max_q_len_served: int = 2**31 - 1  # longer sequences go to the prefill kernel
 
 
-def chunk_pages(page_size: int, tile_n: int, target_keys: int = 1024) -> int:
-    """Block-table ids a program reads at once (a power of 2): about ``target_keys`` keys' pages,
-    and always more than one tile's (see ``load_page_chunk`` in program.py)."""
-    tile_pages = -(-tile_n // page_size) + 1
-    want = triton.next_power_of_2(max(-(-target_keys // page_size), tile_pages, 2))
-    return min(want, max(256, triton.next_power_of_2(tile_pages)))
-
-
 def common_kernel_args(a: AttentionArgs, tiles: Tiles) -> dict:
     """Keyword arguments shared by the paged-attention kernels of every path."""
     q, k_cache, v_cache = a.q, a.k_cache, a.v_cache
@@ -80,7 +72,6 @@ def common_kernel_args(a: AttentionArgs, tiles: Tiles) -> dict:
         BLOCK_Q=tiles.block_q,
         BLOCK_M=tiles.block_m,
         TILE_N=tiles.tile_n,
-        CHUNK_PAGES=chunk_pages(k_cache.shape[1], tiles.tile_n),
         IS_CAUSAL=a.causal,
         USE_SOFTCAP=a.softcap > 0,
         ALIBI_MODE=a.alibi_mode,

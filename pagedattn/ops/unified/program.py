@@ -154,9 +154,18 @@ def init_softmax_state(sinks_ptr, head, row_ok, with_sink,
 
 
 @triton.constexpr_function
-def chunk_keys(chunk_pages, page_size, tile_n):
+def chunk_pages(page_size, tile_n, target_keys):
+    """Block-table ids a program reads at once (a power of 2): about ``target_keys`` keys' pages,
+    always more than one tile's, at most 256 unless a tile needs more."""
+    tile_pages = -(-tile_n // page_size) + 1
+    want = 1 << (max(-(-target_keys // page_size), tile_pages, 2) - 1).bit_length()
+    return min(want, max(256, 1 << (tile_pages - 1).bit_length()))
+
+
+@triton.constexpr_function
+def chunk_keys(page_size, tile_n, target_keys):
     """Keys per chunk: whole tiles whose pages always fit in ``chunk_pages`` ids, wherever the chunk starts."""
-    return max((chunk_pages - 1) * page_size // tile_n, 1) * tile_n
+    return max((chunk_pages(page_size, tile_n, target_keys) - 1) * page_size // tile_n, 1) * tile_n
 
 
 @triton.jit
@@ -189,7 +198,7 @@ def attend_kv_range(
     stride_pr_s, stride_pr_r, num_prefix_ranges,
     scale, softcap, sliding_window,
     HEAD_SIZE: tl.constexpr, HEAD_SIZE_PAD: tl.constexpr, PAGE_SIZE: tl.constexpr,
-    TILE_N: tl.constexpr, CHUNK_PAGES: tl.constexpr, IS_CAUSAL: tl.constexpr, USE_SOFTCAP: tl.constexpr,
+    TILE_N: tl.constexpr, IS_CAUSAL: tl.constexpr, USE_SOFTCAP: tl.constexpr,
     ALIBI_MODE: tl.constexpr, DOT_PRECISION: tl.constexpr, USE_PREFIX: tl.constexpr,
     KV_FP8: tl.constexpr,
 ):
@@ -204,7 +213,8 @@ def attend_kv_range(
     offs_d = tl.arange(0, HEAD_SIZE_PAD)
     offs_n = tl.arange(0, TILE_N)
     dim_ok = offs_d < HEAD_SIZE
-    CHUNK_KEYS: tl.constexpr = chunk_keys(CHUNK_PAGES, PAGE_SIZE, TILE_N)
+    CHUNK_PAGES: tl.constexpr = chunk_pages(PAGE_SIZE, TILE_N, 1024)
+    CHUNK_KEYS: tl.constexpr = chunk_keys(PAGE_SIZE, TILE_N, 1024)
     for chunk_lo in range(tile_lo, kv_hi, CHUNK_KEYS):
         first_page, pages = load_page_chunk(block_row_ptr, chunk_lo, max_blocks_per_seq, PAGE_SIZE, CHUNK_PAGES)
         for start in range(chunk_lo, tl.minimum(chunk_lo + CHUNK_KEYS, kv_hi), TILE_N):
@@ -257,7 +267,7 @@ def attend_segment(
     stride_bt_s, stride_pr_s, stride_pr_r,
     scale, softcap, sliding_window, num_tokens, num_blocks, max_blocks_per_seq, num_prefix_ranges,
     NUM_QUERIES_PER_KV: tl.constexpr, HEAD_SIZE: tl.constexpr, HEAD_SIZE_PAD: tl.constexpr,
-    PAGE_SIZE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, TILE_N: tl.constexpr, CHUNK_PAGES: tl.constexpr,
+    PAGE_SIZE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, TILE_N: tl.constexpr,
     IS_CAUSAL: tl.constexpr, USE_SOFTCAP: tl.constexpr, ALIBI_MODE: tl.constexpr,
     DOT_PRECISION: tl.constexpr, USE_SINKS: tl.constexpr, USE_PREFIX: tl.constexpr, KV_FP8: tl.constexpr,
 ):
@@ -308,7 +318,7 @@ def attend_segment(
         seq, kv_head, tile_lo, kv_lo, seg_end, num_blocks, max_blocks_per_seq,
         stride_k_b, stride_k_s, stride_k_h, stride_v_b, stride_v_s, stride_v_h,
         stride_pr_s, stride_pr_r, num_prefix_ranges, scale, softcap, sliding_window,
-        HEAD_SIZE, HEAD_SIZE_PAD, PAGE_SIZE, TILE_N, CHUNK_PAGES, IS_CAUSAL, USE_SOFTCAP, ALIBI_MODE,
+        HEAD_SIZE, HEAD_SIZE_PAD, PAGE_SIZE, TILE_N, IS_CAUSAL, USE_SOFTCAP, ALIBI_MODE,
         DOT_PRECISION, USE_PREFIX, KV_FP8,
     )
     out, lse = finalize_softmax(acc, m_i, l_i)
