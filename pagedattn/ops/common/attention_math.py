@@ -76,6 +76,16 @@ def online_softmax_step(m_i, l_i, s):
 
 
 @triton.jit
+def online_softmax_step_finite(m_i, l_i, s):
+    """``online_softmax_step`` for a tile whose scores are all finite (every key visible to every
+    row): the new max is finite, so no -inf guard."""
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    p = tl.exp2(s - m_new[:, None])
+    alpha = tl.exp2(m_i - m_new)
+    return p, alpha, m_new, l_i * alpha + tl.sum(p, 1)
+
+
+@triton.jit
 def finalize_softmax(acc, m_i, l_i):
     """(out, lse) from the running state; lse in natural log, -inf and out 0 where l == 0."""
     has = l_i > 0.0

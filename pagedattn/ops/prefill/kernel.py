@@ -16,6 +16,7 @@ from pagedattn.ops.common.attention_math import (
     causal_window_mask,
     finalize_softmax,
     online_softmax_step,
+    online_softmax_step_finite,
     scores_log2,
 )
 from pagedattn.ops.unified.program import (
@@ -100,14 +101,8 @@ def _key_tiles(
                 p, alpha, m_i, l_i = online_softmax_step(m_i, l_i, tl.where(vis, s, float("-inf")))
             elif PAGED:
                 p, alpha, m_i, l_i = online_softmax_step(m_i, l_i, tl.where(page_ok[None, :], s, float("-inf")))
-            else:
-                # every key of the tile is visible to every row: the scores are finite, so the new
-                # max is finite and needs no -inf guard
-                m_new = tl.maximum(m_i, tl.max(s, 1))
-                p = tl.exp2(s - m_new[:, None])
-                alpha = tl.exp2(m_i - m_new)
-                l_i = l_i * alpha + tl.sum(p, 1)
-                m_i = m_new
+            else:  # every key of the tile is visible to every row
+                p, alpha, m_i, l_i = online_softmax_step_finite(m_i, l_i, s)
             acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
     return m_i, l_i, acc
 
