@@ -92,6 +92,7 @@ WAVES_BARS = (
     ("variable_grid_us", "variable grid\ncaptured @ max"),
     ("persistent_static_us", "persistent\nstatic @ max"),
     ("persistent_atomic_us", "persistent\natomic @ max"),
+    ("persistent_auto_us", "persistent\nauto @ max\n(default)"),
     ("best_true_size_us", "best plan\n@ true size"),
     ("best_true_size_eager_us", "best plan\neager, true size"),
 )
@@ -138,7 +139,7 @@ def plot_waves(data: dict, out_path) -> Path:
         raise ValueError("no waves rows to plot")
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    colors = dict(zip((key for key, _ in WAVES_BARS), ("tab:gray", "tab:blue", "tab:cyan", "tab:green", "tab:olive")))
+    colors = dict(zip((key for key, _ in WAVES_BARS), ("tab:gray", "tab:blue", "tab:cyan", "tab:purple", "tab:green", "tab:olive")))
     shown = [(key, label) for key, label in WAVES_BARS if any(c.get(key) is not None for c in cases)]
     fig, axes = plt.subplots(1, len(cases), figsize=(0.9 * len(shown) * len(cases) + 0.8, 3.8), squeeze=False)
     for ax, case in zip(axes[0], cases):
