@@ -94,10 +94,10 @@ class Engine:
 
     @torch.inference_mode()
     def step(self) -> tuple[list[Sequence], int]:
-        """Schedule and run one step; returns (finished sequences, tokens sampled)."""
-        batch = self.scheduler.schedule()
-        if not batch.seqs:
-            raise RuntimeError("the scheduler could not schedule any sequence (KV cache too small?)")
+        """Schedule and run one step; returns (finished sequences, tokens sampled).
+
+        With ``step_records`` on, the step is timed from before scheduling to after sampling.
+        """
         timed = self.step_records is not None
         cuda = self.runner.device.type == "cuda"
         self.runner.time_forward = timed
@@ -106,6 +106,9 @@ class Engine:
             if cuda:
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 start.record()
+        batch = self.scheduler.schedule()
+        if not batch.seqs:
+            raise RuntimeError("the scheduler could not schedule any sequence (KV cache too small?)")
         sampled = self.runner.execute(batch)
         finished = self.scheduler.postprocess(batch, sampled)
         if timed:
