@@ -119,7 +119,9 @@ class AttentionPlan:
         self.max_seq_len = max(lens + [0])
 
 
-def _is_interpreter() -> bool:
+def interpreter_on() -> bool:
+    """Whether Triton runs its interpreter (``TRITON_INTERPRET=1``), read at each call (the tests
+    and the CPU fallbacks set it after import)."""
     import os
 
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
@@ -145,7 +147,7 @@ def pick_tiles(max_query_len: int, num_queries_per_kv: int, head_size: int, *, f
     block_q = block_m // num_queries_per_kv
     tile_n = 32 if head_size_pad > 128 else 64
     num_warps = 4 if block_m * head_size_pad <= 64 * 128 else 8
-    if _is_interpreter():
+    if interpreter_on():
         num_warps = 1
     return Tiles(block_m, block_q, tile_n, num_warps, num_stages=2)
 
@@ -157,7 +159,7 @@ def pick_prefill_tiles(head_size: int, dtype: torch.dtype) -> Tiles:
     in run B, before the block-table chunks): 128 x 128 keys at 8 warps for head 128, 128 x 64
     at 4 warps for head 64 and at 8 warps (2 stages: shared memory) for heads up to 256."""
     head_size_pad = max(16, triton.next_power_of_2(head_size))
-    if _is_interpreter():
+    if interpreter_on():
         return Tiles(32, 32, 32, 1, 1)
     if dtype == torch.float32:
         return Tiles(64, 64, 32, 4 if head_size_pad <= 64 else 8, 2)

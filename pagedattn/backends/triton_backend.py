@@ -2,17 +2,12 @@
 
 from __future__ import annotations
 
-import os
 
 import torch
 
 from pagedattn._checks import head_size_supported
 from pagedattn.backends.base import AttentionBackend, BackendConfig, BatchMetadata
-
-
-def interpreter_on() -> bool:
-    """Whether Triton runs its interpreter (``TRITON_INTERPRET=1``), read at each call."""
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+from pagedattn.plan import interpreter_on
 
 
 def triton_device_reason(device: torch.device, dtype: torch.dtype) -> str | None:

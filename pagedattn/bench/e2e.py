@@ -15,26 +15,19 @@ from __future__ import annotations
 
 import argparse
 import gc
-import os
 import statistics
 import sys
 import time
 
 import torch
 
+from pagedattn.bench.cli import select_device
+
 ATTENTIONS = ("pagedattn", "pagedattn-2d", "sdpa")
 FULL = dict(model="llama-3.1-8b", prompt_len=500, output_lens=(128, 1024), batch=64, batch_context=2048,
             batch_decode_steps=16, warmup_tokens=4)
 QUICK = dict(model="tiny", prompt_len=12, output_lens=(2, 4), batch=4, batch_context=16, batch_decode_steps=2,
              warmup_tokens=0)
-
-
-def select_device() -> torch.device:
-    """CUDA when present (and the interpreter not forced), else the CPU under the interpreter."""
-    if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0") != "1":
-        return torch.device("cuda", torch.cuda.current_device())
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-    return torch.device("cpu")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -9,6 +9,8 @@ import torch
 import triton
 import triton.language as tl
 
+from pagedattn.plan import interpreter_on
+
 
 @triton.jit
 def _rms_norm_kernel(
@@ -81,12 +83,6 @@ def _silu_and_mul_kernel(x_ptr, out_ptr, stride_x, stride_o, num_cols, BLOCK: tl
     tl.store(out_ptr + row * stride_o + offs, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def _interpreted() -> bool:
-    import os
-
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
-
-
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None):
     """x ``[n, hidden]`` -> (normed ``[n, hidden]``, residual): with ``residual`` the sum
     ``x + residual`` is normalized and written into ``residual`` in place, else residual is x."""
@@ -100,7 +96,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.
         x.stride(0), residual.stride(0) if residual is not None else 0, out.stride(0),
         cols, eps,
         HAS_RESIDUAL=residual is not None, BLOCK=block,
-        num_warps=1 if _interpreted() else (4 if block <= 1024 else 8 if block <= 8192 else 16),
+        num_warps=1 if interpreter_on() else (4 if block <= 1024 else 8 if block <= 8192 else 16),
     )
     return out, x if residual is None else residual
 
@@ -122,7 +118,7 @@ def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
         NUM_Q_HEADS=hq, Q_HEADS_PAD=triton.next_power_of_2(hq),
         NUM_KV_HEADS=hkv, KV_HEADS_PAD=triton.next_power_of_2(hkv),
         HALF=half, HALF_PAD=triton.next_power_of_2(half),
-        num_warps=1 if _interpreted() else 4,
+        num_warps=1 if interpreter_on() else 4,
     )
     return q_out, k_out
 
@@ -136,6 +132,6 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
         return out
     block = min(1024, triton.next_power_of_2(inter))
     _silu_and_mul_kernel[(n, triton.cdiv(inter, block))](
-        x, out, x.stride(0), out.stride(0), inter, BLOCK=block, num_warps=1 if _interpreted() else 4,
+        x, out, x.stride(0), out.stride(0), inter, BLOCK=block, num_warps=1 if interpreter_on() else 4,
     )
     return out

@@ -24,13 +24,13 @@ shorter than ~128 keys write more than they read) and at most ``MLA_MAX_SPLITS``
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, replace
 
 import torch
 import triton
 
 from pagedattn.ops.mla.kernel import mla_decode_kernel, mla_merge_splits_kernel, write_mla_kv_kernel
+from pagedattn.plan import interpreter_on
 
 MLA_MAX_QUERY_LEN = 8
 MLA_FILL_PER_SM = 1  # resident programs per SM the split rule aims for (times mla_programs_per_sm)
@@ -90,8 +90,6 @@ class MLAConfig:
         return out
 
 
-def _is_interpreter() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 def pick_mla_config(num_heads: int, max_query_len: int, row_bytes: int = ROW_WIDTH_BYTES,
@@ -115,11 +113,11 @@ def pick_mla_config(num_heads: int, max_query_len: int, row_bytes: int = ROW_WID
     which in turn was 19% faster at B=32 (64 head groups on 132 SMs). Batches between were not
     measured; the quarter is the middle of that range.
     """
-    max_m = 16 if _is_interpreter() else 64
+    max_m = 16 if interpreter_on() else 64
     block_h = min(triton.next_power_of_2(max(num_heads, 1)), max_m)
     block_q = min(triton.next_power_of_2(max(max_query_len, 1)), max_m // block_h)
     block_q = max(block_q, 16 // block_h)
-    if _is_interpreter():
+    if interpreter_on():
         return MLAConfig(block_h, block_q, tile_n=32, value_split=1, num_warps=1, num_stages=1)
     head_groups = -(-max(num_heads, 1) // block_h)
     small_grid = num_seqs is not None and sms is not None and 4 * num_seqs * head_groups < sms
@@ -270,7 +268,7 @@ def launch_mla_decode(
         num_splits=num_splits,
         LATENT_DIM=latent_dim,
         LATENT_PAD=triton.next_power_of_2(latent_dim),
-        num_warps=1 if _is_interpreter() else (4 if latent_dim >= 256 else 2),
+        num_warps=1 if interpreter_on() else (4 if latent_dim >= 256 else 2),
     )
 
 
@@ -300,5 +298,5 @@ def launch_write_mla_kv(
         ROPE_DIM=rope_dim,
         ROPE_PAD=triton.next_power_of_2(rope_dim),
         PAGE_SIZE=kv_cache.shape[1],
-        num_warps=1 if _is_interpreter() else 4,
+        num_warps=1 if interpreter_on() else 4,
     )
