@@ -13,7 +13,7 @@ rotating over input copies for short calls, ``do_bench`` otherwise):
 ``--sweep`` times a grid of kernel configs (``SWEEP_CONFIGS``: heads per program, value split,
 keys per tile, warps, stages; plus split counts around the rule's for B=1) on every case,
 checks each output against the torch baseline once, prints progress, a table and the best
-config per case, and writes JSON (``--json``, default ``mla-sweep.json``). It also measures the
+config per case, and writes JSON (``--json``, default ``bench_out/mla-sweep.json``). It also measures the
 ceilings (a large read, a bf16 matmul) in the same run. Configs whose accumulator or shared
 memory cannot fit (``MLAConfig.problems``) are skipped and listed. The B >= 32 cases run first
 and runs past ``--time-budget`` seconds (default 225) are skipped and listed, so the sweep
@@ -26,25 +26,19 @@ show that the script runs. ``--config`` and ``--num-splits`` fix the kernel's ch
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 import time
 
 import torch
 
+from pagedattn.bench.cli import select_device
+from pagedattn.testing import TOLERANCES
+
 PEAK_TBPS = 4.6  # H200 decode ceiling used in PERFORMANCE.md (cuDNN reads at 4.64 TB/s)
 MAX_TOKENS = 4 * 1024 * 1024
 LATENT, ROPE = 512, 64
-BF16_TOLERANCE = 3e-2  # max |pagedattn - torch fp32| accepted in the sweep (bf16 table in pagedattn.testing)
+BF16_TOLERANCE = TOLERANCES[torch.bfloat16][0]  # max |pagedattn - torch fp32| accepted in the sweep
 SCALE = 192**-0.5
-
-
-def select_device() -> torch.device:
-    if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0") != "1":
-        return torch.device("cuda", torch.cuda.current_device())
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # before any kernel module is imported
-    return torch.device("cpu")
 
 
 def sweep_configs():
@@ -91,7 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="--sweep: seconds after which the remaining runs are skipped (and listed)")
     p.add_argument("--no-baseline", action="store_true", help="skip the torch provider")
     p.add_argument("--quick", action="store_true", help="tiny shapes (the default without a GPU)")
-    p.add_argument("--json", help="also write the records to this file (--sweep: default mla-sweep.json)")
+    p.add_argument("--json", help="also write the records to this file (--sweep: default bench_out/mla-sweep.json)")
     p.add_argument("--seed", type=int, default=0)
     return p
 
@@ -334,13 +328,13 @@ def main(argv=None) -> int:
             t = baseline.get((r["B"], r["L"]))
             if t:
                 print(f"B={r['B']} L={r['L']}: {r['config']} {t['time_us'] / r['time_us']:.2f}x torch")
-    path = args.json or ("mla-sweep.json" if args.sweep else None)
+    path = args.json or ("bench_out/mla-sweep.json" if args.sweep else None)
     if path:
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        with open(path, "w") as f:
-            json.dump({"gpu": gpu, "torch": torch.__version__, "triton": triton.__version__, "ceilings": ceilings,
-                       "records": records, "best": best}, f, indent=1)
-        print(f"wrote {path}")
+        from pagedattn.bench.report import write_json
+
+        results = dict(gpu=gpu, torch=torch.__version__, triton=triton.__version__, ceilings=ceilings,
+                       records=records, best=best)
+        print(f"wrote {write_json(results, path)}")
     return 0
 
 

@@ -198,7 +198,7 @@ def test_mla_default_out_and_no_lse():
 
 
 @pytest.mark.parametrize("corruption", list(CORRUPTIONS))
-def test_mla_corrupt_metadata_is_masked(corruption):
+def test_mla_corrupt_metadata_stays_in_the_cache(corruption):
     b = make_mla_batch([(1, 70), (3, 40), (2, 35), (1, 17)], num_heads=4, dtype=torch.float32, seed=19)
     buf = torch.full((b.kv_cache.shape[0] + 2 * GUARD, *b.kv_cache.shape[1:]), float("nan"), device=DEVICE)
     buf[GUARD:-GUARD] = b.kv_cache
