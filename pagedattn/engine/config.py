@@ -35,18 +35,6 @@ class ModelConfig:
         if self.num_q_heads % self.num_kv_heads:
             raise ValueError(f"num_q_heads {self.num_q_heads} is not a multiple of num_kv_heads {self.num_kv_heads}")
 
-    def num_params(self) -> int:
-        """Parameters, the tied lm_head counted once."""
-        h, d = self.hidden_size, self.head_size
-        qkv = h * (self.num_q_heads + 2 * self.num_kv_heads) * d
-        if self.attention_bias:
-            qkv += (self.num_q_heads + 2 * self.num_kv_heads) * d
-        layer = qkv + self.num_q_heads * d * h + 3 * h * self.intermediate_size + 2 * h
-        if self.qk_norm:
-            layer += 2 * d
-        embed = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
-        return self.num_layers * layer + embed + h
-
 
 LLAMA3_ROPE = {
     "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
