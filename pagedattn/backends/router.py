@@ -287,16 +287,11 @@ def _sub_metadata(md: BatchMetadata, order: RouteOrder, kind: str) -> BatchMetad
 def run_prefill(q, k_cache, v_cache, part: _Part, *, out, **features):
     """The prefill path (query_len == seq_len: the whole context is new).
 
-    Today ``paged_attention`` over the cache; the place where a large-tile prefill kernel over
-    the fresh contiguous K/V (``pagedattn.varlen_attention``) will be called instead.
+    Today ``paged_attention`` over the cache, as the other parts; the place where a large-tile
+    prefill kernel over the fresh contiguous K/V (``pagedattn.varlen_attention``) will be called
+    instead.
     """
-    from pagedattn.api import paged_attention
-
-    md = part.metadata
-    return paged_attention(
-        q, k_cache, v_cache, md.block_table, md.seq_lens, md.query_start_loc,
-        max_query_len=md.max_query_len, max_seq_len=md.max_seq_len, plan=part.plan, out=out, **features,
-    )
+    return _run_paged(q, k_cache, v_cache, part, out=out, **features)
 
 
 def _run_paged(q, k_cache, v_cache, part: _Part, *, out, **features):
@@ -309,7 +304,7 @@ def _run_paged(q, k_cache, v_cache, part: _Part, *, out, **features):
     )
 
 
-def _run_extend_chunked(q, k_cache, v_cache, part: _Part, config: BackendConfig, *, out, return_lse, causal=True,
+def _run_extend_chunked(q, k_cache, v_cache, part: _Part, config: BackendConfig, *, out, lse_out=None, causal=True,
                         sinks=None, alibi_slopes=None, alibi_sqrt=False, **features):
     """The new tokens' part is attended into ``out``; each context chunk into the plan's output
     workspace, then merged into ``out`` in place (the merge reads a row before writing it)."""
@@ -338,7 +333,8 @@ def _run_extend_chunked(q, k_cache, v_cache, part: _Part, config: BackendConfig,
 
     # The sink joins exactly one part's denominator; merging then counts it once.
     lse_ws = chunks.ws_lse[:, : q.shape[0]]  # q matches the plan's config (checked in forward)
-    _, acc_lse = attend(chunks.new_tokens, out, lse_ws[0], sinks=sinks)
+    acc = lse_out if lse_out is not None else lse_ws[0]  # the running lse: the caller's rows when it wants them
+    _, acc_lse = attend(chunks.new_tokens, out, acc, sinks=sinks)
     ws_out = chunks.ws_out[: q.shape[0]] if chunks.context else None
     for step in chunks.context:
         o, lse = attend(step, ws_out, lse_ws[1])
@@ -346,7 +342,7 @@ def _run_extend_chunked(q, k_cache, v_cache, part: _Part, config: BackendConfig,
             # the chunk's keys sit (seq_len - chunk end) further from the queries than the kernel saw
             lse.addcmul_(step.alibi_shift[:, None], alibi_slopes.float()[None, :], value=-1.0)
         _, acc_lse = merge_attention_states(o, lse, out, acc_lse, out=out, lse_out=acc_lse)
-    return (out, acc_lse) if return_lse else out
+    return out, acc_lse
 
 
 class RouterBackend(AttentionBackend):
@@ -445,15 +441,14 @@ class RouterBackend(AttentionBackend):
                     buf = plan.workspace(f"prefix_{kind}", (s1 - s0, *prefix_ranges.shape[1:]), prefix_ranges.dtype,
                                          prefix_ranges.device)
                     kw["prefix_ranges"] = torch.index_select(prefix_ranges, 0, order.seq_perm[s0:s1], out=buf)
+            lse_part = lse_r[t0:t1] if return_lse else None  # each part writes its rows' lse in place
             if kind == "extend" and part.chunks is not None:
-                res = _run_extend_chunked(q_r[t0:t1], k_cache, v_cache, part, plan.config, out=out_r[t0:t1],
-                                          return_lse=return_lse, **kw)
+                _run_extend_chunked(q_r[t0:t1], k_cache, v_cache, part, plan.config, out=out_r[t0:t1],
+                                    lse_out=lse_part, **kw)
             elif kind == "prefill":
-                res = run_prefill(q_r[t0:t1], k_cache, v_cache, part, out=out_r[t0:t1], return_lse=return_lse, **kw)
+                run_prefill(q_r[t0:t1], k_cache, v_cache, part, out=out_r[t0:t1], lse_out=lse_part, **kw)
             else:
-                res = _run_paged(q_r[t0:t1], k_cache, v_cache, part, out=out_r[t0:t1], return_lse=return_lse, **kw)
-            if return_lse:
-                lse_r[t0:t1].copy_(res[1])
+                _run_paged(q_r[t0:t1], k_cache, v_cache, part, out=out_r[t0:t1], lse_out=lse_part, **kw)
         if not order.is_identity:
             out.index_copy_(0, order.token_perm, out_r)
             if return_lse:
