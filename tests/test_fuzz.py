@@ -35,13 +35,13 @@ def batches(draw):
         num_kv_heads=draw(st.sampled_from([1, 2])),
         group=group,
         head_size=draw(st.sampled_from([16, 24, 32])),
-        block_size=draw(st.sampled_from([16, 32])),
+        block_size=draw(st.sampled_from([1, 3, 16, 32])),  # 1: several block-table chunks per program
         dtype=draw(st.sampled_from([torch.float16, torch.float32])),
         window=draw(st.one_of(st.none(), st.integers(1, 40))),
         softcap=draw(st.one_of(st.none(), st.floats(0.5, 20.0))),
         sinks=draw(st.booleans()),
         alibi=draw(st.sampled_from([None, "linear", "sqrt"])),
-        path=draw(st.sampled_from(["unified", "split_kv"])),
+        path=draw(st.sampled_from(["unified", "split_kv", "persistent", "prefill"])),
         splits=draw(st.integers(1, 9)),
         seed=draw(st.integers(0, 2**16)),
     )
