@@ -41,9 +41,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from pagedattn._checks import head_size_supported
-from pagedattn.backends.base import AttentionBackend, BackendConfig, BatchMetadata
-from pagedattn.backends.triton_backend import triton_device_reason
+from pagedattn.backends.base import BackendConfig, BatchMetadata
+from pagedattn.backends.triton_backend import TritonBackend
 
 __all__ = ["DEFAULT_CHUNK_TOKENS", "KINDS", "RouteOrder", "RouterPlan", "RouterBackend", "route_order", "run_prefill"]
 
@@ -345,7 +344,7 @@ def _run_extend_chunked(q, k_cache, v_cache, part: _Part, config: BackendConfig,
     return out, acc_lse
 
 
-class RouterBackend(AttentionBackend):
+class RouterBackend(TritonBackend):
     """Decode / extend / prefill routed to their own paths (module docstring).
 
     ``plan`` options: ``chunk_tokens`` (default 32768), ``decode_path`` (``"auto"``,
@@ -354,15 +353,7 @@ class RouterBackend(AttentionBackend):
     otherwise by the first layer's call), ``sliding_window`` (a planning hint).
     """
 
-    name = "router"
-    min_head_size = 8
-    max_head_size = 256
-
-    def supports_head_size(self, head_size: int) -> bool:
-        return head_size_supported(head_size)
-
-    def device_reason(self, device, dtype):
-        return triton_device_reason(device, dtype)
+    name = "router"  # head sizes and devices: the Triton kernels', as TritonBackend's
 
     def _plan_state(self, md: BatchMetadata, config: BackendConfig, *, chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
                     decode_path: str = "auto", block_size: int | None = None, sliding_window: int | None = None):
