@@ -34,6 +34,7 @@ def main(argv=None) -> int:
     p.add_argument("--tiles", default="128x128x8x3", help="block_m x tile_n x warps x stages")
     p.add_argument("--head", type=int, default=128)
     p.add_argument("--page", type=int, default=16)
+    p.add_argument("--large-cache", action="store_true", help="64-bit K/V offsets (LARGE_CACHE)")
     p.add_argument("--dump", default=None)
     a = p.parse_args(argv)
     bm, bn, warps, stages = (int(x) for x in a.tiles.split("x"))
@@ -56,7 +57,7 @@ def main(argv=None) -> int:
         BLOCK_M=bm, BLOCK_N=bn,
         BLOCK_Q=max(1, bm // 4), TILE_N=bn,
         IS_CAUSAL=True, USE_SOFTCAP=False, ALIBI_MODE=0, DOT_PRECISION="tf32", USE_SINKS=False, USE_PREFIX=False,
-        KV_FP8=False, RETURN_LSE=False, PAGED=a.paged,
+        KV_FP8=False, RETURN_LSE=False, PAGED=a.paged, LARGE_CACHE=a.large_cache,
     )
     signature, cvals = {}, {}
     for name in fn.arg_names:
@@ -91,7 +92,7 @@ def main(argv=None) -> int:
         f.flush()
         res = subprocess.run([os.path.join(bindir, "cuobjdump"), "-res-usage", f.name], capture_output=True, text=True).stdout
     usage = " ".join(re.findall(r"(REG:\d+|STACK:\d+|SHARED:\d+|LOCAL:\d+)", res))
-    print(f"{a.kernel} paged={a.paged} tiles={a.tiles} {usage} smem={k.metadata.shared} {stats}")
+    print(f"{a.kernel} paged={a.paged} large={a.large_cache} tiles={a.tiles} {usage} smem={k.metadata.shared} {stats}")
     if a.dump:
         os.makedirs(a.dump, exist_ok=True)
         tag = f"{a.kernel}_{'paged' if a.paged else 'contig'}_{a.tiles}"

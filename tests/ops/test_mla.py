@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import pagedattn.mla as mla
-import pagedattn.ops.mla.launch as mla_launch
+import pagedattn.ops.common.offsets as offsets
 from pagedattn import mla_decode, write_mla_kv
 from pagedattn.ops.mla.launch import MLAConfig, choose_mla_splits, pick_mla_config
 from pagedattn.reference import mla_decode_ref, write_mla_kv_ref
@@ -164,7 +164,7 @@ def test_mla_real_widths(poisoned_workspace, dtype, cache_dtype, num_splits, con
 @pytest.mark.parametrize("config", [None, MLAConfig(8, 2, 16, 2, 1, 1)], ids=["default", "value2"])
 def test_mla_int64_offsets(poisoned_workspace, monkeypatch, config):
     """The int64 row-offset variant (caches of 2**31 elements or more), forced on a small cache."""
-    monkeypatch.setattr(mla_launch, "MLA_INT32_LIMIT", 0)
+    monkeypatch.setattr(offsets, "INT32_OFFSET_LIMIT", 0)
     b = make_mla_batch([(1, 70), (3, 40), (2, 35)], num_heads=8, dtype=torch.float32, seed=37)
     out, lse = run_mla(b, num_splits=2, config=config)
     assert_matches_reference(b, out, lse)

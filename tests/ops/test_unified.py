@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from pagedattn import paged_attention, plan_attention
+from pagedattn.ops.common.offsets import needs_int64_offsets
 from pagedattn.reference import paged_attention_ref
 from pagedattn.testing import (
     BATCHES,
@@ -156,14 +157,19 @@ def test_reference_does_not_modify_inputs():
         assert torch.equal(a, b)
 
 
-def test_cache_past_int32_offsets():
+@pytest.mark.parametrize("path", ["unified", "split_kv", "persistent"])
+def test_cache_past_int32_offsets(path):
     # 2**31 + elements; torch.empty leaves the unused blocks untouched, and the batch lives in
-    # the highest block ids, so any 32-bit offset arithmetic would read the wrong memory.
+    # the highest block ids, so any 32-bit offset arithmetic would read the wrong memory (the
+    # kernels switch to 64-bit offsets for such a cache: needs_int64_offsets).
     num_blocks = 2**31 // (16 * 1 * 16) + 64
     g = torch.Generator().manual_seed(8)
     batch = make_paged_batch(
         [(1, 40), (3, 20)], num_q_heads=2, num_kv_heads=1, head_size=16, num_blocks=num_blocks,
         dtype=torch.float16, device=DEVICE, generator=g,
     )
-    assert batch.k_cache.numel() > 2**31
-    run_and_compare(batch, {}, dtype=torch.float16)
+    assert batch.k_cache.numel() > 2**31 and needs_int64_offsets(batch.k_cache)
+    plan = plan_attention(batch.query_start_loc, batch.seq_lens, num_q_heads=2, num_kv_heads=1, head_size=16,
+                          device=DEVICE, path=path, num_splits=None if path == "unified" else 3)
+    out, lse = paged_attention(*batch.args(), plan=plan, out=torch.full_like(batch.q, float("nan")), return_lse=True)
+    assert_matches_reference(out, lse, *paged_attention_ref(*batch.args()))

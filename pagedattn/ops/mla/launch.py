@@ -29,6 +29,7 @@ from dataclasses import dataclass, replace
 import torch
 import triton
 
+from pagedattn.ops.common.offsets import needs_int64_offsets
 from pagedattn.ops.mla.kernel import mla_decode_kernel, mla_merge_splits_kernel, write_mla_kv_kernel
 from pagedattn.plan import interpreter_on
 
@@ -36,7 +37,6 @@ MLA_MAX_QUERY_LEN = 8
 MLA_FILL_PER_SM = 1  # resident programs per SM the split rule aims for (times mla_programs_per_sm)
 MLA_MIN_SEGMENT_TOKENS = 128
 MLA_MAX_SPLITS = 64
-MLA_INT32_LIMIT = 2**31  # caches with at least this many elements use int64 row offsets
 SMEM_BYTES = 227 * 1024  # per block on sm_90 (opt-in maximum); the budget the configs are sized for
 ROW_WIDTH_BYTES = 576 * 2  # DeepSeek's latent + rope row at 16 bits: the sizing unit below
 
@@ -248,7 +248,7 @@ def launch_mla_decode(
         BLOCK_M=config.block_m,
         TILE_N=config.tile_n,
         VALUE_SPLIT=config.value_split,
-        LARGE_CACHE=sum((n - 1) * s for n, s in zip(kv_cache.shape, kv_cache.stride())) + 1 >= MLA_INT32_LIMIT,
+        LARGE_CACHE=needs_int64_offsets(kv_cache),
         DOT_PRECISION="ieee" if q_nope.dtype == torch.float32 else "tf32",
         num_warps=config.num_warps,
         num_stages=config.num_stages,

@@ -34,6 +34,7 @@ def _run_item(
     PAGE_SIZE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, TILE_N: tl.constexpr,
     IS_CAUSAL: tl.constexpr, USE_SOFTCAP: tl.constexpr, ALIBI_MODE: tl.constexpr,
     DOT_PRECISION: tl.constexpr, USE_SINKS: tl.constexpr, USE_PREFIX: tl.constexpr, KV_FP8: tl.constexpr,
+    LARGE_CACHE: tl.constexpr,
     RETURN_LSE: tl.constexpr,
 ):
     fields = work_items_ptr + item.to(tl.int64) * ITEM_FIELDS
@@ -50,7 +51,7 @@ def _run_item(
         stride_bt_s, stride_pr_s, stride_pr_r,
         scale, softcap, sliding_window, num_tokens, num_blocks, max_blocks_per_seq, num_prefix_ranges,
         NUM_QUERIES_PER_KV, HEAD_SIZE, HEAD_SIZE_PAD, PAGE_SIZE, BLOCK_Q, BLOCK_M, TILE_N,
-        IS_CAUSAL, USE_SOFTCAP, ALIBI_MODE, DOT_PRECISION, USE_SINKS, USE_PREFIX, KV_FP8,
+        IS_CAUSAL, USE_SOFTCAP, ALIBI_MODE, DOT_PRECISION, USE_SINKS, USE_PREFIX, KV_FP8, LARGE_CACHE,
     )
     if num_splits == 1:
         store_rows(out_ptr, lse_ptr, out, lse, token, head, row_ok, stride_o_t, stride_o_h,
@@ -113,6 +114,7 @@ def persistent_attention_kernel(
     USE_SINKS: tl.constexpr,
     USE_PREFIX: tl.constexpr,
     KV_FP8: tl.constexpr,
+    LARGE_CACHE: tl.constexpr,
     RETURN_LSE: tl.constexpr,
 ):
     """Each program runs work items until the list is done (see the module docstring)."""
@@ -133,7 +135,7 @@ def persistent_attention_kernel(
             stride_bt_s, stride_pr_s, stride_pr_r,
             scale, softcap, sliding_window, num_tokens, num_blocks, max_blocks_per_seq, num_prefix_ranges,
             NUM_QUERIES_PER_KV, HEAD_SIZE, HEAD_SIZE_PAD, PAGE_SIZE, BLOCK_Q, BLOCK_M, TILE_N,
-            IS_CAUSAL, USE_SOFTCAP, ALIBI_MODE, DOT_PRECISION, USE_SINKS, USE_PREFIX, KV_FP8, RETURN_LSE,
+            IS_CAUSAL, USE_SOFTCAP, ALIBI_MODE, DOT_PRECISION, USE_SINKS, USE_PREFIX, KV_FP8, LARGE_CACHE, RETURN_LSE,
         )
         if atomic:
             item = tl.atomic_add(work_counter_ptr, 1)

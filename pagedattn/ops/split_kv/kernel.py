@@ -68,6 +68,7 @@ def split_kv_attention_kernel(
     USE_SINKS: tl.constexpr,
     USE_PREFIX: tl.constexpr,
     KV_FP8: tl.constexpr,
+    LARGE_CACHE: tl.constexpr,
 ):
     """Partial softmax(mods(scale * q k^T) + mask) v over one segment of a sequence's keys."""
     seq, q_block_local, valid = locate_q_block(query_start_loc_ptr, tl.program_id(0), num_seqs, max_q_len_served, BLOCK_Q)
@@ -82,7 +83,7 @@ def split_kv_attention_kernel(
         stride_bt_s, stride_pr_s, stride_pr_r,
         scale, softcap, sliding_window, num_tokens, num_blocks, max_blocks_per_seq, num_prefix_ranges,
         NUM_QUERIES_PER_KV, HEAD_SIZE, HEAD_SIZE_PAD, PAGE_SIZE, BLOCK_Q, BLOCK_M, TILE_N,
-        IS_CAUSAL, USE_SOFTCAP, ALIBI_MODE, DOT_PRECISION, USE_SINKS, USE_PREFIX, KV_FP8,
+        IS_CAUSAL, USE_SOFTCAP, ALIBI_MODE, DOT_PRECISION, USE_SINKS, USE_PREFIX, KV_FP8, LARGE_CACHE,
     )
     store_partial(partial_out_ptr, partial_lse_ptr, out, lse, token, head, row_ok, split,
                   stride_po_t, stride_po_h, stride_po_s, stride_pl_t, stride_pl_h, HEAD_SIZE, HEAD_SIZE_PAD)

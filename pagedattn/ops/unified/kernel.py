@@ -70,6 +70,7 @@ def unified_attention_kernel(
     USE_SINKS: tl.constexpr,
     USE_PREFIX: tl.constexpr,
     KV_FP8: tl.constexpr,
+    LARGE_CACHE: tl.constexpr,
     RETURN_LSE: tl.constexpr,
 ):
     """out = softmax(mods(scale * q k^T) + mask) v, over the pages of one sequence."""
@@ -84,7 +85,7 @@ def unified_attention_kernel(
         stride_bt_s, stride_pr_s, stride_pr_r,
         scale, softcap, sliding_window, num_tokens, num_blocks, max_blocks_per_seq, num_prefix_ranges,
         NUM_QUERIES_PER_KV, HEAD_SIZE, HEAD_SIZE_PAD, PAGE_SIZE, BLOCK_Q, BLOCK_M, TILE_N,
-        IS_CAUSAL, USE_SOFTCAP, ALIBI_MODE, DOT_PRECISION, USE_SINKS, USE_PREFIX, KV_FP8,
+        IS_CAUSAL, USE_SOFTCAP, ALIBI_MODE, DOT_PRECISION, USE_SINKS, USE_PREFIX, KV_FP8, LARGE_CACHE,
     )
     store_rows(out_ptr, lse_ptr, out, lse, token, head, row_ok, stride_o_t, stride_o_h, stride_lse_t, stride_lse_h,
                HEAD_SIZE, HEAD_SIZE_PAD, RETURN_LSE)

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 import triton
 
+from pagedattn.ops.common.offsets import needs_int64_offsets
 from pagedattn.ops.unified.kernel import unified_attention_kernel
 from pagedattn.plan import Tiles
 
@@ -76,6 +77,7 @@ def common_kernel_args(a: AttentionArgs, tiles: Tiles) -> dict:
         USE_SOFTCAP=a.softcap > 0,
         ALIBI_MODE=a.alibi_mode,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        LARGE_CACHE=needs_int64_offsets(k_cache, v_cache),
         num_warps=tiles.num_warps,
         num_stages=tiles.num_stages,
     )

@@ -200,7 +200,7 @@ def attend_kv_range(
     HEAD_SIZE: tl.constexpr, HEAD_SIZE_PAD: tl.constexpr, PAGE_SIZE: tl.constexpr,
     TILE_N: tl.constexpr, IS_CAUSAL: tl.constexpr, USE_SOFTCAP: tl.constexpr,
     ALIBI_MODE: tl.constexpr, DOT_PRECISION: tl.constexpr, USE_PREFIX: tl.constexpr,
-    KV_FP8: tl.constexpr,
+    KV_FP8: tl.constexpr, LARGE_CACHE: tl.constexpr,
 ):
     """Online softmax over keys [max(tile_lo, kv_lo), kv_hi) in TILE_N steps from ``tile_lo``.
 
@@ -208,7 +208,9 @@ def attend_kv_range(
     ``block_row[k // PAGE_SIZE]`` at slot ``k % PAGE_SIZE``. The table is read a chunk of
     CHUNK_PAGES ids at a time, outside the tile loop (see ``load_page_chunk``). A key whose page
     lies past the table's row or whose block id lies outside [0, num_blocks) is masked, never
-    dereferenced.
+    dereferenced. Offsets are int32 unless LARGE_CACHE (a cache spanning 2**31 elements or more):
+    64-bit per-key offsets cost about 35 registers per thread at 16x64 tiles, a third of the
+    programs an SM can hold (docs/perf-notes.md, experiments 16-17).
     """
     offs_d = tl.arange(0, HEAD_SIZE_PAD)
     offs_n = tl.arange(0, TILE_N)
@@ -219,12 +221,15 @@ def attend_kv_range(
         first_page, pages = load_page_chunk(block_row_ptr, chunk_lo, max_blocks_per_seq, PAGE_SIZE, CHUNK_PAGES)
         for start in range(chunk_lo, tl.minimum(chunk_lo + CHUNK_KEYS, kv_hi), TILE_N):
             k_pos = start + offs_n  # [TILE_N]
-            page = page_of_keys(pages, first_page, k_pos, PAGE_SIZE).to(tl.int64)
+            page = page_of_keys(pages, first_page, k_pos, PAGE_SIZE)
             # Keys whose block id lies outside the cache are masked, never dereferenced. (Clamping
             # the id and zeroing V instead measured 1.7x slower: the select between V's load and
             # the dot costs the async-copy pipeline; docs/perf-notes.md, experiment 6.)
             k_ok = (k_pos >= kv_lo) & (k_pos < kv_hi) & (page >= 0) & (page < num_blocks)
-            in_page = (k_pos % PAGE_SIZE).to(tl.int64)
+            in_page = k_pos % PAGE_SIZE
+            if LARGE_CACHE:  # offsets of 2**31 elements or more; otherwise int32 saves registers
+                page = page.to(tl.int64)
+                in_page = in_page.to(tl.int64)
             k_off = page * stride_k_b + in_page * stride_k_s + kv_head * stride_k_h
             v_off = page * stride_v_b + in_page * stride_v_s + kv_head * stride_v_h
             k = tl.load(
@@ -270,6 +275,7 @@ def attend_segment(
     PAGE_SIZE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, TILE_N: tl.constexpr,
     IS_CAUSAL: tl.constexpr, USE_SOFTCAP: tl.constexpr, ALIBI_MODE: tl.constexpr,
     DOT_PRECISION: tl.constexpr, USE_SINKS: tl.constexpr, USE_PREFIX: tl.constexpr, KV_FP8: tl.constexpr,
+    LARGE_CACHE: tl.constexpr,
 ):
     """Attention of one Q block over segment ``split`` of ``num_splits`` of its visible keys.
 
@@ -319,7 +325,7 @@ def attend_segment(
         stride_k_b, stride_k_s, stride_k_h, stride_v_b, stride_v_s, stride_v_h,
         stride_pr_s, stride_pr_r, num_prefix_ranges, scale, softcap, sliding_window,
         HEAD_SIZE, HEAD_SIZE_PAD, PAGE_SIZE, TILE_N, IS_CAUSAL, USE_SOFTCAP, ALIBI_MODE,
-        DOT_PRECISION, USE_PREFIX, KV_FP8,
+        DOT_PRECISION, USE_PREFIX, KV_FP8, LARGE_CACHE,
     )
     out, lse = finalize_softmax(acc, m_i, l_i)
     return out, lse, token, head, row_ok
