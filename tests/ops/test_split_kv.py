@@ -41,10 +41,11 @@ def test_split_features(feature, dtype):
     check_against_reference(batch, kwargs, out, lse)
 
 
-@pytest.mark.parametrize("num_splits", [1, 2, 7, 17], ids=lambda n: f"splits{n}")
+@pytest.mark.parametrize("num_splits", [1, 2, 7, 17, 40], ids=lambda n: f"splits{n}")
 @pytest.mark.parametrize("batch_kind", ["decode", "mixed"])
 def test_split_counts(num_splits, batch_kind):
-    # 17 splits over at most 463 keys in 64-key tiles: most segments are empty.
+    # 17 and 40 splits over at most 463 keys in 64-key tiles: most segments are empty; 40 splits
+    # take two blocks of the merge (merge_partials reads 32 partials at a time at head 32).
     g = torch.Generator().manual_seed(num_splits)
     batch = make_paged_batch(BATCHES[batch_kind], dtype=torch.float32, device=DEVICE, generator=g)
     kwargs = {"sinks": torch.randn(4, generator=g).to(DEVICE), "sliding_window": 150}
@@ -87,6 +88,16 @@ def test_batch_invariant_interpreter():
         results.append((out[t0:t0 + 1].clone(), lse[t0:t0 + 1].clone()))
     for out, lse in results[1:]:
         assert torch.equal(out, results[0][0]) and torch.equal(lse, results[0][1])
+
+
+def test_leading_empty_splits():
+    """Fixed 64-key segments under a 100-key window: the first ~36 of 40 splits have no key, so
+    the merge's first block of partials is all -inf and the keys arrive in its second block."""
+    g = torch.Generator().manual_seed(34)
+    batch = make_paged_batch([(1, 2500), (2, 700), (1, 30)], dtype=torch.float32, device=DEVICE, generator=g)
+    kwargs = {"sliding_window": 100}  # no sink: it would give split 0 a finite lse
+    out, lse = run_split(batch, kwargs, batch_invariant=True, segment_size=64)
+    check_against_reference(batch, kwargs, out, lse)
 
 
 def test_auto_rule():

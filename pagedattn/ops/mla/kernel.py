@@ -25,6 +25,7 @@ from pagedattn.ops.common.attention_math import (
     online_softmax_step,
     round_to_fp8e4m3,
 )
+from pagedattn.ops.merge.partials import merge_partials
 
 
 @triton.jit
@@ -269,32 +270,19 @@ def mla_merge_splits_kernel(
     LATENT_PAD: tl.constexpr,
     RETURN_LSE: tl.constexpr,
 ):
-    """out = sum_i e^{lse_i - lse} out_i, lse = log sum_i e^{lse_i}: one (token, head) row, in split order.
-
-    Splits with lse -inf (no visible key) are skipped, so their partial out is never read.
-    """
+    """One (token, head) row of the partials merged (``merge_partials``, shared with the
+    split-KV paths); splits with lse -inf (no visible key) are never read."""
     token = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1).to(tl.int64)
     offs = tl.arange(0, LATENT_PAD)
-    ok = offs < LATENT_DIM
-    lse_row = partial_lse_ptr + token * stride_pl_t + head * stride_pl_h
-    out_row = partial_out_ptr + token * stride_po_t + head * stride_po_h
-    lse_max = tl.full([], float("-inf"), tl.float32)
-    for i in range(num_splits):
-        lse_max = tl.maximum(lse_max, tl.load(lse_row + i * stride_pl_s))
-    shift = tl.where(lse_max == float("-inf"), 0.0, lse_max)
-    acc = tl.zeros([LATENT_PAD], dtype=tl.float32)
-    total = tl.full([], 0.0, tl.float32)
-    for i in range(num_splits):
-        lse_i = tl.load(lse_row + i * stride_pl_s)
-        w = tl.exp(lse_i - shift)
-        has_keys = tl.broadcast_to(lse_i, [LATENT_PAD]) > float("-inf")  # (interpreter: no scalar & vector)
-        acc += w * tl.load(out_row + i * stride_po_s + offs, mask=ok & has_keys, other=0.0)
-        total += w
-    out = acc / tl.where(total > 0.0, total, 1.0)
-    tl.store(out_ptr + token * stride_o_t + head * stride_o_h + offs, out.to(out_ptr.dtype.element_ty), mask=ok)
+    out, lse = merge_partials(
+        partial_out_ptr + token * stride_po_t + head * stride_po_h,
+        partial_lse_ptr + token * stride_pl_t + head * stride_pl_h,
+        num_splits, stride_po_s, stride_pl_s, LATENT_DIM, LATENT_PAD,
+    )
+    tl.store(out_ptr + token * stride_o_t + head * stride_o_h + offs, out.to(out_ptr.dtype.element_ty),
+             mask=offs < LATENT_DIM)
     if RETURN_LSE:
-        lse = tl.where(total > 0.0, shift + tl.log(total), float("-inf"))
         tl.store(lse_ptr + token * stride_lse_t + head * stride_lse_h, lse)
 
 

@@ -15,7 +15,8 @@ resets it after each launch).
 import triton
 import triton.language as tl
 
-from pagedattn.ops.unified.program import attend_segment, merge_partials, store_partial, store_rows
+from pagedattn.ops.merge.partials import merge_partials
+from pagedattn.ops.unified.program import attend_segment, store_partial, store_rows
 
 ITEM_FIELDS = tl.constexpr(5)  # seq, q_block_local, kv_head, split, num_splits
 
@@ -180,7 +181,7 @@ def persistent_reduce_kernel(
         out, lse = merge_partials(
             partial_out_ptr + token * stride_po_t + head * stride_po_h,
             partial_lse_ptr + token * stride_pl_t + head * stride_pl_h,
-            num_splits, stride_po_s, HEAD_SIZE, HEAD_SIZE_PAD,
+            num_splits, stride_po_s, 1, HEAD_SIZE, HEAD_SIZE_PAD,
         )
         tl.store(out_ptr + token * stride_o_t + head * stride_o_h + offs_d, out.to(out_ptr.dtype.element_ty),
                  mask=offs_d < HEAD_SIZE)

@@ -9,7 +9,8 @@ split 0, so the merge counts it once. How a segment is cut: ``attend_segment``.
 import triton
 import triton.language as tl
 
-from pagedattn.ops.unified.program import attend_segment, locate_q_block, merge_partials, store_partial
+from pagedattn.ops.merge.partials import merge_partials
+from pagedattn.ops.unified.program import attend_segment, locate_q_block, store_partial
 
 
 @triton.heuristics(
@@ -111,7 +112,7 @@ def reduce_splits_kernel(
     out, lse = merge_partials(
         partial_out_ptr + token * stride_po_t + head * stride_po_h,
         partial_lse_ptr + token * stride_pl_t + head * stride_pl_h,
-        num_splits, stride_po_s, HEAD_SIZE, HEAD_SIZE_PAD,
+        num_splits, stride_po_s, 1, HEAD_SIZE, HEAD_SIZE_PAD,
     )
     offs_d = tl.arange(0, HEAD_SIZE_PAD)
     tl.store(out_ptr + token * stride_o_t + head * stride_o_h + offs_d, out.to(out_ptr.dtype.element_ty),

@@ -355,31 +355,3 @@ def store_partial(partial_out_ptr, partial_lse_ptr, out, lse, token, head, row_o
     tl.store(partial_out_ptr + row[:, None] + offs_d[None, :], out,
              mask=row_ok[:, None] & (offs_d < HEAD_SIZE)[None, :])
     tl.store(partial_lse_ptr + token * stride_pl_t + head * stride_pl_h + split, lse, mask=row_ok)
-
-
-@triton.jit
-def merge_partials(partial_out_row, partial_lse_row, num_splits, stride_po_s,
-                   HEAD_SIZE: tl.constexpr, HEAD_SIZE_PAD: tl.constexpr):
-    """(out [HEAD_SIZE_PAD], lse) of one row from its ``num_splits`` partials, in split order.
-
-    out = sum_i e^{lse_i - lse} out_i, lse = log sum_i e^{lse_i}; partials with lse -inf are not
-    read. The fixed order makes the result deterministic.
-    """
-    offs_d = tl.arange(0, HEAD_SIZE_PAD)
-    dim_ok = offs_d < HEAD_SIZE
-    lse_max = tl.load(partial_lse_row)
-    for i in range(1, num_splits):
-        lse_max = tl.maximum(lse_max, tl.load(partial_lse_row + i))
-    shift = tl.where(lse_max == float("-inf"), 0.0, lse_max)
-    acc = tl.zeros([HEAD_SIZE_PAD], dtype=tl.float32)
-    total = tl.full([], 0.0, tl.float32)
-    for i in range(num_splits):
-        lse_i = tl.load(partial_lse_row + i)
-        w = tl.exp(lse_i - shift)
-        has_keys = tl.broadcast_to(lse_i, [HEAD_SIZE_PAD]) > float("-inf")  # (interpreter: no scalar & vector)
-        part = tl.load(partial_out_row + i * stride_po_s + offs_d, mask=dim_ok & has_keys, other=0.0)
-        acc += w * part
-        total += w
-    out = acc / tl.where(total > 0.0, total, 1.0)
-    lse = tl.where(total > 0.0, shift + tl.log(total), float("-inf"))
-    return out, lse

@@ -1,0 +1,47 @@
+"""Merging a row's split-KV partials (out_i, lse_i), shared by the split-KV, persistent and MLA
+reductions."""
+
+import triton
+import triton.language as tl
+
+
+@triton.constexpr_function
+def split_block(head_size_pad):
+    """Partials a merge reads at once: a [SPLIT_BLOCK, HEAD_SIZE_PAD] fp32 tile of at most 4096 values."""
+    return max(2, min(32, 4096 // head_size_pad))
+
+
+@triton.jit
+def merge_partials(partial_out_row, partial_lse_row, num_splits, stride_po_s, stride_pl_s,
+                   HEAD_SIZE: tl.constexpr, HEAD_SIZE_PAD: tl.constexpr):
+    """(out [HEAD_SIZE_PAD], lse) of one row from its ``num_splits`` partials.
+
+    out = sum_i e^{lse_i - lse} out_i, lse = log sum_i e^{lse_i}; partials with lse -inf are not
+    read. SPLIT_BLOCK partials are loaded per step as one tile (a loop of one load per split
+    waited on the L2 once per split: 66 splits cost ~15 us at batch 1; docs/perf-notes.md,
+    experiment 17) and merged online. The blocks start at fixed split indices and reduce in a
+    fixed order, so the result is deterministic, and splits with lse -inf add exact zeros
+    (batch-invariant mode relies on both).
+    """
+    SPLIT_BLOCK: tl.constexpr = split_block(HEAD_SIZE_PAD)
+    offs_d = tl.arange(0, HEAD_SIZE_PAD)
+    offs_s = tl.arange(0, SPLIT_BLOCK)
+    dim_ok = offs_d < HEAD_SIZE
+    m = tl.full([], float("-inf"), tl.float32)
+    acc = tl.zeros([HEAD_SIZE_PAD], dtype=tl.float32)
+    total = tl.full([], 0.0, tl.float32)
+    for s0 in range(0, num_splits, SPLIT_BLOCK):
+        idx = s0 + offs_s
+        lse_i = tl.load(partial_lse_row + idx * stride_pl_s, mask=idx < num_splits, other=float("-inf"))
+        part = tl.load(partial_out_row + idx[:, None] * stride_po_s + offs_d[None, :],
+                       mask=(lse_i > float("-inf"))[:, None] & dim_ok[None, :], other=0.0)
+        m_new = tl.maximum(m, tl.max(lse_i, axis=0))
+        shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp(m - shift)  # 0 while m is -inf; 1 when the max did not move
+        w = tl.exp(lse_i - shift)  # [SPLIT_BLOCK]; 0 for splits without keys
+        acc = acc * alpha + tl.sum(w[:, None] * part, axis=0)
+        total = total * alpha + tl.sum(w, axis=0)
+        m = m_new
+    out = acc / tl.where(total > 0.0, total, 1.0)
+    lse = tl.where(total > 0.0, m + tl.log(total), float("-inf"))
+    return out, lse
