@@ -173,3 +173,13 @@ def test_cache_past_int32_offsets(path):
                           device=DEVICE, path=path, num_splits=None if path == "unified" else 3)
     out, lse = paged_attention(*batch.args(), plan=plan, out=torch.full_like(batch.q, float("nan")), return_lse=True)
     assert_matches_reference(out, lse, *paged_attention_ref(*batch.args()))
+
+
+def test_more_sequences_than_one_search_block():
+    """300 sequences: find_seq_idx counts sequence starts in two blocks of 256."""
+    g = torch.Generator().manual_seed(12)
+    cases = [(int(q), int(kv)) for q, kv in zip(torch.randint(0, 4, (300,), generator=g),
+                                                torch.randint(4, 40, (300,), generator=g))]
+    batch = make_paged_batch(cases, num_q_heads=2, num_kv_heads=1, head_size=16, dtype=torch.float32,
+                             device=DEVICE, generator=g)
+    run_and_compare(batch, {"sliding_window": 20}, dtype=torch.float32)

@@ -19,24 +19,26 @@ from pagedattn.ops.common.attention_math import (
 )
 
 
+SEARCH_BLOCK = tl.constexpr(256)  # sequence starts compared per step of find_seq_idx
+
+
 @triton.jit
 def find_seq_idx(query_start_loc_ptr, q_block_idx, num_seqs, BLOCK_Q: tl.constexpr):
-    """The sequence owning global Q block ``q_block_idx``.
+    """The sequence owning global Q block ``q_block_idx`` (-1 if none).
 
-    Sequence s owns the Q blocks from ``query_start_loc[s] // BLOCK_Q + s`` on; this start is
-    non-decreasing in s, so a binary search finds the last s whose start is <= q_block_idx.
-    The ``+ s`` leaves room for one partial block per sequence.
+    Sequence s owns the Q blocks from ``start(s) = query_start_loc[s] // BLOCK_Q + s`` on; this
+    start is non-decreasing in s, so the owner is the number of sequences with
+    ``start(s) <= q_block_idx``, minus one. Counting compares SEARCH_BLOCK starts per vector load:
+    one memory round trip up to 256 sequences, where a binary search waits on log2(num_seqs)
+    dependent loads before the program's first K/V load can issue.
     """
-    lo = tl.full([], 0, tl.int32)
-    hi = tl.full([], 0, tl.int32) + num_seqs
-    while lo < hi:
-        mid = (lo + hi) // 2
-        start = tl.load(query_start_loc_ptr + mid) // BLOCK_Q + mid
-        if start <= q_block_idx:
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo - 1
+    offs = tl.arange(0, SEARCH_BLOCK)
+    count = tl.full([], 0, tl.int32)
+    for s0 in range(0, num_seqs, SEARCH_BLOCK):
+        s = s0 + offs
+        start = tl.load(query_start_loc_ptr + s, mask=s < num_seqs, other=0) // BLOCK_Q + s
+        count += tl.sum(((start <= q_block_idx) & (s < num_seqs)).to(tl.int32), axis=0)
+    return count - 1
 
 
 @triton.jit
@@ -83,7 +85,8 @@ def locate_q_block(query_start_loc_ptr, q_block_idx, num_seqs, max_q_len_served,
     q_start = tl.load(query_start_loc_ptr + seq)
     q_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
     q_block_local = q_block_idx - (q_start // BLOCK_Q + seq)
-    return seq, q_block_local, found & (q_block_local * BLOCK_Q < q_len) & (q_len <= max_q_len_served)
+    valid = found & (q_block_local >= 0) & (q_block_local * BLOCK_Q < q_len) & (q_len <= max_q_len_served)
+    return seq, q_block_local, valid
 
 
 @triton.jit
