@@ -126,6 +126,7 @@ def mla_decode_kernel(
     DOT_PRECISION: tl.constexpr,
     RETURN_LSE: tl.constexpr,
     KV_FP8: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
     """(out, lse) of softmax(scale * (q_nope c_kv^T + q_pe k_pe^T) + causal) c_kv over one key split.
 
@@ -145,6 +146,8 @@ def mla_decode_kernel(
     VALUE_BLOCK: tl.constexpr = LATENT_PAD // VALUE_SPLIT
     LATENT_EXACT: tl.constexpr = LATENT_PAD == LATENT_DIM
     ROPE_EXACT: tl.constexpr = ROPE_PAD == ROPE_DIM
+    if USE_PDL:  # the merge kernel may launch now; it waits for this grid in the kernel
+        tl.extra.cuda.gdc_launch_dependents()
     pid = tl.program_id(0)
     value_part = pid % VALUE_SPLIT
     rest = pid // VALUE_SPLIT
@@ -269,9 +272,12 @@ def mla_merge_splits_kernel(
     LATENT_DIM: tl.constexpr,
     LATENT_PAD: tl.constexpr,
     RETURN_LSE: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
     """One (token, head) row of the partials merged (``merge_partials``, shared with the
     split-KV paths); splits with lse -inf (no visible key) are never read."""
+    if USE_PDL:  # launched early (programmatic dependent launch): wait for the decode kernel
+        tl.extra.cuda.gdc_wait()
     token = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1).to(tl.int64)
     offs = tl.arange(0, LATENT_PAD)

@@ -30,6 +30,7 @@ import torch
 import triton
 
 from pagedattn.ops.common.offsets import needs_int64_offsets
+from pagedattn.ops.common.pdl import use_pdl
 from pagedattn.ops.mla.kernel import mla_decode_kernel, mla_merge_splits_kernel, write_mla_kv_kernel
 from pagedattn.plan import interpreter_on
 
@@ -215,6 +216,7 @@ def launch_mla_decode(
         l_strides = (lse.stride(0), lse.stride(1), 0) if lse is not None else (0, 0, 0)
     head_groups = -(-num_heads // config.block_h)
     grid = (mla_grid_q_blocks(num_tokens, num_seqs, config) * num_splits * head_groups * config.value_split,)
+    pdl = num_splits > 1 and use_pdl(q_nope.device)
     mla_decode_kernel[grid](
         out_ptr=dst,
         lse_ptr=dst_lse,
@@ -250,6 +252,7 @@ def launch_mla_decode(
         VALUE_SPLIT=config.value_split,
         LARGE_CACHE=needs_int64_offsets(kv_cache),
         DOT_PRECISION="ieee" if q_nope.dtype == torch.float32 else "tf32",
+        USE_PDL=pdl,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
     )
@@ -268,7 +271,9 @@ def launch_mla_decode(
         num_splits=num_splits,
         LATENT_DIM=latent_dim,
         LATENT_PAD=triton.next_power_of_2(latent_dim),
+        USE_PDL=pdl,
         num_warps=1 if interpreter_on() else (4 if latent_dim >= 256 else 2),
+        launch_pdl=pdl,
     )
 
 

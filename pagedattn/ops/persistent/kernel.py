@@ -117,8 +117,11 @@ def persistent_attention_kernel(
     KV_FP8: tl.constexpr,
     LARGE_CACHE: tl.constexpr,
     RETURN_LSE: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
     """Each program runs work items until the list is done (see the module docstring)."""
+    if USE_PDL:  # the reduce kernel may launch now; it waits for this grid in the kernel
+        tl.extra.cuda.gdc_launch_dependents()
     num_items = tl.load(work_counts_ptr)
     atomic = tl.load(work_counts_ptr + 2) != 0
     if atomic:
@@ -162,6 +165,7 @@ def persistent_reduce_kernel(
     HEAD_SIZE: tl.constexpr,
     HEAD_SIZE_PAD: tl.constexpr,
     RETURN_LSE: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
     """Merge the partials of every listed (token, head) row, a fixed grid striding the list.
 
@@ -169,6 +173,8 @@ def persistent_reduce_kernel(
     (same stream), so the next launch starts from 0 without a memset of its own (a memset node
     cost ~2 us of a ~10 us replay in the waves run).
     """
+    if USE_PDL:  # launched early (programmatic dependent launch): wait for the attention kernel
+        tl.extra.cuda.gdc_wait()
     if tl.program_id(0) == 0:
         tl.store(work_counter_ptr, 0)
     num_rows = tl.load(work_counts_ptr + 1) * NUM_Q_HEADS

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 import triton
 
+from pagedattn.ops.common.pdl import use_pdl
 from pagedattn.ops.persistent.kernel import persistent_attention_kernel, persistent_reduce_kernel
 from pagedattn.ops.unified.launch import AttentionArgs, common_kernel_args
 
@@ -12,6 +13,7 @@ from pagedattn.ops.unified.launch import AttentionArgs, common_kernel_args
 def launch_persistent(out: torch.Tensor, lse: torch.Tensor | None, a: AttentionArgs, plan) -> None:
     """Run ``plan``'s work list (see pagedattn.plan.AttentionPlan.update) with its fixed grid."""
     po, pl = plan.partial_out, plan.partial_lse
+    pdl = use_pdl(a.q.device)
     shared = dict(  # the output, the partials and the work counters, as both kernels take them
         out_ptr=out,
         lse_ptr=lse,
@@ -24,6 +26,7 @@ def launch_persistent(out: torch.Tensor, lse: torch.Tensor | None, a: AttentionA
         stride_lse_h=lse.stride(1) if lse is not None else 0,
         stride_po_t=po.stride(0), stride_po_h=po.stride(1), stride_po_s=po.stride(2),
         stride_pl_t=pl.stride(0), stride_pl_h=pl.stride(1),
+        USE_PDL=pdl,
     )
     persistent_attention_kernel[(plan.num_programs,)](
         work_items_ptr=plan.work_items, **shared, **common_kernel_args(a, plan.tiles),
@@ -36,4 +39,5 @@ def launch_persistent(out: torch.Tensor, lse: torch.Tensor | None, a: AttentionA
         HEAD_SIZE=head_size,
         HEAD_SIZE_PAD=triton.next_power_of_2(head_size),
         num_warps=1 if head_size <= 64 else 2,
+        launch_pdl=pdl,
     )

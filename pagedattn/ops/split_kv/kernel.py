@@ -70,8 +70,11 @@ def split_kv_attention_kernel(
     USE_PREFIX: tl.constexpr,
     KV_FP8: tl.constexpr,
     LARGE_CACHE: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
     """Partial softmax(mods(scale * q k^T) + mask) v over one segment of a sequence's keys."""
+    if USE_PDL:  # the merge kernel may launch now; it waits for this grid in the kernel
+        tl.extra.cuda.gdc_launch_dependents()
     seq, q_block_local, valid = locate_q_block(query_start_loc_ptr, tl.program_id(0), num_seqs, max_q_len_served, BLOCK_Q)
     if not valid:
         return
@@ -105,8 +108,11 @@ def reduce_splits_kernel(
     HEAD_SIZE: tl.constexpr,
     HEAD_SIZE_PAD: tl.constexpr,
     RETURN_LSE: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
     """One (token, head) row: merge its partials in split order (deterministic)."""
+    if USE_PDL:  # launched early (programmatic dependent launch): wait for the split kernel
+        tl.extra.cuda.gdc_wait()
     token = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1).to(tl.int64)
     out, lse = merge_partials(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 import triton
 
+from pagedattn.ops.common.pdl import use_pdl
 from pagedattn.ops.split_kv.kernel import reduce_splits_kernel, split_kv_attention_kernel
 from pagedattn.ops.unified.launch import AttentionArgs, common_kernel_args, q_block_grid_size
 from pagedattn.plan import Tiles
@@ -25,12 +26,14 @@ def launch_split_kv(
     if num_tokens == 0 or a.seq_lens.shape[0] == 0:
         return
     grid = (q_block_grid_size(a, tiles), a.k_cache.shape[2], num_splits)
+    pdl = use_pdl(a.q.device)
     split_kv_attention_kernel[grid](
         partial_out_ptr=partial_out,
         partial_lse_ptr=partial_lse,
         stride_po_t=partial_out.stride(0), stride_po_h=partial_out.stride(1), stride_po_s=partial_out.stride(2),
         stride_pl_t=partial_lse.stride(0), stride_pl_h=partial_lse.stride(1),
         segment_size=segment_size,
+        USE_PDL=pdl,
         **common_kernel_args(a, tiles),
     )
     reduce_splits_kernel[(num_tokens, num_q_heads)](
@@ -46,5 +49,7 @@ def launch_split_kv(
         num_splits=num_splits,
         HEAD_SIZE=head_size,
         HEAD_SIZE_PAD=triton.next_power_of_2(head_size),
+        USE_PDL=pdl,
         num_warps=1 if head_size <= 64 else 2,
+        launch_pdl=pdl,
     )
