@@ -12,14 +12,16 @@ The path rule (``path="auto"``):
   Q blocks of the prefill/extend tokens already give the GPU enough programs.
 * Otherwise count the 2D grid, ``programs_2d = num_q_blocks * num_kv_heads``. If it reaches
   ``RESIDENT_PROGRAMS_PER_SM * num_sms`` (one full wave of decode programs) 2D runs.
-  If not, split each sequence's keys into ``num_splits = (SPLIT_PROGRAMS_PER_SM * num_sms) //
-  programs_2d`` segments, about two programs per SM in one wave; if that leaves segments longer
-  than ``LONG_SEGMENT_TOKENS``, cut ``MANY_WAVES_SEGMENT_TOKENS``-key segments instead (many
-  waves of long programs). At most ``ceil(max_seq_len / MIN_SEGMENT_TOKENS)`` splits (a segment
+  If not, split each sequence's keys into ``num_splits = min(FILL_MAX_SPLITS,
+  (RESIDENT_PROGRAMS_PER_SM * num_sms) // programs_2d)`` segments: at most one wave, and a
+  sequence cut in at most 32 pieces (the merge and each program's fixed start cost grow with the
+  pieces). If that leaves segments longer than ``LONG_SEGMENT_TOKENS``, cut
+  ``MANY_WAVES_SEGMENT_TOKENS``-key segments instead (many waves of long programs). At most ``ceil(max_seq_len / MIN_SEGMENT_TOKENS)`` splits (a segment
   streams enough keys to amortize writing and merging its partial) and ``MAX_SPLITS``; one split
   means 2D. The constants come from H200 split-count sweeps (docs/perf-notes.md, experiment 17):
-  a grid of 1.3-1.5 waves of long programs lost 15-25% to one of 0.65-1 wave, and 2.5+ waves of
-  2048-key segments beat an under-filled single wave of 8192-key ones by 14%.
+  a grid of 1.3-1.5 waves of long programs lost 15-25% to one of 0.65-1 wave; batch 1 preferred
+  32 splits to 40-49 by 8%; 2.5+ waves of 2048-key segments beat an under-filled single wave of
+  8192-key ones by 14%.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ import triton
 SPLIT_KV_MAX_QUERY_LEN = 8
 PROGRAMS_PER_SM = 4  # the persistent grid's default size per SM
 RESIDENT_PROGRAMS_PER_SM = 3  # decode tiles (16 x 64 keys, 4 warps, 3 stages): 146 regs, 72 KB smem
-SPLIT_PROGRAMS_PER_SM = 2  # the split-KV grid aims at this many programs per SM
+FILL_MAX_SPLITS = 32  # the one-wave split count is capped here
 LONG_SEGMENT_TOKENS = 4096
 MANY_WAVES_SEGMENT_TOKENS = 2048
 MIN_SEGMENT_TOKENS = 128
@@ -191,7 +193,7 @@ def choose_num_splits(num_q_blocks: int, num_kv_heads: int, max_query_len: int, 
     programs_2d = max(1, num_q_blocks * num_kv_heads)
     if programs_2d >= RESIDENT_PROGRAMS_PER_SM * sms:
         return 1
-    splits = max(1, (SPLIT_PROGRAMS_PER_SM * sms) // programs_2d)
+    splits = max(1, min(FILL_MAX_SPLITS, (RESIDENT_PROGRAMS_PER_SM * sms) // programs_2d))
     if -(-max_seq_len // splits) > LONG_SEGMENT_TOKENS:
         splits = -(-max_seq_len // MANY_WAVES_SEGMENT_TOKENS)
     by_length = -(-max_seq_len // MIN_SEGMENT_TOKENS)
