@@ -32,7 +32,6 @@ import torch
 import triton
 
 SPLIT_KV_MAX_QUERY_LEN = 8
-PROGRAMS_PER_SM = 4  # the persistent grid's default size per SM
 RESIDENT_PROGRAMS_PER_SM = 3  # decode tiles (16 x 64 keys, 4 warps, 3 stages): 146 regs, 72 KB smem
 FILL_MAX_SPLITS = 32  # the one-wave split count is capped here
 LONG_SEGMENT_TOKENS = 4096
@@ -211,9 +210,13 @@ def persistent_work_list(qsl, lens, *, tiles: Tiles, num_kv_heads: int, num_prog
     """(items [n, 5] int32, reduce rows [m, 2] int32) for the persistent kernel.
 
     Every Q block is one item per KV head, or several (its key range cut in equal segments)
-    when its queries are short and the unsplit items would not fill the grid: segments of
-    ``max(MIN_SEGMENT_TOKENS, total keys / (2 * num_programs))`` keys, so the list holds about
-    two items per program of similar size and static striding balances.
+    when its queries are short and the unsplit items would not fill the grid. The split-KV
+    rule (module docstring), with the grid's programs for the wave: a Q block gets its share of
+    the programs, ``floor(visible * num_programs / total visible)`` items per KV head (at least
+    one, at most FILL_MAX_SPLITS), so the list holds at most one item per program; if that
+    leaves items over LONG_SEGMENT_TOKENS keys, MANY_WAVES_SEGMENT_TOKENS-key items instead;
+    never segments under MIN_SEGMENT_TOKENS. (Two shorter items per program, the rule before,
+    measured 1.25x the best plan at 8 x 4096: session 4 run E.)
     """
     # Vectorized over Q blocks with torch on the host: this runs every engine step (plan.update()
     # before a graph replay), ~0.1 ms at 64 sequences where a Python loop took ~0.7 ms.
@@ -229,10 +232,12 @@ def persistent_work_list(qsl, lens, *, tiles: Tiles, num_kv_heads: int, num_prog
     b_visible, b_qlen = visible[seq], q_lens[seq]
     short = b_qlen <= SPLIT_KV_MAX_QUERY_LEN
     total = int(b_visible[short].sum()) * num_kv_heads
-    segment = max(MIN_SEGMENT_TOKENS, -(-total // max(1, 2 * num_programs)))
+    n = (b_visible * num_programs // max(total, 1)).clamp(1, FILL_MAX_SPLITS)
+    n = torch.where(-(-b_visible // n) > LONG_SEGMENT_TOKENS, -(-b_visible // MANY_WAVES_SEGMENT_TOKENS), n)
+    n = torch.minimum(n, -(-b_visible // MIN_SEGMENT_TOKENS)).clamp(1, max_splits)
     if seq.shape[0] * num_kv_heads >= num_programs:
-        segment = 1 << 62  # a full grid without splitting: no partials to write and merge
-    n = torch.where(short, (-(-b_visible // segment)).clamp(1, max_splits), 1)
+        n = torch.ones_like(n)  # a full grid without splitting: no partials to write and merge
+    n = torch.where(short, n, 1)
     # items, block-major, then KV head, then split: (seq, q block, head, split, splits)
     per_block = n * num_kv_heads
     item_block = torch.repeat_interleave(torch.arange(seq.shape[0]), per_block)
@@ -291,7 +296,8 @@ def plan_attention(
         split rule uses (correctness never depends on it).
     max_num_seqs, max_context_len : persistent path: the capacity to plan for (defaults: this
         batch), so that :meth:`AttentionPlan.update` can re-plan any batch up to it in place.
-    num_programs : persistent path: the fixed grid (default ``PROGRAMS_PER_SM * num_sms``).
+    num_programs : persistent path: the fixed grid (default ``RESIDENT_PROGRAMS_PER_SM * num_sms``:
+        every program resident at once).
     schedule : persistent path: ``"static"`` striding, ``"atomic"`` work counter, or ``"auto"``
         (default): chosen at every ``update()`` from the work list's size, without recapture (the
         kernel reads the choice from the plan's device buffer).
@@ -375,7 +381,7 @@ def _plan_persistent(qsl, lens, *, tiles, num_q_heads, num_kv_heads, head_size, 
                      max_num_seqs, max_context_len, num_programs, schedule, sliding_window) -> AttentionPlan:
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
-    num_programs = num_programs or PROGRAMS_PER_SM * num_sms(device)
+    num_programs = num_programs or RESIDENT_PROGRAMS_PER_SM * num_sms(device)
     max_splits = max(1, min(PERSISTENT_MAX_SPLITS, -(-max_context_len // MIN_SEGMENT_TOKENS)))
     max_q_blocks = max_num_tokens // tiles.block_q + max_num_seqs
     max_items = max(1, max_q_blocks * num_kv_heads * max_splits)

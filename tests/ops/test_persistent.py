@@ -61,7 +61,9 @@ def test_persistent_fp8_softcap():
 
 def _work_list_loop(qsl, lens, *, tiles, num_kv_heads, num_programs, max_splits, sliding_window=None):
     """The work list spelled out as loops (the rule in persistent_work_list's docstring)."""
-    from pagedattn.plan import MIN_SEGMENT_TOKENS, SPLIT_KV_MAX_QUERY_LEN
+    from pagedattn.plan import (
+        FILL_MAX_SPLITS, LONG_SEGMENT_TOKENS, MANY_WAVES_SEGMENT_TOKENS, MIN_SEGMENT_TOKENS, SPLIT_KV_MAX_QUERY_LEN,
+    )
 
     blocks = []
     for s, (a, b) in enumerate(zip(qsl[:-1], qsl[1:])):
@@ -70,12 +72,17 @@ def _work_list_loop(qsl, lens, *, tiles, num_kv_heads, num_programs, max_splits,
             visible = min(visible, sliding_window + (b - a) - 1)
         blocks += [(s, qb, visible, b - a) for qb in range(-(-(b - a) // tiles.block_q))]
     total = sum(v for _, _, v, q in blocks if q <= SPLIT_KV_MAX_QUERY_LEN) * num_kv_heads
-    segment = max(MIN_SEGMENT_TOKENS, -(-total // max(1, 2 * num_programs)))
-    if len(blocks) * num_kv_heads >= num_programs:
-        segment = 1 << 62
+    full = len(blocks) * num_kv_heads >= num_programs
+
+    def splits(visible):
+        n = min(max(visible * num_programs // max(total, 1), 1), FILL_MAX_SPLITS)
+        if -(-visible // n) > LONG_SEGMENT_TOKENS:
+            n = -(-visible // MANY_WAVES_SEGMENT_TOKENS)
+        return 1 if full else max(1, min(n, -(-visible // MIN_SEGMENT_TOKENS), max_splits))
+
     items, rows = [], []
     for s, qb, visible, q_len in blocks:
-        n = max(1, min(-(-visible // segment), max_splits)) if q_len <= SPLIT_KV_MAX_QUERY_LEN else 1
+        n = splits(visible) if q_len <= SPLIT_KV_MAX_QUERY_LEN else 1
         items += [(s, qb, h, i, n) for h in range(num_kv_heads) for i in range(n)]
         if n > 1:
             first = qsl[s] + qb * tiles.block_q
