@@ -43,10 +43,12 @@ PERSISTENT_MAX_SPLITS = 64
 PREFILL_MIN_QUERY_LEN = 128
 PATHS = ("auto", "unified", "split_kv", "persistent", "prefill")
 SCHEDULES = ("auto", "static", "atomic")
-# "auto": the atomic counter when the work list has at least this many items per program
-# (waves, docs/bench/s3-runE: static won at 32 items on 528 programs, 9.6 vs 14.8 us; atomic
-# at 512 and 576 items, 179.5 vs 222.1 and 63.1 vs 67.4 us)
-ATOMIC_MIN_ITEMS_PER_PROGRAM = 0.5
+# "auto": the atomic counter when the work list has at least this many items per program.
+# Session 3 (528 programs, two items per program planned; docs/bench/s3-runE) had atomic winning
+# at ~1 item per program; with the one-wave grid and list of session 4 static won at 0.08, 0.97
+# and 1.29 items per program (10.4 vs 15.1, 51.4 vs 54.7, 169.7 vs 183.1 us; docs/bench/s4-runG),
+# so the counter is kept for lists of several items per program (mixed batches), unmeasured here.
+ATOMIC_MIN_ITEMS_PER_PROGRAM = 2.0
 
 
 @dataclass(frozen=True)
