@@ -147,8 +147,9 @@ def pick_tiles(max_query_len: int, num_queries_per_kv: int, head_size: int, *, f
     """Tile shapes from the shapes alone (``fixed``: independent of the batch, for invariance).
 
     Decode gets the smallest M that ``tl.dot`` accepts (16), filled by the query heads of one
-    KV head; longer queries get 64-row blocks so each K/V tile serves more rows. Decode tiles
-    (64 keys, 4 warps, 2 stages) won the H200 sweep in docs/perf-notes.md.
+    KV head; longer queries get 64-row blocks so each K/V tile serves more rows. Decode tiles:
+    64 keys, 4 warps, 3 stages (146 registers per thread with 32-bit offsets: 3 programs per SM;
+    H200 sweeps in docs/perf-notes.md, experiments 3 and 17).
     """
     head_size_pad = max(16, triton.next_power_of_2(head_size))
     short = fixed or max_query_len <= 1
