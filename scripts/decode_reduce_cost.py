@@ -9,9 +9,9 @@ import torch
 
 import pagedattn.ops.split_kv.launch as split_launch
 from pagedattn.api import paged_attention
-from pagedattn.bench.timing import bench, copies_for
-from pagedattn.bench.workloads import build_inputs, make_cases, work
-from pagedattn.plan import plan_attention
+from pagedattn.bench.timing import bench
+from pagedattn.bench.tune_decode import case_copies_and_plan
+from pagedattn.bench.workloads import make_cases
 
 
 class _Skip:
@@ -26,12 +26,7 @@ def main():
         if case.name.split("decode ")[1] not in ("B=1 L=512", "B=1 L=4096", "B=1 L=32768", "B=8 L=512", "B=8 L=4096",
                                                  "B=32 L=512"):
             continue
-        inputs = build_inputs(case, device, torch.bfloat16)
-        nbytes = work(case, torch.bfloat16)["kv_bytes"]
-        copies = [inputs] + [build_inputs(case, device, torch.bfloat16, seed=i) for i in range(1, copies_for(nbytes, device))]
-        q = inputs.q
-        plan = plan_attention(inputs.query_start_loc.cpu(), inputs.seq_lens.cpu(), num_q_heads=q.shape[1],
-                              num_kv_heads=inputs.k_cache.shape[2], head_size=q.shape[2], device=device)
+        copies, plan = case_copies_and_plan(case, device)
         fns = [lambda x=x: paged_attention(*x.paged_args(), plan=plan, **x.paged_kwargs()) for x in copies]
         full = bench(fns, device)["time_us"]
         split_launch.reduce_splits_kernel = _Skip()

@@ -15,6 +15,21 @@ import json
 import torch
 
 
+def case_copies_and_plan(case, device):
+    """(bf16 input copies to rotate over, the default plan) of one decode case."""
+    from pagedattn.bench.timing import copies_for
+    from pagedattn.bench.workloads import build_inputs, work
+    from pagedattn.plan import plan_attention
+
+    inputs = build_inputs(case, device, torch.bfloat16)
+    n = copies_for(work(case, torch.bfloat16)["kv_bytes"], device)
+    copies = [inputs] + [build_inputs(case, device, torch.bfloat16, seed=i) for i in range(1, n)]
+    q = inputs.q
+    plan = plan_attention(inputs.query_start_loc.cpu(), inputs.seq_lens.cpu(), num_q_heads=q.shape[1],
+                          num_kv_heads=inputs.k_cache.shape[2], head_size=q.shape[2], device=device)
+    return copies, plan
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--case", action="append", default=None, help="e.g. 'B=1 L=32768'")
@@ -26,20 +41,16 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
 
     from pagedattn.api import paged_attention
-    from pagedattn.bench.timing import bench, copies_for
-    from pagedattn.bench.workloads import build_inputs, make_cases, work
+    from pagedattn.bench.timing import bench
+    from pagedattn.bench.workloads import make_cases, work
     from pagedattn.plan import plan_attention
 
     device = torch.device("cuda")
     cases = [c for c in make_cases(["decode"]) if not args.case or any(s in c.name for s in args.case)]
     results = []
     for case in cases:
-        inputs = build_inputs(case, device, torch.bfloat16)
-        nbytes = work(case, torch.bfloat16)["kv_bytes"]
-        copies = [inputs] + [build_inputs(case, device, torch.bfloat16, seed=i) for i in range(1, copies_for(nbytes, device))]
-        q = inputs.q
-        base_plan = plan_attention(inputs.query_start_loc.cpu(), inputs.seq_lens.cpu(), num_q_heads=q.shape[1],
-                                   num_kv_heads=inputs.k_cache.shape[2], head_size=q.shape[2], device=device)
+        copies, base_plan = case_copies_and_plan(case, device)
+        inputs, q, nbytes = copies[0], copies[0].q, work(case, torch.bfloat16)["kv_bytes"]
         ref = paged_attention(*inputs.paged_args(), plan=base_plan, **inputs.paged_kwargs())
         split_list = [None if s == "auto" else int(s) for s in args.splits.split(",")]
         best = None
