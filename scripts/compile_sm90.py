@@ -35,6 +35,7 @@ def main(argv=None) -> int:
     p.add_argument("--head", type=int, default=128)
     p.add_argument("--page", type=int, default=16)
     p.add_argument("--large-cache", action="store_true", help="64-bit K/V offsets (LARGE_CACHE)")
+    p.add_argument("--tma", action="store_true", help="prefill, contiguous K/V: tensor-descriptor loads (USE_TMA)")
     p.add_argument("--dump", default=None)
     a = p.parse_args(argv)
     bm, bn, warps, stages = (int(x) for x in a.tiles.split("x"))
@@ -51,13 +52,17 @@ def main(argv=None) -> int:
             "k_cache_ptr": "*bf16", "v_cache_ptr": "*bf16", "seq_lens_ptr": "*i32", "query_start_loc_ptr": "*i32",
             "partial_out_ptr": "*fp32", "partial_lse_ptr": "*fp32"}
     none_ptrs = ["lse_ptr", "sinks_ptr", "alibi_slopes_ptr", "prefix_ranges_ptr", "k_scale_ptr", "v_scale_ptr"]
+    if a.tma:
+        ptrs.update(k_desc=f"tensordesc<bf16[{bn}, {a.head}]>", v_desc=f"tensordesc<bf16[{bn}, {a.head}]>")
+    else:
+        none_ptrs += ["k_desc", "v_desc"]
     floats = {"scale", "softcap"}
     constexprs = dict(
         NUM_QUERIES_PER_KV=4, HEAD_SIZE=a.head, HEAD_SIZE_PAD=a.head, HEAD_SIZE_V=a.head, HEAD_SIZE_V_PAD=a.head, PAGE_SIZE=a.page if a.paged else 1,
         BLOCK_M=bm, BLOCK_N=bn,
         BLOCK_Q=max(1, bm // 4), TILE_N=bn,
         IS_CAUSAL=True, USE_SOFTCAP=False, ALIBI_MODE=0, DOT_PRECISION="tf32", USE_SINKS=False, USE_PREFIX=False,
-        KV_FP8=False, RETURN_LSE=False, PAGED=a.paged, LARGE_CACHE=a.large_cache, USE_PDL=True,
+        KV_FP8=False, RETURN_LSE=False, PAGED=a.paged, LARGE_CACHE=a.large_cache, USE_PDL=True, USE_TMA=a.tma,
     )
     signature, cvals = {}, {}
     for name in fn.arg_names:
@@ -80,7 +85,7 @@ def main(argv=None) -> int:
     src = ASTSource(fn=fn, signature=signature, constexprs=cvals, attrs=attrs)
     k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
     ttgir = k.asm["ttgir"]
-    stats = {op: ttgir.count(op) for op in ("async_copy_global_to_local", "async_wait", "warp_group_dot ",
+    stats = {op: ttgir.count(op) for op in ("async_copy_global_to_local", "async_tma_copy", "async_wait", "warp_group_dot ",
                                             "local_load", "local_store", "gather", "gpu.barrier", "scf.for")}
     # registers and spills from the cubin (n_regs is only filled in when a kernel is loaded on a GPU)
     import subprocess
@@ -92,7 +97,7 @@ def main(argv=None) -> int:
         f.flush()
         res = subprocess.run([os.path.join(bindir, "cuobjdump"), "-res-usage", f.name], capture_output=True, text=True).stdout
     usage = " ".join(re.findall(r"(REG:\d+|STACK:\d+|SHARED:\d+|LOCAL:\d+)", res))
-    print(f"{a.kernel} paged={a.paged} large={a.large_cache} tiles={a.tiles} {usage} smem={k.metadata.shared} {stats}")
+    print(f"{a.kernel} paged={a.paged} large={a.large_cache} tma={a.tma} tiles={a.tiles} {usage} smem={k.metadata.shared} {stats}")
     if a.dump:
         os.makedirs(a.dump, exist_ok=True)
         tag = f"{a.kernel}_{'paged' if a.paged else 'contig'}_{a.tiles}"

@@ -237,6 +237,17 @@ def test_varlen_gpu(feature):
     _check_varlen(cases, 32, 8, 128, 128, feature, seed=len(feature) + 50)
 
 
+@pytest.mark.parametrize("head_size", [64, 128, 256])
+@pytest.mark.parametrize("feature", ["causal", "noncausal", "window", "prefix", "sinks"])
+def test_varlen_tma_gpu(feature, head_size, monkeypatch):
+    """The opt-in tensor-descriptor K/V loads (PAGEDATTN_TMA=1; sm90+)."""
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("tensor descriptors need sm90+")
+    monkeypatch.setenv("PAGEDATTN_TMA", "1")
+    cases = [(1500, 1500), (300, 2100), (1, 999), (129, 129)] + ([(40, 9)] if "noncausal" in feature else [])
+    _check_varlen(cases, 32, 8, head_size, head_size, feature, seed=len(feature) + head_size)
+
+
 @pytest.mark.parametrize("feature", ["causal", "window"])
 def test_varlen_value_head_size_differs_gpu(feature):
     """MLA prefill after decompression: q/k heads of 192, v heads of 128."""

@@ -33,6 +33,32 @@ def test_varlen_features(feature, dtype):
     assert_matches_reference(out, lse, ref_out, ref_lse)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=["fp16", "fp32"])
+@pytest.mark.parametrize("feature", ["causal", "noncausal", "window", "prefix", "sinks", "softcap"])
+def test_varlen_tma(feature, dtype, monkeypatch):
+    """The opt-in tensor-descriptor path (PAGEDATTN_TMA=1) against the reference: tiles that run
+    past a sequence into the next one and past the end of K/V."""
+    import pagedattn.ops.prefill.launch as prefill_launch
+
+    monkeypatch.setenv("PAGEDATTN_TMA", "1")
+    taken = []
+    real = prefill_launch.tma_descriptors
+    monkeypatch.setattr(prefill_launch, "tma_descriptors", lambda *a: taken.append(real(*a)) or taken[-1])
+    g = torch.Generator().manual_seed(zlib.crc32(f"tma-{feature}".encode()))
+    cases = VARLEN + ([(9, 4)] if "noncausal" in feature else [])
+    hq, hkv, d = 4, 2, 32
+    cu_q = torch.tensor([0] + [q for q, _ in cases], dtype=torch.int32).cumsum(0).to(torch.int32)
+    cu_k = torch.tensor([0] + [k for _, k in cases], dtype=torch.int32).cumsum(0).to(torch.int32)
+    q = torch.randn(int(cu_q[-1]), hq, d, generator=g).to(DEVICE, dtype)
+    k = torch.randn(int(cu_k[-1]), hkv, d, generator=g).to(DEVICE, dtype)
+    v = torch.randn(int(cu_k[-1]), hkv, d, generator=g).to(DEVICE, dtype)
+    kwargs = feature_kwargs(feature, hq, len(cases), device=DEVICE, generator=g)
+    out = torch.full_like(q, float("nan"))
+    out, lse = varlen_attention(q, k, v, cu_q.to(DEVICE), cu_k.to(DEVICE), out=out, return_lse=True, **kwargs)
+    assert taken and taken[0][0] is not None  # the descriptors were used
+    assert_matches_reference(out, lse, *varlen_attention_ref(q, k, v, cu_q, cu_k, **kwargs))
+
+
 @pytest.mark.parametrize("head_size", [8, 80, 256])
 def test_varlen_head_sizes(head_size):
     g = torch.Generator().manual_seed(head_size)

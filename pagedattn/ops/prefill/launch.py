@@ -2,12 +2,39 @@
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 
 from pagedattn.ops.prefill.kernel import prefill_attention_kernel
 from pagedattn.ops.unified.launch import AttentionArgs
-from pagedattn.plan import Tiles
+from pagedattn.plan import Tiles, interpreter_on
+
+
+def tma_descriptors(k: torch.Tensor, v: torch.Tensor, block_n: int):
+    """(k_desc, v_desc) over contiguous ``[total_k, num_kv_heads, head_size]`` K/V, or (None, None).
+
+    Opt-in with ``PAGEDATTN_TMA=1`` until measured (docs/perf-notes.md, experiment 18); taken
+    only where a tensor descriptor is exact: sm90+ CUDA or the interpreter, power-of-2 head sizes
+    (the tile is the head), heads packed in each row and 16-byte aligned rows.
+    """
+    if os.environ.get("PAGEDATTN_TMA", "0") != "1" or k.shape[0] == 0:
+        return None, None
+    if not interpreter_on() and (k.device.type != "cuda" or torch.version.hip is not None
+                                 or torch.cuda.get_device_capability(k.device)[0] < 9):
+        return None, None
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    descs = []
+    for t in (k, v):
+        d = t.shape[2]
+        if (d < 16 or d & (d - 1) or t.stride(2) != 1 or t.stride(1) != d
+                or (t.stride(0) * t.element_size()) % 16 or t.data_ptr() % 16):
+            return None, None
+        descs.append(TensorDescriptor(t, shape=[t.shape[0], t.shape[1] * d], strides=[t.stride(0), 1],
+                                      block_shape=[block_n, d]))
+    return descs[0], descs[1]
 
 
 def launch_prefill(
@@ -35,6 +62,7 @@ def launch_prefill(
     else:
         k_strides, v_strides = (0, k.stride(0), k.stride(1)), (0, v.stride(0), v.stride(1))
         num_blocks, page_size, num_kv_heads, max_blocks = 1, 1, k.shape[1], 1
+    k_desc, v_desc = (None, None) if paged else tma_descriptors(k, v, tiles.tile_n)
     pr = a.prefix_ranges
     grid = (triton.cdiv(max_query_len, tiles.block_m), num_q_heads, num_seqs)
     prefill_attention_kernel[grid](
@@ -43,6 +71,8 @@ def launch_prefill(
         q_ptr=q,
         k_ptr=k,
         v_ptr=v,
+        k_desc=k_desc,
+        v_desc=v_desc,
         block_table_ptr=a.block_table if paged else None,
         kv_lens_ptr=a.seq_lens if paged else cu_seqlens_k,
         cu_seqlens_q_ptr=a.query_start_loc,
