@@ -157,7 +157,9 @@ def pick_tiles(max_query_len: int, num_queries_per_kv: int, head_size: int, *, f
     block_q = block_m // num_queries_per_kv
     tile_n = 32 if head_size_pad > 128 else 64
     num_warps = 4 if block_m * head_size_pad <= 64 * 128 else 8
-    num_stages = 3 if short else 2  # decode: two tiles in flight (int32 offsets leave the registers)
+    # decode: two tiles in flight (int32 offsets leave the registers); heads past 256 stay at 2 stages
+    # (fp32 at head 512: 3 stages of 32-key tiles need ~290 KB of shared memory, over sm90's 227 KB)
+    num_stages = 3 if short and head_size_pad <= 256 else 2
     if interpreter_on():
         num_warps = 1
     return Tiles(block_m, block_q, tile_n, num_warps, num_stages=num_stages)

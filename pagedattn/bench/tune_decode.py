@@ -69,7 +69,7 @@ def main(argv=None) -> int:
                        for x, o in zip(copies, outs)]
                 fns[0]()
                 err = (outs[0].float() - ref.float()).abs().max().item()
-                t = bench(fns, device)["time_us"]
+                t = bench(fns, device, prefer_graph=True)["time_us"]
             except Exception as e:  # noqa: BLE001 - a config that does not compile is a result too
                 print(f"{case.name:22s} tile_n={tile_n} warps={warps} stages={stages} splits={splits}: {type(e).__name__}")
                 torch.cuda.synchronize()

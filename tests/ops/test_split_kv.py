@@ -107,7 +107,7 @@ def test_auto_rule():
     assert decode.partial_out.shape == (1, 4, decode.num_splits, 32)
     wide = plan_attention(list(range(0, 4 * sms + 1)), [5000] * (4 * sms), num_q_heads=4, num_kv_heads=2,
                           head_size=32, device=DEVICE)
-    assert wide.path == "unified"  # 2 KV heads x 16 sequences fill 4 * 4 programs
+    assert wide.path == "unified"  # 2 KV heads x 16 sequences: 32 programs >= one resident wave (3 x 4)
     prefill = plan_attention([0, 100], [5000], num_q_heads=4, num_kv_heads=2, head_size=32, device=DEVICE)
     assert prefill.path == "unified"
     short = plan_attention([0, 1], [100], num_q_heads=4, num_kv_heads=2, head_size=32, device=DEVICE)

@@ -3,8 +3,8 @@
 The split kernel's programs signal at their start (``griddepcontrol.launch_dependents``), so the
 merge kernel is launched while the split kernel's last programs still run; its programs wait in
 the kernel (``griddepcontrol.wait``: the split kernel has finished and its writes are visible)
-instead of behind a drained grid and a launch. Off on the interpreter and other GPUs, and with
-``PAGEDATTN_PDL=0``.
+instead of behind a drained grid and a launch. Off on the interpreter, other GPUs, CUDA runtimes
+before 12.3, and with ``PAGEDATTN_PDL=0``.
 """
 
 from __future__ import annotations
@@ -19,7 +19,11 @@ from pagedattn.plan import interpreter_on
 
 @functools.lru_cache(maxsize=None)
 def _sm90_or_newer(index: int) -> bool:
-    return torch.version.hip is None and torch.cuda.get_device_capability(index)[0] >= 9
+    """sm90+ and a CUDA runtime of 12.3 or later (dependent launches kept inside captured graphs)."""
+    if torch.version.hip is not None or torch.version.cuda is None:
+        return False
+    major, minor = (int(x) for x in torch.version.cuda.split(".")[:2])
+    return (major, minor) >= (12, 3) and torch.cuda.get_device_capability(index)[0] >= 9
 
 
 def use_pdl(device: torch.device) -> bool:

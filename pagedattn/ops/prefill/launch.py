@@ -29,7 +29,7 @@ def tma_descriptors(k: torch.Tensor, v: torch.Tensor, block_n: int):
     descs = []
     for t in (k, v):
         d = t.shape[2]
-        if (d < 16 or d & (d - 1) or t.stride(2) != 1 or t.stride(1) != d
+        if (d < 16 or d & (d - 1) or t.stride(2) != 1 or t.stride(1) != d or t.stride(0) < t.shape[1] * d
                 or (t.stride(0) * t.element_size()) % 16 or t.data_ptr() % 16):
             return None, None
         descs.append(TensorDescriptor(t, shape=[t.shape[0], t.shape[1] * d], strides=[t.stride(0), 1],
