@@ -1,19 +1,27 @@
 #!/bin/bash
-# The first GPU run planned for the next session (docs/session-2026-11-29-s4.md): the opt-in
-# tensor-descriptor (TMA) K/V loads of the prefill kernel over contiguous K/V (perf-notes
-# experiment 18: static 255 regs + 32 B spill -> 244 regs, no spill at 128x128 w8 s3), checked in
-# bf16 and timed against the pointer loads in the same run, with cuDNN / FA2.
+# The first GPU run planned for the next session (docs/session-2026-11-29-s4.md). Before it:
+#   scripts/make_snapshot.sh 7a4269d .exp_prev    # the commit before find_q_block
+# and call the device with carry [".exp_prev"]. It runs:
+# 1. the GPU tests of the kernels changed without a device run (find_q_block in every Q-block
+#    kernel and MLA; the opt-in TMA prefill path), in two parallel processes;
+# 2. the decode grid against .exp_prev (metadata loaded with the sequence lookup: one memory
+#    round trip fewer per program; perf-notes experiment 19) and cuDNN;
+# 3. the prefill kernel over contiguous K/V with TMA on and off (experiment 18) with cuDNN / FA2.
 export PYTHONPATH=.
 R=$OUT/r; mkdir -p $R
-timeout 250 python -m pytest -m gpu -q -p no:cacheprovider tests/test_gpu.py -k "varlen" > $R/t_varlen.log 2>&1; echo "tests rc=$?"
-grep -E "FAILED|Error" $R/t_varlen.log | head -5; tail -1 $R/t_varlen.log
+timeout 280 python -m pytest -m gpu -q -p no:cacheprovider tests/test_gpu.py -k "not fp16 and not fp32" > $R/t_gpu.log 2>&1 & P1=$!
+timeout 280 python -m pytest -m gpu -q -p no:cacheprovider tests/test_gpu_mla.py tests/test_gpu_engine.py > $R/t_other.log 2>&1 & P2=$!
+for p in $P1 $P2; do wait $p; echo "pid $p rc=$?"; done
+for f in t_gpu t_other; do echo "== $f"; grep -E "FAILED|Error" $R/$f.log | head -5; tail -1 $R/$f.log; done
+timeout 100 python -m pagedattn.bench --workload decode --provider pagedattn,sdpa-cudnn --json $R/dec_cur.json --markdown $R/dec_cur.md > $R/dec_cur.log 2>&1; echo "dec cur rc=$?"
+[ -d .exp_prev ] && (cd .exp_prev && PYTHONPATH=. timeout 100 python -m pagedattn.bench --workload decode --provider pagedattn \
+  --no-ceilings --json $R/dec_prev.json --markdown $R/dec_prev.md > $R/dec_prev.log 2>&1; echo "dec prev rc=$?")
 for tma in 0 1; do
   A=sdpa-cudnn,sdpa-flash; [ $tma = 1 ] && A=""
-  PAGEDATTN_TMA=$tma timeout 200 python scripts/gpu_prefill_sweep.py --variants contig --lengths 2048,8192,32768 \
+  PAGEDATTN_TMA=$tma timeout 150 python scripts/gpu_prefill_sweep.py --variants contig --lengths 2048,8192,32768 \
     --configs 128x128x8x3,128x128x8x2,128x64x8x3,128x64x4x3 --anchors "$A" --json $R/sweep_tma$tma.json > $R/sweep_tma$tma.log 2>&1
   echo "sweep tma=$tma rc=$?"
-  PAGEDATTN_TMA=$tma timeout 100 python scripts/gpu_prefill_sweep.py --variants contig --heads 64,256 --lengths 8192 \
-    --anchors "$A" --json $R/heads_tma$tma.json > $R/heads_tma$tma.log 2>&1; echo "heads tma=$tma rc=$?"
 done
 cd $OUT && tar czf r.tgz r && rm -rf r
-for tma in 0 1; do echo "-- TMA=$tma"; tar xzf r.tgz -O r/sweep_tma$tma.log | grep '^|'; tar xzf r.tgz -O r/heads_tma$tma.log | grep '^|'; done
+for v in cur prev; do echo "-- $v"; tar xzf r.tgz -O r/dec_$v.md 2>/dev/null | grep '^|' | cut -c1-150; done
+for tma in 0 1; do echo "-- TMA=$tma"; tar xzf r.tgz -O r/sweep_tma$tma.log | grep '^|'; done
