@@ -15,10 +15,9 @@ from tests.conftest import DEVICE
 VARLEN = [(70, 70), (17, 40), (1, 33), (0, 5), (45, 45)]
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=["fp16", "fp32"])
-@pytest.mark.parametrize("feature", FEATURES)
-def test_varlen_features(feature, dtype):
-    g = torch.Generator().manual_seed(zlib.crc32(feature.encode()))
+def _check_varlen_feature(feature, dtype, seed):
+    """VARLEN (plus a cross-attention row for non-causal features) with one feature, against the reference."""
+    g = torch.Generator().manual_seed(seed)
     cases = VARLEN + ([(9, 4)] if "noncausal" in feature else [])
     hq, hkv, d = 4, 2, 32
     cu_q = torch.tensor([0] + [q for q, _ in cases], dtype=torch.int32).cumsum(0).to(torch.int32)
@@ -29,8 +28,13 @@ def test_varlen_features(feature, dtype):
     kwargs = feature_kwargs(feature, hq, len(cases), device=DEVICE, generator=g)
     out = torch.full_like(q, float("nan"))
     out, lse = varlen_attention(q, k, v, cu_q.to(DEVICE), cu_k.to(DEVICE), out=out, return_lse=True, **kwargs)
-    ref_out, ref_lse = varlen_attention_ref(q, k, v, cu_q, cu_k, **kwargs)
-    assert_matches_reference(out, lse, ref_out, ref_lse)
+    assert_matches_reference(out, lse, *varlen_attention_ref(q, k, v, cu_q, cu_k, **kwargs))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=["fp16", "fp32"])
+@pytest.mark.parametrize("feature", FEATURES)
+def test_varlen_features(feature, dtype):
+    _check_varlen_feature(feature, dtype, zlib.crc32(feature.encode()))
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=["fp16", "fp32"])
@@ -44,19 +48,8 @@ def test_varlen_tma(feature, dtype, monkeypatch):
     taken = []
     real = prefill_launch.tma_descriptors
     monkeypatch.setattr(prefill_launch, "tma_descriptors", lambda *a: taken.append(real(*a)) or taken[-1])
-    g = torch.Generator().manual_seed(zlib.crc32(f"tma-{feature}".encode()))
-    cases = VARLEN + ([(9, 4)] if "noncausal" in feature else [])
-    hq, hkv, d = 4, 2, 32
-    cu_q = torch.tensor([0] + [q for q, _ in cases], dtype=torch.int32).cumsum(0).to(torch.int32)
-    cu_k = torch.tensor([0] + [k for _, k in cases], dtype=torch.int32).cumsum(0).to(torch.int32)
-    q = torch.randn(int(cu_q[-1]), hq, d, generator=g).to(DEVICE, dtype)
-    k = torch.randn(int(cu_k[-1]), hkv, d, generator=g).to(DEVICE, dtype)
-    v = torch.randn(int(cu_k[-1]), hkv, d, generator=g).to(DEVICE, dtype)
-    kwargs = feature_kwargs(feature, hq, len(cases), device=DEVICE, generator=g)
-    out = torch.full_like(q, float("nan"))
-    out, lse = varlen_attention(q, k, v, cu_q.to(DEVICE), cu_k.to(DEVICE), out=out, return_lse=True, **kwargs)
+    _check_varlen_feature(feature, dtype, zlib.crc32(f"tma-{feature}".encode()))
     assert taken and taken[0][0] is not None  # the descriptors were used
-    assert_matches_reference(out, lse, *varlen_attention_ref(q, k, v, cu_q, cu_k, **kwargs))
 
 
 @pytest.mark.parametrize("head_size", [8, 80, 256])
