@@ -1,9 +1,10 @@
 #!/bin/bash
 # The first GPU run planned for the next session (docs/session-2026-11-29-s4.md). Before it:
-#   scripts/make_snapshot.sh 7a4269d .exp_prev    # the commit before find_q_block
+#   scripts/make_snapshot.sh HEAD .exp_prev       # the GPU-verified kernels of session 4
+#   git apply docs/exp/find_q_block.patch         # the experiment (perf-notes experiment 19)
 # and call the device with carry [".exp_prev"]. It runs:
-# 1. the GPU tests of the kernels changed without a device run (find_q_block in every Q-block
-#    kernel and MLA; the opt-in TMA prefill path), in two parallel processes;
+# 1. the GPU tests of the kernels not yet run on a device (find_q_block in every Q-block kernel
+#    and MLA; the opt-in TMA prefill path), in two parallel processes;
 # 2. the decode grid against .exp_prev (metadata loaded with the sequence lookup: one memory
 #    round trip fewer per program; perf-notes experiment 19) and cuDNN;
 # 3. the prefill kernel over contiguous K/V with TMA on and off (experiment 18) with cuDNN / FA2.
