@@ -7,7 +7,7 @@
 #    and MLA; the opt-in TMA prefill path), in two parallel processes;
 # 2. the decode grid against .exp_prev (metadata loaded with the sequence lookup: one memory
 #    round trip fewer per program; perf-notes experiment 19) and cuDNN;
-# 3. the prefill kernel over contiguous K/V with TMA on and off (experiment 18) with cuDNN / FA2.
+# (then scripts/next_gpu_run_b.sh: prefill with TMA on and off, paged prefill tiles.)
 export PYTHONPATH=.
 R=$OUT/r; mkdir -p $R
 timeout 280 python -m pytest -m gpu -q -p no:cacheprovider tests/test_gpu.py -k "not fp16 and not fp32" > $R/t_gpu.log 2>&1 & P1=$!
@@ -17,12 +17,5 @@ for f in t_gpu t_other; do echo "== $f"; grep -E "FAILED|Error" $R/$f.log | head
 timeout 100 python -m pagedattn.bench --workload decode --provider pagedattn,sdpa-cudnn --json $R/dec_cur.json --markdown $R/dec_cur.md > $R/dec_cur.log 2>&1; echo "dec cur rc=$?"
 [ -d .exp_prev ] && (cd .exp_prev && PYTHONPATH=. timeout 100 python -m pagedattn.bench --workload decode --provider pagedattn \
   --no-ceilings --json $R/dec_prev.json --markdown $R/dec_prev.md > $R/dec_prev.log 2>&1; echo "dec prev rc=$?")
-for tma in 0 1; do
-  A=sdpa-cudnn,sdpa-flash; [ $tma = 1 ] && A=""
-  PAGEDATTN_TMA=$tma timeout 150 python scripts/gpu_prefill_sweep.py --variants contig --lengths 2048,8192,32768 \
-    --configs 128x128x8x3,128x128x8x2,128x64x8x3,128x64x4x3 --anchors "$A" --json $R/sweep_tma$tma.json > $R/sweep_tma$tma.log 2>&1
-  echo "sweep tma=$tma rc=$?"
-done
 cd $OUT && tar czf r.tgz r && rm -rf r
 for v in cur prev; do echo "-- $v"; tar xzf r.tgz -O r/dec_$v.md 2>/dev/null | grep '^|' | cut -c1-150; done
-for tma in 0 1; do echo "-- TMA=$tma"; tar xzf r.tgz -O r/sweep_tma$tma.log | grep '^|'; done
