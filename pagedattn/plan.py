@@ -16,9 +16,10 @@ The path rule (``path="auto"``):
   (RESIDENT_PROGRAMS_PER_SM * num_sms) // programs_2d)`` segments: at most one wave, and a
   sequence cut in at most 32 pieces (the merge and each program's fixed start cost grow with the
   pieces). If that leaves segments longer than ``LONG_SEGMENT_TOKENS``, cut
-  ``MANY_WAVES_SEGMENT_TOKENS``-key segments instead (many waves of long programs). At most ``ceil(max_seq_len / MIN_SEGMENT_TOKENS)`` splits (a segment
-  streams enough keys to amortize writing and merging its partial) and ``MAX_SPLITS``; one split
-  means 2D. The constants come from H200 split-count sweeps (docs/perf-notes.md, experiment 17):
+  ``MANY_WAVES_SEGMENT_TOKENS``-key segments instead (many waves of long programs). At most
+  ``ceil(max_seq_len / MIN_SEGMENT_TOKENS)`` splits (a segment streams enough keys to amortize
+  writing and merging its partial) and ``MAX_SPLITS``; one split means 2D. The persistent
+  path's work list (``persistent_work_list``) applies the same rule per Q block. The constants come from H200 split-count sweeps (docs/perf-notes.md, experiment 17):
   a grid of 1.3-1.5 waves of long programs lost 15-25% to one of 0.65-1 wave; batch 1 preferred
   32 splits to 40-49 by 8%; 2.5+ waves of 2048-key segments beat an under-filled single wave of
   8192-key ones by 14%.
