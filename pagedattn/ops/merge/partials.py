@@ -1,5 +1,5 @@
 """Merging a row's split-KV partials (out_i, lse_i), shared by the split-KV, persistent and MLA
-reductions."""
+reductions (``merge_row``: the merge and the row's stores)."""
 
 import triton
 import triton.language as tl
@@ -45,3 +45,22 @@ def merge_partials(partial_out_row, partial_lse_row, num_splits, stride_po_s, st
     out = acc / tl.where(total > 0.0, total, 1.0)
     lse = tl.where(total > 0.0, m + tl.log(total), float("-inf"))
     return out, lse
+
+
+@triton.jit
+def merge_row(out_ptr, lse_ptr, partial_out_ptr, partial_lse_ptr, token, head, num_splits,
+              stride_o_t, stride_o_h, stride_lse_t, stride_lse_h,
+              stride_po_t, stride_po_h, stride_po_s, stride_pl_t, stride_pl_h, stride_pl_s,
+              HEAD_SIZE: tl.constexpr, HEAD_SIZE_PAD: tl.constexpr, RETURN_LSE: tl.constexpr):
+    """Merge row (token, head)'s partials and store its out (in out_ptr's dtype) and, with
+    RETURN_LSE, its lse. ``token`` is int64."""
+    out, lse = merge_partials(
+        partial_out_ptr + token * stride_po_t + head * stride_po_h,
+        partial_lse_ptr + token * stride_pl_t + head * stride_pl_h,
+        num_splits, stride_po_s, stride_pl_s, HEAD_SIZE, HEAD_SIZE_PAD,
+    )
+    offs_d = tl.arange(0, HEAD_SIZE_PAD)
+    tl.store(out_ptr + token * stride_o_t + head * stride_o_h + offs_d, out.to(out_ptr.dtype.element_ty),
+             mask=offs_d < HEAD_SIZE)
+    if RETURN_LSE:
+        tl.store(lse_ptr + token * stride_lse_t + head * stride_lse_h, lse)

@@ -25,7 +25,6 @@ from pagedattn.ops.common.attention_math import (
     online_softmax_step,
     round_to_fp8e4m3,
 )
-from pagedattn.ops.merge.partials import merge_partials
 
 
 @triton.jit
@@ -255,41 +254,6 @@ def mla_decode_kernel(
         first_part = (offs_m * 0 + value_part) == 0  # (interpreter: no scalar & vector)
         tl.store(lse_ptr + token * stride_lse_t + head * stride_lse_h + split64 * stride_lse_s, lse,
                  mask=row_ok & first_part)
-
-
-@triton.heuristics({"RETURN_LSE": lambda args: args["lse_ptr"] is not None})
-@triton.jit(do_not_specialize=["num_splits"])
-def mla_merge_splits_kernel(
-    out_ptr,  # [num_tokens, num_heads, LATENT_DIM]
-    lse_ptr,  # [num_tokens, num_heads] fp32 or None
-    partial_out_ptr,  # [num_tokens, num_heads, num_splits, LATENT_DIM] fp32
-    partial_lse_ptr,  # [num_tokens, num_heads, num_splits] fp32
-    stride_o_t, stride_o_h,
-    stride_lse_t, stride_lse_h,
-    stride_po_t, stride_po_h, stride_po_s,
-    stride_pl_t, stride_pl_h, stride_pl_s,
-    num_splits,
-    LATENT_DIM: tl.constexpr,
-    LATENT_PAD: tl.constexpr,
-    RETURN_LSE: tl.constexpr,
-    USE_PDL: tl.constexpr,
-):
-    """One (token, head) row of the partials merged (``merge_partials``, shared with the
-    split-KV paths); splits with lse -inf (no visible key) are never read."""
-    if USE_PDL:  # launched early (programmatic dependent launch): wait for the decode kernel
-        tl.extra.cuda.gdc_wait()
-    token = tl.program_id(0).to(tl.int64)
-    head = tl.program_id(1).to(tl.int64)
-    offs = tl.arange(0, LATENT_PAD)
-    out, lse = merge_partials(
-        partial_out_ptr + token * stride_po_t + head * stride_po_h,
-        partial_lse_ptr + token * stride_pl_t + head * stride_pl_h,
-        num_splits, stride_po_s, stride_pl_s, LATENT_DIM, LATENT_PAD,
-    )
-    tl.store(out_ptr + token * stride_o_t + head * stride_o_h + offs, out.to(out_ptr.dtype.element_ty),
-             mask=offs < LATENT_DIM)
-    if RETURN_LSE:
-        tl.store(lse_ptr + token * stride_lse_t + head * stride_lse_h, lse)
 
 
 @triton.jit

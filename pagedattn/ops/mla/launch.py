@@ -31,7 +31,8 @@ import triton
 
 from pagedattn.ops.common.offsets import needs_int64_offsets
 from pagedattn.ops.common.pdl import use_pdl
-from pagedattn.ops.mla.kernel import mla_decode_kernel, mla_merge_splits_kernel, write_mla_kv_kernel
+from pagedattn.ops.mla.kernel import mla_decode_kernel, write_mla_kv_kernel
+from pagedattn.ops.split_kv.launch import launch_merge_splits
 from pagedattn.plan import interpreter_on
 
 MLA_MAX_QUERY_LEN = 8
@@ -258,23 +259,8 @@ def launch_mla_decode(
     )
     if num_splits == 1:
         return
-    mla_merge_splits_kernel[(num_tokens, num_heads)](
-        out_ptr=out,
-        lse_ptr=lse,
-        partial_out_ptr=partial_out,
-        partial_lse_ptr=partial_lse,
-        stride_o_t=out.stride(0), stride_o_h=out.stride(1),
-        stride_lse_t=lse.stride(0) if lse is not None else 0,
-        stride_lse_h=lse.stride(1) if lse is not None else 0,
-        stride_po_t=partial_out.stride(0), stride_po_h=partial_out.stride(1), stride_po_s=partial_out.stride(2),
-        stride_pl_t=partial_lse.stride(0), stride_pl_h=partial_lse.stride(1), stride_pl_s=partial_lse.stride(2),
-        num_splits=num_splits,
-        LATENT_DIM=latent_dim,
-        LATENT_PAD=triton.next_power_of_2(latent_dim),
-        USE_PDL=pdl,
-        num_warps=1 if interpreter_on() else (4 if latent_dim >= 256 else 2),
-        launch_pdl=pdl,
-    )
+    launch_merge_splits(out, lse, partial_out, partial_lse, num_splits, pdl=pdl,
+                        num_warps=1 if interpreter_on() else (4 if latent_dim >= 256 else 2))
 
 
 def launch_write_mla_kv(

@@ -15,7 +15,7 @@ resets it after each launch).
 import triton
 import triton.language as tl
 
-from pagedattn.ops.merge.partials import merge_partials
+from pagedattn.ops.merge.partials import merge_row
 from pagedattn.ops.unified.program import attend_segment, store_partial, store_rows
 
 ITEM_FIELDS = tl.constexpr(5)  # seq, q_block_local, kv_head, split, num_splits
@@ -178,18 +178,12 @@ def persistent_reduce_kernel(
     if tl.program_id(0) == 0:
         tl.store(work_counter_ptr, 0)
     num_rows = tl.load(work_counts_ptr + 1) * NUM_Q_HEADS
-    offs_d = tl.arange(0, HEAD_SIZE_PAD)
     for idx in range(tl.program_id(0), num_rows, tl.num_programs(0)):
         r = idx // NUM_Q_HEADS
         head = idx % NUM_Q_HEADS  # small: int32 products stay in range
         token = tl.load(reduce_rows_ptr + 2 * r).to(tl.int64)
         num_splits = tl.load(reduce_rows_ptr + 2 * r + 1)
-        out, lse = merge_partials(
-            partial_out_ptr + token * stride_po_t + head * stride_po_h,
-            partial_lse_ptr + token * stride_pl_t + head * stride_pl_h,
-            num_splits, stride_po_s, 1, HEAD_SIZE, HEAD_SIZE_PAD,
-        )
-        tl.store(out_ptr + token * stride_o_t + head * stride_o_h + offs_d, out.to(out_ptr.dtype.element_ty),
-                 mask=offs_d < HEAD_SIZE)
-        if RETURN_LSE:
-            tl.store(lse_ptr + token * stride_lse_t + head * stride_lse_h, lse)
+        merge_row(out_ptr, lse_ptr, partial_out_ptr, partial_lse_ptr, token, head, num_splits,
+                  stride_o_t, stride_o_h, stride_lse_t, stride_lse_h,
+                  stride_po_t, stride_po_h, stride_po_s, stride_pl_t, stride_pl_h, 1,
+                  HEAD_SIZE, HEAD_SIZE_PAD, RETURN_LSE)

@@ -9,7 +9,7 @@ split 0, so the merge counts it once. How a segment is cut: ``attend_segment``.
 import triton
 import triton.language as tl
 
-from pagedattn.ops.merge.partials import merge_partials
+from pagedattn.ops.merge.partials import merge_row
 from pagedattn.ops.unified.program import attend_segment, locate_q_block, store_partial
 
 
@@ -103,25 +103,18 @@ def reduce_splits_kernel(
     stride_o_t, stride_o_h,
     stride_lse_t, stride_lse_h,
     stride_po_t, stride_po_h, stride_po_s,
-    stride_pl_t, stride_pl_h,
+    stride_pl_t, stride_pl_h, stride_pl_s,
     num_splits,
     HEAD_SIZE: tl.constexpr,
     HEAD_SIZE_PAD: tl.constexpr,
     RETURN_LSE: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
-    """One (token, head) row: merge its partials in split order (deterministic)."""
+    """One (token, head) row: merge its partials in split order (deterministic). Also MLA's merge."""
     if USE_PDL:  # launched early (programmatic dependent launch): wait for the split kernel
         tl.extra.cuda.gdc_wait()
-    token = tl.program_id(0).to(tl.int64)
-    head = tl.program_id(1).to(tl.int64)
-    out, lse = merge_partials(
-        partial_out_ptr + token * stride_po_t + head * stride_po_h,
-        partial_lse_ptr + token * stride_pl_t + head * stride_pl_h,
-        num_splits, stride_po_s, 1, HEAD_SIZE, HEAD_SIZE_PAD,
-    )
-    offs_d = tl.arange(0, HEAD_SIZE_PAD)
-    tl.store(out_ptr + token * stride_o_t + head * stride_o_h + offs_d, out.to(out_ptr.dtype.element_ty),
-             mask=offs_d < HEAD_SIZE)
-    if RETURN_LSE:
-        tl.store(lse_ptr + token * stride_lse_t + head * stride_lse_h, lse)
+    merge_row(out_ptr, lse_ptr, partial_out_ptr, partial_lse_ptr,
+              tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64), num_splits,
+              stride_o_t, stride_o_h, stride_lse_t, stride_lse_h,
+              stride_po_t, stride_po_h, stride_po_s, stride_pl_t, stride_pl_h, stride_pl_s,
+              HEAD_SIZE, HEAD_SIZE_PAD, RETURN_LSE)

@@ -36,7 +36,16 @@ def launch_split_kv(
         USE_PDL=pdl,
         **common_kernel_args(a, tiles),
     )
-    reduce_splits_kernel[(num_tokens, num_q_heads)](
+    launch_merge_splits(out, lse, partial_out, partial_lse, num_splits, pdl=pdl,
+                        num_warps=1 if head_size <= 64 else 2)
+
+
+def launch_merge_splits(out, lse, partial_out, partial_lse, num_splits: int, *, pdl: bool, num_warps: int) -> None:
+    """Merge ``[num_tokens, num_heads, num_splits, head_size]`` fp32 partials (and their lse) into
+    out / lse, one program per (token, head) row; ``pdl``: the kernel before it was launched with
+    USE_PDL (split-KV, MLA decode)."""
+    num_tokens, num_heads, head_size = out.shape
+    reduce_splits_kernel[(num_tokens, num_heads)](
         out_ptr=out,
         lse_ptr=lse,
         partial_out_ptr=partial_out,
@@ -45,11 +54,11 @@ def launch_split_kv(
         stride_lse_t=lse.stride(0) if lse is not None else 0,
         stride_lse_h=lse.stride(1) if lse is not None else 0,
         stride_po_t=partial_out.stride(0), stride_po_h=partial_out.stride(1), stride_po_s=partial_out.stride(2),
-        stride_pl_t=partial_lse.stride(0), stride_pl_h=partial_lse.stride(1),
+        stride_pl_t=partial_lse.stride(0), stride_pl_h=partial_lse.stride(1), stride_pl_s=partial_lse.stride(2),
         num_splits=num_splits,
         HEAD_SIZE=head_size,
         HEAD_SIZE_PAD=triton.next_power_of_2(head_size),
         USE_PDL=pdl,
-        num_warps=1 if head_size <= 64 else 2,
+        num_warps=num_warps,
         launch_pdl=pdl,
     )
