@@ -59,13 +59,21 @@ def alibi_bias(q_pos: torch.Tensor, seq_len: int, slopes: torch.Tensor, sqrt: bo
     return slopes * rel[None]
 
 
-def loop_sequences(metadata, device):
-    """``(seq, q0, q1, seq_len, q_pos)`` for each sequence with queries (host ints; q_pos on ``device``)."""
+def loop_sequences(q, k_cache, v_cache, metadata, *, causal, sliding_window, prefix_ranges, k_scale, v_scale):
+    """``(q0, q1, seq_len, q_pos, k, v, vis)`` for each sequence with queries and keys: host ints,
+    the query positions, the sequence's contiguous K/V in q's dtype (``sequence_kv``) and its
+    ``[q1 - q0, seq_len]`` visibility (``visible``)."""
     qsl = metadata.query_start_loc_host
+    prefix_host = prefix_ranges.tolist() if prefix_ranges is not None else None
     for s, seq_len in enumerate(metadata.seq_lens_host):
         q0, q1 = qsl[s], qsl[s + 1]
-        if q1 > q0:
-            yield s, q0, q1, seq_len, torch.arange(q1 - q0, device=device) + (seq_len - (q1 - q0))
+        if q1 <= q0 or seq_len == 0:
+            continue
+        q_pos = torch.arange(q1 - q0, device=q.device) + (seq_len - (q1 - q0))
+        k, v = sequence_kv(k_cache, v_cache, metadata.block_table[s], seq_len, q.dtype, k_scale, v_scale)
+        vis = visible(q_pos, seq_len, causal=causal, sliding_window=sliding_window,
+                      prefix_rows=None if prefix_host is None else prefix_host[s])
+        yield q0, q1, seq_len, q_pos, k, v, vis
 
 
 def default_scale(scale, head_size: int) -> float:

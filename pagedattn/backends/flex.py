@@ -10,8 +10,6 @@ from pagedattn.backends._common import (
     default_scale,
     loop_sequences,
     prepare_out,
-    sequence_kv,
-    visible,
 )
 from pagedattn.backends.base import AttentionBackend
 
@@ -47,13 +45,10 @@ class FlexBackend(AttentionBackend):
         flex_attention, create_block_mask = _flex()
         scale = default_scale(scale, q.shape[-1])
         out, lse = prepare_out(q, out, return_lse)
-        prefix_host = prefix_ranges.tolist() if prefix_ranges is not None else None
-        for s, q0, q1, seq_len, q_pos in loop_sequences(metadata, q.device):
-            if seq_len == 0:
-                continue
-            k, v = sequence_kv(k_cache, v_cache, metadata.block_table[s], seq_len, q.dtype, k_scale, v_scale)
-            vis = visible(q_pos, seq_len, causal=causal, sliding_window=sliding_window,
-                          prefix_rows=None if prefix_host is None else prefix_host[s])
+        for q0, q1, seq_len, q_pos, k, v, vis in loop_sequences(
+            q, k_cache, v_cache, metadata, causal=causal, sliding_window=sliding_window,
+            prefix_ranges=prefix_ranges, k_scale=k_scale, v_scale=v_scale,
+        ):
             score_mod = _score_mod(q_pos, softcap, alibi_slopes, alibi_sqrt)
 
             def mask_mod(b, h, qi, ki, vis=vis):

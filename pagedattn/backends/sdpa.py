@@ -9,8 +9,6 @@ from pagedattn.backends._common import (
     default_scale,
     loop_sequences,
     prepare_out,
-    sequence_kv,
-    visible,
 )
 from pagedattn.backends.base import FEATURES, AttentionBackend
 
@@ -38,13 +36,10 @@ class SdpaBackend(AttentionBackend):
         sdpa = torch.nn.functional.scaled_dot_product_attention
         scale = default_scale(scale, q.shape[-1])
         out, _ = prepare_out(q, out, False)
-        prefix_host = prefix_ranges.tolist() if prefix_ranges is not None else None
-        for s, q0, q1, seq_len, q_pos in loop_sequences(metadata, q.device):
-            if seq_len == 0:
-                continue
-            k, v = sequence_kv(k_cache, v_cache, metadata.block_table[s], seq_len, q.dtype, k_scale, v_scale)
-            vis = visible(q_pos, seq_len, causal=causal, sliding_window=sliding_window,
-                          prefix_rows=None if prefix_host is None else prefix_host[s])
+        for q0, q1, seq_len, q_pos, k, v, vis in loop_sequences(
+            q, k_cache, v_cache, metadata, causal=causal, sliding_window=sliding_window,
+            prefix_ranges=prefix_ranges, k_scale=k_scale, v_scale=v_scale,
+        ):
             if alibi_slopes is not None:
                 bias = alibi_bias(q_pos, seq_len, alibi_slopes, alibi_sqrt)
                 mask = bias.masked_fill(~vis[None], float("-inf")).to(q.dtype)[None]
