@@ -9,24 +9,19 @@ before 12.3, and with ``PAGEDATTN_PDL=0``.
 
 from __future__ import annotations
 
-import functools
 import os
 
 import torch
 
+from pagedattn.ops.common.device import cuda_sm90_or_newer
 from pagedattn.plan import interpreter_on
 
 
-@functools.lru_cache(maxsize=None)
-def _sm90_or_newer(index: int) -> bool:
-    """sm90+ and a CUDA runtime of 12.3 or later (dependent launches kept inside captured graphs)."""
-    if torch.version.hip is not None or torch.version.cuda is None:
-        return False
-    major, minor = (int(x) for x in torch.version.cuda.split(".")[:2])
-    return (major, minor) >= (12, 3) and torch.cuda.get_device_capability(index)[0] >= 9
+# a CUDA runtime of 12.3 or later keeps dependent launches inside captured graphs
+_RUNTIME_OK = torch.version.cuda is not None and tuple(int(x) for x in torch.version.cuda.split(".")[:2]) >= (12, 3)
 
 
 def use_pdl(device: torch.device) -> bool:
-    if interpreter_on() or device.type != "cuda" or os.environ.get("PAGEDATTN_PDL", "1") == "0":
+    if not _RUNTIME_OK or interpreter_on() or os.environ.get("PAGEDATTN_PDL", "1") == "0":
         return False
-    return _sm90_or_newer(device.index if device.index is not None else torch.cuda.current_device())
+    return cuda_sm90_or_newer(device)

@@ -7,6 +7,7 @@ import os
 import torch
 import triton
 
+from pagedattn.ops.common.device import cuda_sm90_or_newer
 from pagedattn.ops.prefill.kernel import prefill_attention_kernel
 from pagedattn.ops.unified.launch import AttentionArgs
 from pagedattn.plan import Tiles, interpreter_on
@@ -21,8 +22,7 @@ def tma_descriptors(k: torch.Tensor, v: torch.Tensor, block_n: int):
     """
     if os.environ.get("PAGEDATTN_TMA", "0") != "1" or k.shape[0] == 0:
         return None, None
-    if not interpreter_on() and (k.device.type != "cuda" or torch.version.hip is not None
-                                 or torch.cuda.get_device_capability(k.device)[0] < 9):
+    if not (interpreter_on() or cuda_sm90_or_newer(k.device)):
         return None, None
     from triton.tools.tensor_descriptor import TensorDescriptor
 

@@ -22,7 +22,7 @@ def launch_split_kv(
     partial_out: torch.Tensor,
     partial_lse: torch.Tensor,
 ) -> None:
-    num_tokens, num_q_heads, head_size = a.q.shape
+    num_tokens, _, head_size = a.q.shape
     if num_tokens == 0 or a.seq_lens.shape[0] == 0:
         return
     grid = (q_block_grid_size(a, tiles), a.k_cache.shape[2], num_splits)

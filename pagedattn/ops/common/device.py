@@ -1,0 +1,19 @@
+"""Which Hopper-or-newer CUDA features a launcher may use (host side)."""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+
+@functools.lru_cache(maxsize=None)
+def _sm90_or_newer(index: int) -> bool:
+    return torch.version.hip is None and torch.cuda.get_device_capability(index)[0] >= 9
+
+
+def cuda_sm90_or_newer(device: torch.device) -> bool:
+    """An NVIDIA GPU of compute capability 9.0 or newer (TMA descriptors, dependent launch)."""
+    if device.type != "cuda":
+        return False
+    return _sm90_or_newer(device.index if device.index is not None else torch.cuda.current_device())
