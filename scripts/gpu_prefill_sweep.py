@@ -79,6 +79,16 @@ def args_for(q, k, v, block_table, seq_lens, qsl):
                          k_scale=None, v_scale=None)
 
 
+def graphed(fn):
+    """fn captured once in a CUDA graph; the returned callable replays it."""
+    fn()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    return g.replay
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--lengths", default="2048,8192,32768")
@@ -88,6 +98,7 @@ def main(argv=None) -> int:
     p.add_argument("--anchors", default="sdpa-cudnn,sdpa-flash")
     p.add_argument("--dump", default=None, help="directory for the TTGIR of each compiled variant")
     p.add_argument("--json", default=None)
+    p.add_argument("--graph", action="store_true", help="time pagedattn as a CUDA-graph replay (no host launch cost)")
     a = p.parse_args(argv)
     rows, kinfo, seen = [], [], set()
     for d in [int(x) for x in a.heads.split(",")]:
@@ -133,7 +144,8 @@ def main(argv=None) -> int:
                     try:
                         fn()
                         err = (out.float() - ref.float()).abs().max().item()
-                        ms = triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+                        ms = triton.testing.do_bench(graphed(fn) if a.graph else fn, warmup=25, rep=100,
+                                                     return_mode="median")
                         rows.append(dict(d=d, s=s, provider=f"pagedattn-{variant}", cfg=f"{bm}x{bn} w{w} s{st}",
                                          us=ms * 1e3, tflops=fl / ms / 1e9, max_err=err))
                     except Exception as e:  # noqa: BLE001

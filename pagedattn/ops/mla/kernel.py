@@ -25,37 +25,21 @@ from pagedattn.ops.common.attention_math import (
     online_softmax_step,
     round_to_fp8e4m3,
 )
+from pagedattn.ops.unified.program import find_q_block
 
 
 @triton.jit
 def _locate_q_block(query_start_loc_ptr, seq_lens_ptr, q_block_idx, num_seqs, BLOCK_Q: tl.constexpr):
     """(seq, q_start, q_len, q_block_local, seq_len, valid) of global Q block ``q_block_idx``.
 
-    Sequence s owns the Q blocks from ``query_start_loc[s] // BLOCK_Q + s`` on (non-decreasing
-    in s; the ``+ s`` leaves room for one partial block per sequence), or from
-    ``query_start_loc[s]`` when BLOCK_Q is 1 (one block per token, no room needed): a binary
-    search finds the last sequence whose first block is <= q_block_idx.
+    ``find_q_block`` (shared with the paged kernels): sequence s owns the Q blocks from
+    ``query_start_loc[s] // BLOCK_Q + s`` on, or from ``query_start_loc[s]`` when BLOCK_Q is 1
+    (one block per token, no room needed for a partial block).
     """
-    lo = tl.full([], 0, tl.int32)
-    hi = tl.full([], 0, tl.int32) + num_seqs
-    while lo < hi:
-        mid = (lo + hi) // 2
-        first = tl.load(query_start_loc_ptr + mid) // BLOCK_Q
-        if BLOCK_Q > 1:
-            first += mid
-        if first <= q_block_idx:
-            lo = mid + 1
-        else:
-            hi = mid
-    found = lo > 0  # False only if query_start_loc[0] > 0 (corrupt metadata)
-    seq = tl.maximum(lo - 1, 0)
-    q_start = tl.load(query_start_loc_ptr + seq)
-    q_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
-    q_block_local = q_block_idx - q_start // BLOCK_Q
-    if BLOCK_Q > 1:
-        q_block_local -= seq
-    seq_len = tl.load(seq_lens_ptr + seq)
-    valid = found & (q_block_local * BLOCK_Q < q_len)
+    seq, q_start, q_len, seq_len, q_block_local, found = find_q_block(
+        query_start_loc_ptr, seq_lens_ptr, q_block_idx, num_seqs, BLOCK_Q, BLOCK_Q > 1
+    )
+    valid = found & (q_block_local >= 0) & (q_block_local * BLOCK_Q < q_len)
     return seq, q_start, q_len, q_block_local, seq_len, valid
 
 

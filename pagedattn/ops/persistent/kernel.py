@@ -44,10 +44,13 @@ def _run_item(
     kv_head = tl.load(fields + 2)
     split = tl.load(fields + 3)
     num_splits = tl.load(fields + 4)
+    q_start = tl.load(query_start_loc_ptr + seq)
+    q_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
+    seq_len = tl.load(seq_lens_ptr + seq)
     out, lse, token, head, row_ok = attend_segment(
-        q_ptr, k_cache_ptr, v_cache_ptr, block_table_ptr, query_start_loc_ptr, seq_lens_ptr,
+        q_ptr, k_cache_ptr, v_cache_ptr, block_table_ptr,
         sinks_ptr, alibi_slopes_ptr, prefix_ranges_ptr, k_scale_ptr, v_scale_ptr,
-        seq, q_block_local, kv_head, split, num_splits, 0,
+        seq, q_start, q_len, seq_len, q_block_local, kv_head, split, num_splits, 0,
         stride_q_t, stride_q_h, stride_k_b, stride_k_s, stride_k_h, stride_v_b, stride_v_s, stride_v_h,
         stride_bt_s, stride_pr_s, stride_pr_r,
         scale, softcap, sliding_window, num_tokens, num_blocks, max_blocks_per_seq, num_prefix_ranges,

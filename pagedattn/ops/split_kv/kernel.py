@@ -75,14 +75,16 @@ def split_kv_attention_kernel(
     """Partial softmax(mods(scale * q k^T) + mask) v over one segment of a sequence's keys."""
     if USE_PDL:  # the merge kernel may launch now; it waits for this grid in the kernel
         tl.extra.cuda.gdc_launch_dependents()
-    seq, q_block_local, valid = locate_q_block(query_start_loc_ptr, tl.program_id(0), num_seqs, max_q_len_served, BLOCK_Q)
+    seq, q_start, q_len, seq_len, q_block_local, valid = locate_q_block(
+        query_start_loc_ptr, seq_lens_ptr, tl.program_id(0), num_seqs, max_q_len_served, BLOCK_Q
+    )
     if not valid:
         return
     split = tl.program_id(2)
     out, lse, token, head, row_ok = attend_segment(
-        q_ptr, k_cache_ptr, v_cache_ptr, block_table_ptr, query_start_loc_ptr, seq_lens_ptr,
+        q_ptr, k_cache_ptr, v_cache_ptr, block_table_ptr,
         sinks_ptr, alibi_slopes_ptr, prefix_ranges_ptr, k_scale_ptr, v_scale_ptr,
-        seq, q_block_local, tl.program_id(1), split, tl.num_programs(2), segment_size,
+        seq, q_start, q_len, seq_len, q_block_local, tl.program_id(1), split, tl.num_programs(2), segment_size,
         stride_q_t, stride_q_h, stride_k_b, stride_k_s, stride_k_h, stride_v_b, stride_v_s, stride_v_h,
         stride_bt_s, stride_pr_s, stride_pr_r,
         scale, softcap, sliding_window, num_tokens, num_blocks, max_blocks_per_seq, num_prefix_ranges,

@@ -74,13 +74,15 @@ def unified_attention_kernel(
     RETURN_LSE: tl.constexpr,
 ):
     """out = softmax(mods(scale * q k^T) + mask) v, over the pages of one sequence."""
-    seq, q_block_local, valid = locate_q_block(query_start_loc_ptr, tl.program_id(0), num_seqs, max_q_len_served, BLOCK_Q)
+    seq, q_start, q_len, seq_len, q_block_local, valid = locate_q_block(
+        query_start_loc_ptr, seq_lens_ptr, tl.program_id(0), num_seqs, max_q_len_served, BLOCK_Q
+    )
     if not valid:
         return
     out, lse, token, head, row_ok = attend_segment(
-        q_ptr, k_cache_ptr, v_cache_ptr, block_table_ptr, query_start_loc_ptr, seq_lens_ptr,
+        q_ptr, k_cache_ptr, v_cache_ptr, block_table_ptr,
         sinks_ptr, alibi_slopes_ptr, prefix_ranges_ptr, k_scale_ptr, v_scale_ptr,
-        seq, q_block_local, tl.program_id(1), 0, 1, 0,
+        seq, q_start, q_len, seq_len, q_block_local, tl.program_id(1), 0, 1, 0,
         stride_q_t, stride_q_h, stride_k_b, stride_k_s, stride_k_h, stride_v_b, stride_v_s, stride_v_h,
         stride_bt_s, stride_pr_s, stride_pr_r,
         scale, softcap, sliding_window, num_tokens, num_blocks, max_blocks_per_seq, num_prefix_ranges,

@@ -19,26 +19,50 @@ from pagedattn.ops.common.attention_math import (
 )
 
 
-SEARCH_BLOCK = tl.constexpr(256)  # sequence starts compared per step of find_seq_idx
+SEARCH_BLOCK = tl.constexpr(256)  # sequences compared per step of find_q_block
 
 
 @triton.jit
-def find_seq_idx(query_start_loc_ptr, q_block_idx, num_seqs, BLOCK_Q: tl.constexpr):
-    """The sequence owning global Q block ``q_block_idx`` (-1 if none).
+def find_q_block(query_start_loc_ptr, seq_lens_ptr, q_block_idx, num_seqs,
+                 BLOCK_Q: tl.constexpr, SEQ_ROOM: tl.constexpr):
+    """(seq, q_start, q_len, seq_len, q_block_local, found) of global Q block ``q_block_idx``.
 
-    Sequence s owns the Q blocks from ``start(s) = query_start_loc[s] // BLOCK_Q + s`` on; this
-    start is non-decreasing in s, so the owner is the number of sequences with
-    ``start(s) <= q_block_idx``, minus one. Counting compares SEARCH_BLOCK starts per vector load:
-    one memory round trip up to 256 sequences, where a binary search waits on log2(num_seqs)
-    dependent loads before the program's first K/V load can issue.
+    Sequence s owns the Q blocks from ``start(s) = query_start_loc[s] // BLOCK_Q`` on, plus s
+    with SEQ_ROOM (room for one partial block per sequence); start is non-decreasing in s, so the
+    owner is the last sequence with ``start(s) <= q_block_idx``. Each step compares SEARCH_BLOCK
+    sequences and loads their metadata (query start and end, length) with the same vector loads:
+    up to 256 sequences, one memory round trip gives a program everything it needs before its
+    block-table and K/V loads, where a binary search waited on log2(num_seqs) dependent loads and
+    then on the metadata. ``found`` is False only if ``query_start_loc[0] > q_block_idx`` (corrupt
+    metadata); the values always come from one sequence's entries.
     """
     offs = tl.arange(0, SEARCH_BLOCK)
-    count = tl.full([], 0, tl.int32)
+    seq = tl.full([], -1, tl.int32)
+    q_start = tl.full([], 0, tl.int32)
+    q_end = q_start
+    seq_len = q_start
     for s0 in range(0, num_seqs, SEARCH_BLOCK):
         s = s0 + offs
-        start = tl.load(query_start_loc_ptr + s, mask=s < num_seqs, other=0) // BLOCK_Q + s
-        count += tl.sum(((start <= q_block_idx) & (s < num_seqs)).to(tl.int32), axis=0)
-    return count - 1
+        ok = s < num_seqs
+        starts = tl.load(query_start_loc_ptr + s, mask=ok, other=0)
+        ends = tl.load(query_start_loc_ptr + s + 1, mask=ok, other=0)
+        lens = tl.load(seq_lens_ptr + s, mask=ok, other=0)
+        first = starts // BLOCK_Q
+        if SEQ_ROOM:
+            first += s
+        last = tl.max(tl.where(ok & (first <= q_block_idx), s, -1), axis=0)
+        pick = s == last
+        has = last >= 0
+        seq = tl.where(has, last, seq)
+        q_start = tl.where(has, tl.sum(tl.where(pick, starts, 0), axis=0), q_start)
+        q_end = tl.where(has, tl.sum(tl.where(pick, ends, 0), axis=0), q_end)
+        seq_len = tl.where(has, tl.sum(tl.where(pick, lens, 0), axis=0), seq_len)
+    found = seq >= 0
+    seq = tl.maximum(seq, 0)
+    q_block_local = q_block_idx - q_start // BLOCK_Q
+    if SEQ_ROOM:
+        q_block_local -= seq
+    return seq, q_start, q_end - q_start, seq_len, q_block_local, found
 
 
 @triton.jit
@@ -70,8 +94,9 @@ def prefix_kv_bounds(prefix_ranges_ptr, seq, stride_pr_s, stride_pr_r, num_prefi
 
 
 @triton.jit
-def locate_q_block(query_start_loc_ptr, q_block_idx, num_seqs, max_q_len_served, BLOCK_Q: tl.constexpr):
-    """(seq, q_block_local, valid) of global Q block ``q_block_idx``.
+def locate_q_block(query_start_loc_ptr, seq_lens_ptr, q_block_idx, num_seqs, max_q_len_served,
+                   BLOCK_Q: tl.constexpr):
+    """(seq, q_start, q_len, seq_len, q_block_local, valid) of global Q block ``q_block_idx``.
 
     Sequences with more than ``max_q_len_served`` queries are not valid here: the large-tile
     prefill kernel serves them in the same call.
@@ -79,14 +104,11 @@ def locate_q_block(query_start_loc_ptr, q_block_idx, num_seqs, max_q_len_served,
     The metadata is not trusted: rows are later masked to tokens in [0, num_tokens) and keys to
     pages inside the block table and the cache (see ``q_block_rows`` and ``attend_kv_range``).
     """
-    seq = find_seq_idx(query_start_loc_ptr, q_block_idx, num_seqs, BLOCK_Q)
-    found = seq >= 0  # False only if query_start_loc[0] > 0 (corrupt metadata)
-    seq = tl.maximum(seq, 0)
-    q_start = tl.load(query_start_loc_ptr + seq)
-    q_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
-    q_block_local = q_block_idx - (q_start // BLOCK_Q + seq)
+    seq, q_start, q_len, seq_len, q_block_local, found = find_q_block(
+        query_start_loc_ptr, seq_lens_ptr, q_block_idx, num_seqs, BLOCK_Q, True
+    )
     valid = found & (q_block_local >= 0) & (q_block_local * BLOCK_Q < q_len) & (q_len <= max_q_len_served)
-    return seq, q_block_local, valid
+    return seq, q_start, q_len, seq_len, q_block_local, valid
 
 
 @triton.jit
@@ -266,9 +288,9 @@ def attend_kv_range(
 
 @triton.jit
 def attend_segment(
-    q_ptr, k_cache_ptr, v_cache_ptr, block_table_ptr, query_start_loc_ptr, seq_lens_ptr,
+    q_ptr, k_cache_ptr, v_cache_ptr, block_table_ptr,
     sinks_ptr, alibi_slopes_ptr, prefix_ranges_ptr, k_scale_ptr, v_scale_ptr,
-    seq, q_block_local, kv_head, split, num_splits, segment_size,
+    seq, q_start, q_len, seq_len, q_block_local, kv_head, split, num_splits, segment_size,
     stride_q_t, stride_q_h,
     stride_k_b, stride_k_s, stride_k_h,
     stride_v_b, stride_v_s, stride_v_h,
@@ -287,10 +309,9 @@ def attend_segment(
     equal tile-aligned pieces (one piece: the whole range, the 2D kernel); ``segment_size > 0``
     gives split i the absolute positions [i * segment_size, (i + 1) * segment_size), the same
     cut whatever else is in the batch (batch-invariant mode). The sink joins split 0 only.
+    The sequence's metadata (q_start, q_len, seq_len) comes from the caller (``locate_q_block``,
+    or the persistent kernel's work item).
     """
-    q_start = tl.load(query_start_loc_ptr + seq)
-    q_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
-    seq_len = tl.load(seq_lens_ptr + seq)
     context_len = seq_len - q_len  # negative for cross attention with more queries than keys
     token, head, row_ok, q_pos = q_block_rows(
         q_start, q_len, q_block_local, context_len, kv_head, num_tokens, NUM_QUERIES_PER_KV, BLOCK_Q, BLOCK_M
