@@ -30,6 +30,9 @@ CONFIGS = {  # head size -> [(block_m, tile_n, warps, stages)]
 
 
 def parse_configs(text):
+    """None (the sweep's list) if not given; [] for "default" (the planner's tiles only)."""
+    if text == "default":
+        return []
     return [tuple(int(x) for x in c.split("x")) for c in text.split(",")] if text else None
 
 
@@ -93,7 +96,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--lengths", default="2048,8192,32768")
     p.add_argument("--heads", default="128", help="head sizes; the sweep runs only at 128, others default tiles")
-    p.add_argument("--configs", default=None, help="e.g. 128x64x8x3,64x64x4x3 (block_m x tile_n x warps x stages)")
+    p.add_argument("--configs", default=None, help="e.g. 128x64x8x3,64x64x4x3 (block_m x tile_n x warps x stages); default: the planner's only")
     p.add_argument("--variants", default="contig,paged")
     p.add_argument("--anchors", default="sdpa-cudnn,sdpa-flash")
     p.add_argument("--dump", default=None, help="directory for the TTGIR of each compiled variant")
@@ -124,7 +127,8 @@ def main(argv=None) -> int:
                 except Exception as e:  # noqa: BLE001
                     rows.append(dict(d=d, s=s, provider=name, cfg="", error=str(e)[:200]))
                 print(rows[-1], flush=True)
-            configs = parse_configs(a.configs) or CONFIGS.get(d, [])
+            configs = parse_configs(a.configs)
+            configs = CONFIGS.get(d, []) if configs is None else configs
             default = pick_prefill_tiles(d, torch.bfloat16)
             configs = [(default.block_m, default.tile_n, default.num_warps, default.num_stages)] + \
                 [c for c in configs if c != (default.block_m, default.tile_n, default.num_warps, default.num_stages)]

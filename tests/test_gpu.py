@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from pagedattn import paged_attention, write_kv
-from pagedattn.reference import paged_attention_ref, write_kv_ref
+from pagedattn.reference import paged_attention_ref, varlen_attention_ref, write_kv_ref
 from pagedattn.testing import FEATURES, TOLERANCES, assert_matches_reference, feature_kwargs, make_paged_batch
 
 pytestmark = pytest.mark.gpu
@@ -231,8 +231,12 @@ def _check_varlen(cases, num_q_heads, num_kv_heads, head_size, head_size_v, feat
     assert_matches_reference(out, lse, *varlen_attention_ref(q, k, v, cu_q, cu_k, **kwargs))
 
 
+@pytest.mark.parametrize("loads", ["pointer", "tma"])
 @pytest.mark.parametrize("feature", FEATURES)
-def test_varlen_gpu(feature):
+def test_varlen_gpu(feature, loads, monkeypatch):
+    """Both K/V load paths: tensor descriptors (the default on sm90+) and pointer loads (other GPUs,
+    head sizes that are not powers of 2, PAGEDATTN_TMA=0)."""
+    monkeypatch.setenv("PAGEDATTN_TMA", "1" if loads == "tma" else "0")
     cases = [(1500, 1500), (300, 2100), (1, 999), (129, 129)] + ([(40, 9)] if "noncausal" in feature else [])
     _check_varlen(cases, 32, 8, 128, 128, feature, seed=len(feature) + 50)
 
@@ -240,7 +244,7 @@ def test_varlen_gpu(feature):
 @pytest.mark.parametrize("head_size", [64, 128, 256])
 @pytest.mark.parametrize("feature", ["causal", "noncausal", "window", "prefix", "sinks"])
 def test_varlen_tma_gpu(feature, head_size, monkeypatch):
-    """The opt-in tensor-descriptor K/V loads (PAGEDATTN_TMA=1; sm90+)."""
+    """The tensor-descriptor K/V loads (sm90+) at heads 64, 128 and 256."""
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("tensor descriptors need sm90+")
     monkeypatch.setenv("PAGEDATTN_TMA", "1")
@@ -254,13 +258,49 @@ def test_varlen_value_head_size_differs_gpu(feature):
     _check_varlen([(1200, 1200), (300, 900), (1, 77)], 16, 16, 192, 128, feature, seed=len(feature) + 70)
 
 
+def test_paged_prefill_block_id_outside_cache_gpu():
+    """A block id outside the cache in the mask-free middle of a long prefill: that chunk runs
+    the checked tile loop and drops the page's keys; the clean chunk after it and the other
+    sequence are exact, and nothing reads NaN from the poisoned blocks around the cache."""
+    from pagedattn import plan_attention
+
+    g = torch.Generator().manual_seed(11)
+    cases = [(600, 9000), (512, 600)]
+    batch = make_paged_batch(cases, dtype=torch.bfloat16, device="cuda", generator=g, **LLAMA)
+    ref_out, _ = paged_attention_ref(*batch.args())
+    pages0 = batch.block_table[0, :-(-9000 // 16)].long()
+    seq0_kv = [c[pages0].reshape(-1, 8, 128)[:9000] for c in (batch.k_cache, batch.v_cache)]
+    cache_blocks = batch.k_cache.shape[0]
+    for name in ("k_cache", "v_cache"):  # the cache as the middle of a buffer with NaN blocks around it
+        c = getattr(batch, name)
+        buf = torch.full((cache_blocks + 4, *c.shape[1:]), float("nan"), dtype=c.dtype, device="cuda")
+        buf[2:-2] = c
+        setattr(batch, name, buf[2:-2])
+    batch.block_table[0, 3] = cache_blocks + 1  # keys 48..63 of sequence 0: a NaN block if read
+    plan = plan_attention(batch.query_start_loc, batch.seq_lens, num_q_heads=32, num_kv_heads=8, head_size=128,
+                          device="cuda")
+    assert plan.path == "prefill"
+    out = torch.full_like(batch.q, float("nan"))
+    out = paged_attention(*batch.args(), out=out, plan=plan)
+    assert_matches_reference(out[600:], None, ref_out[600:], None)
+    # sequence 0 against its keys without 48..63: every query (positions 8400..8999) sees all
+    # earlier keys, so dropping the page shifts no visibility
+    keep = torch.cat([torch.arange(48), torch.arange(64, 9000)]).to("cuda")
+    k0, v0 = (kv[keep] for kv in seq0_kv)
+    cu_q = torch.tensor([0, 600], dtype=torch.int32)
+    cu_k = torch.tensor([0, keep.numel()], dtype=torch.int32)
+    ref0, _ = varlen_attention_ref(batch.q[:600], k0, v0, cu_q, cu_k)
+    assert_matches_reference(out[:600], None, ref0, None)
+
+
 @pytest.mark.parametrize("head_size", [64, 128, 256])
 @pytest.mark.parametrize("feature", ["causal", "fp8", "softcap", "sinks"])
 def test_paged_prefill_gpu(feature, head_size):
     from pagedattn import plan_attention
 
     g = torch.Generator().manual_seed(head_size + len(feature))
-    cases = [(2048, 2048), (1, 2049), (512, 4608), (3, 70), (129, 129)]
+    # (300, 9000): two block-table chunks (8064 keys each at 16-token pages and 128-key tiles)
+    cases = [(2048, 2048), (1, 2049), (512, 4608), (3, 70), (129, 129), (300, 9000)]
     cache_dtype = torch.float8_e4m3fn if feature == "fp8" else None
     shape = dict(LLAMA, head_size=head_size)
     batch = make_paged_batch(cases, dtype=torch.bfloat16, cache_dtype=cache_dtype, device="cuda", generator=g, **shape)

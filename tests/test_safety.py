@@ -29,13 +29,16 @@ def guards_intact(buffers):
     return all(torch.isnan(b[:GUARD].float()).all() and torch.isnan(b[-GUARD:].float()).all() for b in buffers)
 
 
-def run_paths(batch, **kwargs):
-    """(out, lse) of the unified path and of the split-KV path with 4 splits."""
+def run_paths(batch, paths=(("unified", None), ("split_kv", 4)), **kwargs):
+    """(out, lse) of each (path, splits): by default the unified path and the split-KV path with 4 splits."""
     results = []
-    for path, splits in (("unified", None), ("split_kv", 4)):
-        plan = plan_attention([0] + [0] * len(batch.cases), [1] * len(batch.cases), num_q_heads=batch.q.shape[1],
-                              num_kv_heads=batch.k_cache.shape[2], head_size=batch.q.shape[2], device=DEVICE,
-                              path=path, num_splits=splits, max_num_tokens=batch.q.shape[0])
+    for path, splits in paths:
+        # the prefill plan's grid follows the batch's query lengths; the decode paths' plans only need sizes
+        qsl, lens = ((batch.query_start_loc, batch.seq_lens) if path == "prefill"
+                     else ([0] + [0] * len(batch.cases), [1] * len(batch.cases)))
+        plan = plan_attention(qsl, lens, num_q_heads=batch.q.shape[1], num_kv_heads=batch.k_cache.shape[2],
+                              head_size=batch.q.shape[2], device=DEVICE, path=path, num_splits=splits,
+                              max_num_tokens=batch.q.shape[0])
         out = torch.full_like(batch.q, float("nan"))
         results.append(paged_attention(*batch.args(), out=out, return_lse=True, plan=plan, **kwargs))
     return results
@@ -49,22 +52,41 @@ CORRUPTIONS = {
 }
 
 
-@pytest.mark.parametrize("corruption", list(CORRUPTIONS))
-def test_corrupt_metadata_is_masked_and_reported(corruption):
+def check_corruption(corruption, cases, paths=(("unified", None), ("split_kv", 4))):
+    """The corruption is reported by validate=True; without it, every path keeps the guards
+    unread and unwritten, writes no NaN, and leaves sequences 0 and 3 exact."""
     g = torch.Generator().manual_seed(len(corruption))
-    batch = make_paged_batch([(1, 70), (3, 40), (2, 35), (1, 17)], dtype=torch.float32, device=DEVICE, generator=g)
+    batch = make_paged_batch(cases, dtype=torch.float32, device=DEVICE, generator=g)
     buffers = guarded(batch)
     ref_out, ref_lse = paged_attention_ref(*batch.args())  # before the corruption
     CORRUPTIONS[corruption](batch, batch.k_cache.shape[0])
     with pytest.raises(ValueError, match="sequence"):
         paged_attention(*batch.args(), validate=True)
-    for out, lse in run_paths(batch):
+    for out, lse in run_paths(batch, paths):
         assert not torch.isnan(out).any(), "a guard block or an unwritten row reached the output"
         # the sequences the corruption did not touch are exact
         for s in (0, 3):
             rows = slice(int(batch.query_start_loc[s]), int(batch.query_start_loc[s + 1]))
             torch.testing.assert_close(out[rows].double(), ref_out[rows], atol=2e-4, rtol=2e-4)
     assert guards_intact(buffers)
+
+
+@pytest.mark.parametrize("corruption", list(CORRUPTIONS))
+def test_corrupt_metadata_is_masked_and_reported(corruption):
+    check_corruption(corruption, [(1, 70), (3, 40), (2, 35), (1, 17)])
+
+
+@pytest.mark.parametrize("corruption", list(CORRUPTIONS))
+def test_corrupt_metadata_prefill_path(corruption, monkeypatch):
+    """The large-tile kernel checks a chunk's block ids at once: a chunk with an id outside the
+    cache runs the checked tile loop, the clean chunks of the same program the unchecked one.
+    Small chunks (96 keys at 16-token pages) give each program several; the interpreter reads
+    the module's constants at every call."""
+    from pagedattn.ops.prefill import kernel
+
+    monkeypatch.setattr(kernel, "CHUNK_TARGET_KEYS", 128)
+    monkeypatch.setattr(kernel, "CHUNK_MAX_PAGES", 8)
+    check_corruption(corruption, [(40, 300), (40, 260), (35, 200), (17, 17)], paths=(("prefill", None),))
 
 
 def test_corrupt_query_start_loc_is_masked():

@@ -40,7 +40,7 @@ def test_varlen_features(feature, dtype):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=["fp16", "fp32"])
 @pytest.mark.parametrize("feature", ["causal", "noncausal", "window", "prefix", "sinks", "softcap"])
 def test_varlen_tma(feature, dtype, monkeypatch):
-    """The opt-in tensor-descriptor path (PAGEDATTN_TMA=1) against the reference: tiles that run
+    """The tensor-descriptor path (the sm90 default; PAGEDATTN_TMA=1 on the interpreter) against the reference: tiles that run
     past a sequence into the next one and past the end of K/V."""
     import pagedattn.ops.prefill.launch as prefill_launch
 
@@ -104,9 +104,14 @@ def test_paged_prefill_path(feature, path):
 
 
 @pytest.mark.parametrize("block_size", [1, 3])
-def test_paged_prefill_several_block_table_chunks(block_size):
-    # small pages: the kernel reads the block table in several chunks per program (one at 1-token pages
-    # holds a single tile), and at 3-token pages chunks start inside a page
+def test_paged_prefill_several_block_table_chunks(block_size, monkeypatch):
+    # small chunks (the interpreter reads the module's constants at every call): the kernel reads the
+    # block table in several chunks per program (one at 1-token pages holds a single tile), and at
+    # 3-token pages chunks start inside a page
+    from pagedattn.ops.prefill import kernel
+
+    monkeypatch.setattr(kernel, "CHUNK_TARGET_KEYS", 128)
+    monkeypatch.setattr(kernel, "CHUNK_MAX_PAGES", 64)
     g = torch.Generator().manual_seed(block_size)
     batch = make_paged_batch([(300, 420), (129, 129)], num_q_heads=2, num_kv_heads=1, head_size=16,
                              block_size=block_size, dtype=torch.float32, device=DEVICE, generator=g)

@@ -179,18 +179,18 @@ def init_softmax_state(sinks_ptr, head, row_ok, with_sink,
 
 
 @triton.constexpr_function
-def chunk_pages(page_size, tile_n, target_keys):
+def chunk_pages(page_size, tile_n, target_keys, max_pages=256):
     """Block-table ids a program reads at once (a power of 2): about ``target_keys`` keys' pages,
-    always more than one tile's, at most 256 unless a tile needs more."""
+    always more than one tile's, at most ``max_pages`` unless a tile needs more."""
     tile_pages = -(-tile_n // page_size) + 1
     want = 1 << (max(-(-target_keys // page_size), tile_pages, 2) - 1).bit_length()
-    return min(want, max(256, 1 << (tile_pages - 1).bit_length()))
+    return min(want, max(max_pages, 1 << (tile_pages - 1).bit_length()))
 
 
 @triton.constexpr_function
-def chunk_keys(page_size, tile_n, target_keys):
+def chunk_keys(page_size, tile_n, target_keys, max_pages=256):
     """Keys per chunk: whole tiles whose pages always fit in ``chunk_pages`` ids, wherever the chunk starts."""
-    return max((chunk_pages(page_size, tile_n, target_keys) - 1) * page_size // tile_n, 1) * tile_n
+    return max((chunk_pages(page_size, tile_n, target_keys, max_pages) - 1) * page_size // tile_n, 1) * tile_n
 
 
 @triton.jit
@@ -205,6 +205,15 @@ def load_page_chunk(block_row_ptr, chunk_lo, max_blocks_per_seq, PAGE_SIZE: tl.c
     idx = first_page + tl.arange(0, CHUNK_PAGES)
     pages = tl.load(block_row_ptr + idx, mask=(idx >= 0) & (idx < max_blocks_per_seq), other=-1)
     return first_page, pages
+
+
+@triton.jit
+def chunk_pages_in_cache(pages, first_page, chunk_hi, num_blocks, PAGE_SIZE: tl.constexpr):
+    """Whether every block id that keys [first_page * PAGE_SIZE, chunk_hi) use lies in
+    [0, num_blocks) (a scalar): then their tiles may skip the per-key page checks."""
+    used = tl.arange(0, pages.shape[0]) <= (chunk_hi - 1) // PAGE_SIZE - first_page
+    bad = used & ((pages < 0) | (pages >= num_blocks))
+    return tl.max(bad.to(tl.int32), 0) == 0
 
 
 @triton.jit
