@@ -240,7 +240,7 @@ def paged_attention(
 
     if plan is None and max_query_len >= PREFILL_MIN_QUERY_LEN:
         _launch_prefill_and_rest(out, lse, args, pick_prefill_tiles(head_size, q.dtype), max_query_len,
-                                 PREFILL_MIN_QUERY_LEN)
+                                 PREFILL_MIN_QUERY_LEN, PREFILL_MIN_QUERY_LEN - 1)
     elif plan is None:
         group = num_q_heads // num_kv_heads
         tiles = pick_tiles(max_query_len, group, head_size)
@@ -259,20 +259,24 @@ def paged_attention(
     elif plan.path == "persistent":
         launch_persistent(out, lse, args, plan)
     elif plan.path == "prefill":
-        _launch_prefill_and_rest(out, lse, args, plan.prefill_tiles, plan.max_query_len, plan.prefill_min_q_len)
+        _launch_prefill_and_rest(out, lse, args, plan.prefill_tiles, plan.max_query_len, plan.prefill_min_q_len,
+                                 plan.rest_max_query_len)
     else:
         launch_split_kv(out, lse, args, plan.tiles, num_splits=plan.num_splits, segment_size=plan.segment_size,
                         partial_out=plan.partial_out, partial_lse=plan.partial_lse)
     return (out, lse) if return_lse else out
 
 
-def _launch_prefill_and_rest(out, lse, args: AttentionArgs, prefill_tiles, max_query_len: int, min_q_len: int):
-    """Sequences with >= min_q_len queries: the large-tile kernel; the others: the unified kernel."""
+def _launch_prefill_and_rest(out, lse, args: AttentionArgs, prefill_tiles, max_query_len: int, min_q_len: int,
+                             rest_max_q_len: int):
+    """Sequences with >= min_q_len queries: the large-tile kernel; the others (at most
+    rest_max_q_len queries, < min_q_len; 0: none) the unified kernel, with tiles for that length."""
     launch_prefill(out, lse, args, prefill_tiles, max_query_len=max_query_len, min_q_len=min_q_len)
-    if min_q_len > 1:
+    rest_max_q_len = min(rest_max_q_len, min_q_len - 1)
+    if rest_max_q_len > 0:
         group = args.q.shape[1] // args.k_cache.shape[2]
-        args.max_q_len_served = min_q_len - 1
-        launch_unified(out, lse, args, pick_tiles(min_q_len - 1, group, args.q.shape[2]))
+        args.max_q_len_served = rest_max_q_len
+        launch_unified(out, lse, args, pick_tiles(rest_max_q_len, group, args.q.shape[2]))
 
 
 def varlen_attention(

@@ -92,9 +92,12 @@ class AttentionPlan:
     schedule: str = "auto"
     max_num_seqs: int = 0
     sliding_window: int | None = None
-    # prefill path: sequences with at least prefill_min_q_len queries run the large-tile kernel
+    # prefill path: sequences with at least prefill_min_q_len queries run the large-tile kernel,
+    # the others (at most rest_max_query_len queries; 0: none) the unified kernel with tiles for
+    # that length, so a prefill among decodes leaves the decodes on decode tiles
     prefill_tiles: Tiles | None = None
     prefill_min_q_len: int = 0
+    rest_max_query_len: int = 0
 
     def update(self, query_start_loc, seq_lens) -> None:
         """Re-plan a persistent plan for a new batch in place (same buffers, same grid).
@@ -361,12 +364,13 @@ def plan_attention(
             schedule=schedule, sliding_window=sliding_window,
         )
     if path == "prefill":
+        min_q_len = PREFILL_MIN_QUERY_LEN if path_requested == "auto" else 0
         return AttentionPlan(
             path="prefill", tiles=tiles, num_splits=1, segment_size=0, max_query_len=max_query_len,
             max_seq_len=max_seq_len, max_num_tokens=max_num_tokens, num_q_heads=num_q_heads,
             num_kv_heads=num_kv_heads, head_size=head_size, batch_invariant=False, partial_out=None,
             partial_lse=None, prefill_tiles=pick_prefill_tiles(head_size, dtype),
-            prefill_min_q_len=PREFILL_MIN_QUERY_LEN if path_requested == "auto" else 0,
+            prefill_min_q_len=min_q_len, rest_max_query_len=max([n for n in q_lens if n < min_q_len] + [0]),
         )
     if path == "unified":
         splits = 1
