@@ -311,3 +311,48 @@ def test_paged_prefill_gpu(feature, head_size):
     out = torch.full_like(batch.q, float("nan"))
     out, lse = paged_attention(*batch.args(), out=out, return_lse=True, plan=plan, **kwargs)
     assert_matches_reference(out, lse, *paged_attention_ref(*batch.args(), **kwargs))
+
+
+@pytest.mark.parametrize("head_size", [64, 128, 256])
+def test_prefill_autotune_gpu(head_size, monkeypatch):
+    """PAGEDATTN_AUTOTUNE=1: the first call times the candidates (those that do not fit are
+    skipped) and is right; a call captured in a CUDA graph for a new key does not tune, and its
+    replay is right."""
+    from pagedattn import plan_attention, varlen_attention
+    from pagedattn.ops.prefill import tuning
+
+    monkeypatch.setenv("PAGEDATTN_AUTOTUNE", "1")
+    tuning.forget_choices()
+    try:
+        g = torch.Generator().manual_seed(head_size)
+        cases = [(1500, 1500), (300, 2100), (129, 129)]
+        cu_q = torch.tensor([0] + [q for q, _ in cases]).cumsum(0).to(torch.int32)
+        cu_k = torch.tensor([0] + [k for _, k in cases]).cumsum(0).to(torch.int32)
+        q = torch.randn(int(cu_q[-1]), 32, head_size, generator=g).to("cuda", torch.bfloat16)
+        k = torch.randn(int(cu_k[-1]), 8, head_size, generator=g).to("cuda", torch.bfloat16)
+        v = torch.randn(int(cu_k[-1]), 8, head_size, generator=g).to("cuda", torch.bfloat16)
+        out = torch.full_like(q, float("nan"))
+        out, lse = varlen_attention(q, k, v, cu_q.cuda(), cu_k.cuda(), out=out, return_lse=True)
+        assert_matches_reference(out, lse, *varlen_attention_ref(q, k, v, cu_q, cu_k))
+        assert len(tuning.chosen_tiles()) == 1
+
+        batch = make_paged_batch([(600, 900), (1, 300)], dtype=torch.bfloat16, device="cuda", generator=g,
+                                 **dict(LLAMA, head_size=head_size))
+        plan = plan_attention(batch.query_start_loc, batch.seq_lens, num_q_heads=32, num_kv_heads=8,
+                              head_size=head_size, device="cuda")
+        out = torch.full_like(batch.q, float("nan"))
+        monkeypatch.setenv("PAGEDATTN_AUTOTUNE", "0")
+        paged_attention(*batch.args(), out=out, plan=plan)  # compiles the fallback tiles outside the capture
+        torch.cuda.synchronize()
+        monkeypatch.setenv("PAGEDATTN_AUTOTUNE", "1")
+        out.fill_(float("nan"))
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            paged_attention(*batch.args(), out=out, plan=plan)
+        assert len(tuning.chosen_tiles()) == 1  # nothing tuned inside the capture
+        graph.replay()
+        torch.cuda.synchronize()
+        ref_out, _ = paged_attention_ref(*batch.args())
+        assert_matches_reference(out, None, ref_out, None)
+    finally:
+        tuning.forget_choices()

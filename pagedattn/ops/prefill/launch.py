@@ -9,6 +9,7 @@ import triton
 
 from pagedattn.ops.common.device import cuda_sm90_or_newer
 from pagedattn.ops.prefill.kernel import prefill_attention_kernel
+from pagedattn.ops.prefill.tuning import autotune_enabled, candidates, choose_tiles, query_bucket
 from pagedattn.ops.unified.launch import AttentionArgs
 from pagedattn.plan import Tiles, interpreter_on
 
@@ -53,12 +54,40 @@ def launch_prefill(
     cu_seqlens_k: torch.Tensor | None = None,
 ) -> None:
     """``a.k_cache`` / ``a.v_cache`` are the paged cache, or with ``cu_seqlens_k`` contiguous
-    ``[total_k, num_kv_heads, head_size]`` K/V (then ``a.block_table`` and ``a.seq_lens`` are unused)."""
+    ``[total_k, num_kv_heads, head_size]`` K/V (then ``a.block_table`` and ``a.seq_lens`` are unused).
+
+    ``tiles`` is the deterministic choice; with ``PAGEDATTN_AUTOTUNE=1`` the first call of a shape
+    may time other candidates and use the fastest from then on (``tuning.py``)."""
+    if a.q.shape[0] == 0 or a.query_start_loc.shape[0] < 2 or max_query_len == 0:
+        return
+
+    def run(t: Tiles) -> None:
+        _launch_prefill_kernel(out, lse, a, t, max_query_len=max_query_len, min_q_len=min_q_len,
+                               cu_seqlens_k=cu_seqlens_k)
+
+    if autotune_enabled() and not _out_aliases_inputs(out, lse, a):
+        q = a.q
+        options = candidates(max(16, triton.next_power_of_2(q.shape[2])), q.dtype, tiles)
+        key = (str(q.device), torch.cuda.get_device_name(q.device) if q.is_cuda else "interpreter", q.dtype,
+               a.k_cache.dtype, q.shape[2], a.v_cache.shape[-1], q.shape[1] // a.k_cache.shape[-2],
+               cu_seqlens_k is None, a.k_cache.shape[1] if cu_seqlens_k is None else 0, a.causal,
+               query_bucket(max_query_len))
+        tiles = choose_tiles(key, tiles, options, run, q.device)
+    run(tiles)
+
+
+def _out_aliases_inputs(out, lse, a: AttentionArgs) -> bool:
+    """Whether an output shares memory with q, K or V: then timing candidates (several launches
+    that each overwrite the outputs) would feed one launch's output to the next."""
+    inputs = {t.untyped_storage().data_ptr() for t in (a.q, a.k_cache, a.v_cache)}
+    return any(t is not None and t.untyped_storage().data_ptr() in inputs for t in (out, lse))
+
+
+def _launch_prefill_kernel(out, lse, a: AttentionArgs, tiles: Tiles, *, max_query_len: int, min_q_len: int,
+                           cu_seqlens_k: torch.Tensor | None) -> None:
     q, k, v = a.q, a.k_cache, a.v_cache
     num_tokens, num_q_heads, head_size = q.shape
     num_seqs = a.query_start_loc.shape[0] - 1
-    if num_tokens == 0 or num_seqs == 0 or max_query_len == 0:
-        return
     paged = cu_seqlens_k is None
     if paged:
         k_strides, v_strides = (k.stride(0), k.stride(1), k.stride(2)), (v.stride(0), v.stride(1), v.stride(2))

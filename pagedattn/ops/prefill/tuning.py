@@ -1,0 +1,116 @@
+"""Per-device tiles for the prefill kernel: a short timing of a few candidates on the first call
+of a shape, remembered for the process.
+
+The planner's table (``pagedattn.plan.pick_prefill_tiles``, from H200 sweeps) is the
+deterministic fallback and stays the choice unless ``PAGEDATTN_AUTOTUNE=1``. With it, the first
+call of each key (device, dtypes, head sizes, grouping, paged or not, page size, causal, query
+length bucket) times the fallback and the candidates below on that call's own inputs, keeps
+the fastest, and every later call of the key launches it. A call made while a CUDA graph is
+being captured never tunes (timing needs host synchronization): it takes a remembered choice
+or the fallback. Candidates that do not fit the device (too much shared memory, too many
+registers) are skipped, so the same list serves every GPU Triton targets.
+
+Candidate lists come from the H200 sweeps (docs/perf-notes.md, experiments 11 and 20): the
+winners and runners-up per head size, in the fallback's neighbourhood.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Callable
+
+import torch
+
+from pagedattn.plan import Tiles, interpreter_on
+
+# head size (padded to a power of 2) -> (block_m, tile_n, num_warps, num_stages)
+CANDIDATES = {
+    64: [(128, 64, 4, 3), (128, 128, 4, 3), (128, 64, 8, 3), (64, 64, 4, 3)],
+    128: [(128, 128, 8, 3), (128, 64, 8, 3), (128, 128, 8, 2), (64, 64, 4, 3)],
+    256: [(128, 64, 8, 2), (64, 64, 8, 2), (64, 32, 8, 2), (128, 32, 8, 3)],
+}
+INTERPRETER_CANDIDATES = [(32, 32, 1, 1), (16, 16, 1, 1)]  # a test of the mechanism, not a tuning
+
+_chosen: dict[tuple, Tiles] = {}
+
+
+def autotune_enabled() -> bool:
+    """``PAGEDATTN_AUTOTUNE=1`` (read at each call)."""
+    return os.environ.get("PAGEDATTN_AUTOTUNE", "0") == "1"
+
+
+def capturing(device: torch.device) -> bool:
+    """Whether the current CUDA stream is capturing a graph (never on the CPU)."""
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
+def query_bucket(max_query_len: int) -> int:
+    """Queries per sequence, rounded up to a power of 2 from 128 and capped at 16384: the grid's
+    size changes the best tiles, small differences in length do not."""
+    bucket = 128
+    while bucket < max_query_len and bucket < 16384:
+        bucket *= 2
+    return bucket
+
+
+def candidates(head_size_pad: int, dtype: torch.dtype, fallback: Tiles) -> list[Tiles]:
+    """The fallback first, then the other candidates for this head size (fp32 keeps the fallback:
+    its tiles are bounded by shared memory, not tuned)."""
+    if interpreter_on():
+        table = INTERPRETER_CANDIDATES
+    elif dtype == torch.float32:
+        table = []
+    else:
+        table = CANDIDATES.get(min(max(head_size_pad, 64), 256), [])
+    tiles = [fallback] + [Tiles(m, m, n, w, s) for m, n, w, s in table]
+    return list(dict.fromkeys(tiles))  # in order, without repeats
+
+
+def time_call(fn: Callable[[], None], device: torch.device) -> float:
+    """Seconds per call: the median of a few CUDA-event timings, or wall clock on the CPU."""
+    fn()  # compile, and warm the caches
+    if device.type == "cuda":
+        times = []
+        for _ in range(5):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / 1e3)
+        return sorted(times)[len(times) // 2]
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def choose_tiles(key: tuple, fallback: Tiles, options: list[Tiles], run: Callable[[Tiles], None],
+                 device: torch.device, timer: Callable = time_call) -> Tiles:
+    """The remembered tiles of ``key``; else, when tuning is on and no graph is being captured,
+    the fastest of ``options`` by ``timer(lambda: run(tiles), device)`` (remembered); else the
+    fallback. An option whose launch fails (does not fit the device) is skipped."""
+    if key in _chosen:
+        return _chosen[key]
+    if not autotune_enabled() or capturing(device):
+        return fallback
+    best, best_time = fallback, float("inf")
+    for tiles in options:
+        try:
+            elapsed = timer(lambda: run(tiles), device)
+        except Exception:  # noqa: BLE001 -- out of shared memory or registers on this device
+            continue
+        if elapsed < best_time:
+            best, best_time = tiles, elapsed
+    _chosen[key] = best
+    return best
+
+
+def chosen_tiles() -> dict[tuple, Tiles]:
+    """A copy of the choices made so far (key -> tiles), to inspect or log them."""
+    return dict(_chosen)
+
+
+def forget_choices() -> None:
+    """Drop every remembered choice (the next call of each key tunes again)."""
+    _chosen.clear()
