@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 
 import torch
-import triton
 
 from pagedattn._checks import (
     FLOAT_DTYPES,
@@ -18,6 +17,7 @@ from pagedattn._checks import (
     check_tensor,
 )
 from pagedattn.ops.common.attention_math import ALIBI_LINEAR, ALIBI_NONE, ALIBI_SQRT
+from pagedattn.ops.common.host_math import next_power_of_2
 from pagedattn.ops.kv_write.kernel import write_kv_kernel
 from pagedattn.ops.merge.kernel import merge_states_kernel
 from pagedattn.ops.persistent.launch import launch_persistent
@@ -446,7 +446,7 @@ def merge_attention_states(
         stride_b_t=out_b.stride(0), stride_b_h=out_b.stride(1),
         stride_lb_t=lse_b.stride(0), stride_lb_h=lse_b.stride(1),
         HEAD_SIZE=head_size,
-        HEAD_SIZE_PAD=triton.next_power_of_2(head_size),
+        HEAD_SIZE_PAD=next_power_of_2(head_size),
         num_warps=1 if head_size <= 64 else 2,
     )
     return out, lse
@@ -516,6 +516,6 @@ def write_kv(
         num_tokens=num_tokens,
         num_slots=k_cache.shape[0] * k_cache.shape[1],
         HEAD_SIZE=head_size,
-        HEAD_SIZE_PAD=triton.next_power_of_2(head_size),
+        HEAD_SIZE_PAD=next_power_of_2(head_size),
         PAGE_SIZE=k_cache.shape[1],
     )

@@ -27,8 +27,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 import torch
-import triton
 
+from pagedattn.ops.common.host_math import next_power_of_2
 from pagedattn.ops.common.offsets import needs_int64_offsets
 from pagedattn.ops.common.pdl import use_pdl
 from pagedattn.ops.mla.kernel import mla_decode_kernel, write_mla_kv_kernel
@@ -116,8 +116,8 @@ def pick_mla_config(num_heads: int, max_query_len: int, row_bytes: int = ROW_WID
     measured; the quarter is the middle of that range.
     """
     max_m = 16 if interpreter_on() else 64
-    block_h = min(triton.next_power_of_2(max(num_heads, 1)), max_m)
-    block_q = min(triton.next_power_of_2(max(max_query_len, 1)), max_m // block_h)
+    block_h = min(next_power_of_2(max(num_heads, 1)), max_m)
+    block_q = min(next_power_of_2(max(max_query_len, 1)), max_m // block_h)
     block_q = max(block_q, 16 // block_h)
     if interpreter_on():
         return MLAConfig(block_h, block_q, tile_n=32, value_split=1, num_warps=1, num_stages=1)
@@ -203,7 +203,7 @@ def launch_mla_decode(
     num_seqs = seq_lens.shape[0]
     if num_tokens == 0 or num_seqs == 0:
         return
-    latent_pad = max(16, triton.next_power_of_2(latent_dim))
+    latent_pad = max(16, next_power_of_2(latent_dim))
     if config.value_split not in (1, 2, 4) or latent_pad // config.value_split < 16:
         raise ValueError(f"MLAConfig.value_split {config.value_split} does not divide latent dim {latent_dim} "
                          "into parts of >= 16 columns")
@@ -244,7 +244,7 @@ def launch_mla_decode(
         LATENT_DIM=latent_dim,
         LATENT_PAD=latent_pad,
         ROPE_DIM=rope_dim,
-        ROPE_PAD=max(16, triton.next_power_of_2(rope_dim)),
+        ROPE_PAD=max(16, next_power_of_2(rope_dim)),
         PAGE_SIZE=kv_cache.shape[1],
         BLOCK_H=config.block_h,
         BLOCK_Q=config.block_q,
@@ -285,9 +285,9 @@ def launch_write_mla_kv(
         stride_c_b=kv_cache.stride(0), stride_c_s=kv_cache.stride(1),
         num_slots=kv_cache.shape[0] * kv_cache.shape[1],
         LATENT_DIM=latent_dim,
-        LATENT_PAD=triton.next_power_of_2(latent_dim),
+        LATENT_PAD=next_power_of_2(latent_dim),
         ROPE_DIM=rope_dim,
-        ROPE_PAD=triton.next_power_of_2(rope_dim),
+        ROPE_PAD=next_power_of_2(rope_dim),
         PAGE_SIZE=kv_cache.shape[1],
         num_warps=1 if interpreter_on() else 4,
     )

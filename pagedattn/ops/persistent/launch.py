@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import torch
-import triton
 
+from pagedattn.ops.common.host_math import next_power_of_2
 from pagedattn.ops.common.pdl import use_pdl
 from pagedattn.ops.persistent.kernel import persistent_attention_kernel, persistent_reduce_kernel
 from pagedattn.ops.unified.launch import AttentionArgs, common_kernel_args
@@ -37,7 +37,7 @@ def launch_persistent(out: torch.Tensor, lse: torch.Tensor | None, a: AttentionA
         **shared,
         NUM_Q_HEADS=a.q.shape[1],
         HEAD_SIZE=head_size,
-        HEAD_SIZE_PAD=triton.next_power_of_2(head_size),
+        HEAD_SIZE_PAD=next_power_of_2(head_size),
         num_warps=1 if head_size <= 64 else 2,
         launch_pdl=pdl,
     )

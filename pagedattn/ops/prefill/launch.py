@@ -5,9 +5,9 @@ from __future__ import annotations
 import os
 
 import torch
-import triton
 
 from pagedattn.ops.common.device import cuda_sm90_or_newer
+from pagedattn.ops.common.host_math import cdiv, next_power_of_2
 from pagedattn.ops.prefill.kernel import prefill_attention_kernel
 from pagedattn.ops.prefill.tuning import autotune_enabled, candidates, choose_tiles, query_bucket
 from pagedattn.ops.unified.launch import AttentionArgs
@@ -67,7 +67,7 @@ def launch_prefill(
 
     if autotune_enabled() and not _out_aliases_inputs(out, lse, a):
         q = a.q
-        options = candidates(max(16, triton.next_power_of_2(q.shape[2])), q.dtype, tiles)
+        options = candidates(max(16, next_power_of_2(q.shape[2])), q.dtype, tiles)
         key = (str(q.device), torch.cuda.get_device_name(q.device) if q.is_cuda else "interpreter", q.dtype,
                a.k_cache.dtype, q.shape[2], a.v_cache.shape[-1], q.shape[1] // a.k_cache.shape[-2],
                cu_seqlens_k is None, a.k_cache.shape[1] if cu_seqlens_k is None else 0, a.causal,
@@ -98,7 +98,7 @@ def _launch_prefill_kernel(out, lse, a: AttentionArgs, tiles: Tiles, *, max_quer
         num_blocks, page_size, num_kv_heads, max_blocks = 1, 1, k.shape[1], 1
     k_desc, v_desc = (None, None) if paged else tma_descriptors(k, v, tiles.tile_n)
     pr = a.prefix_ranges
-    grid = (triton.cdiv(max_query_len, tiles.block_m), num_q_heads, num_seqs)
+    grid = (cdiv(max_query_len, tiles.block_m), num_q_heads, num_seqs)
     prefill_attention_kernel[grid](
         out_ptr=out,
         lse_ptr=lse,
@@ -134,9 +134,9 @@ def _launch_prefill_kernel(out, lse, a: AttentionArgs, tiles: Tiles, *, max_quer
         min_q_len=min_q_len,
         NUM_QUERIES_PER_KV=num_q_heads // num_kv_heads,
         HEAD_SIZE=head_size,
-        HEAD_SIZE_PAD=max(16, triton.next_power_of_2(head_size)),
+        HEAD_SIZE_PAD=max(16, next_power_of_2(head_size)),
         HEAD_SIZE_V=v.shape[-1],
-        HEAD_SIZE_V_PAD=max(16, triton.next_power_of_2(v.shape[-1])),
+        HEAD_SIZE_V_PAD=max(16, next_power_of_2(v.shape[-1])),
         PAGE_SIZE=page_size,
         BLOCK_M=tiles.block_m,
         BLOCK_N=tiles.tile_n,

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import torch
-import triton
 
+from pagedattn.ops.common.host_math import next_power_of_2
 from pagedattn.ops.common.pdl import use_pdl
 from pagedattn.ops.split_kv.kernel import reduce_splits_kernel, split_kv_attention_kernel
 from pagedattn.ops.unified.launch import AttentionArgs, common_kernel_args, q_block_grid_size
@@ -57,7 +57,7 @@ def launch_merge_splits(out, lse, partial_out, partial_lse, num_splits: int, *, 
         stride_pl_t=partial_lse.stride(0), stride_pl_h=partial_lse.stride(1), stride_pl_s=partial_lse.stride(2),
         num_splits=num_splits,
         HEAD_SIZE=head_size,
-        HEAD_SIZE_PAD=triton.next_power_of_2(head_size),
+        HEAD_SIZE_PAD=next_power_of_2(head_size),
         USE_PDL=pdl,
         num_warps=num_warps,
         launch_pdl=pdl,

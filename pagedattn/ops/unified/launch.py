@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import triton
 
+from pagedattn.ops.common.host_math import next_power_of_2
 from pagedattn.ops.common.offsets import needs_int64_offsets
 from pagedattn.ops.unified.kernel import unified_attention_kernel
 from pagedattn.plan import Tiles
@@ -68,7 +68,7 @@ def common_kernel_args(a: AttentionArgs, tiles: Tiles) -> dict:
         max_q_len_served=a.max_q_len_served,
         NUM_QUERIES_PER_KV=q.shape[1] // k_cache.shape[2],
         HEAD_SIZE=q.shape[2],
-        HEAD_SIZE_PAD=max(16, triton.next_power_of_2(q.shape[2])),
+        HEAD_SIZE_PAD=max(16, next_power_of_2(q.shape[2])),
         PAGE_SIZE=k_cache.shape[1],
         BLOCK_Q=tiles.block_q,
         BLOCK_M=tiles.block_m,
