@@ -112,20 +112,36 @@ def graph_case(llama):
 
 
 @pytest.mark.parametrize("attention", ["pagedattn", "pagedattn-2d", "sdpa"])
-def test_graph_decode_path_matches_eager(llama, graph_case, attention):
+def test_graph_decode_path_matches_eager(llama, graph_case, attention, monkeypatch):
     """The CUDA-graph decode path (static buffers, bucket padding, persistent plan.update, the SDPA
-    row layout) with replays emulated by running the same forward, against eager decode."""
+    row layout) with replays emulated by running the same forward, against eager decode. Every
+    graph step stages its inputs in the same host buffers (pinned only with CUDA) and copies
+    them into the same device buffers, which the static views read."""
     _, path = llama
     ps, expected = graph_case
     llm = LLM(path, attention=attention, **GRAPH_KW)
-    llm.engine.runner.capture_graphs(emulate=True)
+    runner = llm.engine.runner
+    runner.capture_graphs(emulate=True)
+    inputs = runner.graph_inputs
+    buffers = [inputs.ints, inputs.lens, inputs.block_table, inputs.host_ints, inputs.host_lens, inputs.host_table]
+    ptrs = [b.data_ptr() for b in buffers]
+    assert not any(b.is_pinned() for b in buffers[3:])  # the CPU: nothing pinned
+    writes = []
+    write = inputs.write
+    monkeypatch.setattr(inputs, "write", lambda host, select: (writes.append(len(select)), write(host, select)))
     llm.engine.step_records = []
     got = [o.token_ids for o in llm.generate(ps, max_tokens=4)]
     assert got == expected
     graph_sizes = [r["num_seqs"] for r in llm.engine.step_records if r["graph"]]
     assert 3 in graph_sizes and len(graph_sizes) >= 2  # 3 sequences padded to bucket 4
+    assert writes == graph_sizes  # one staging write per graph step
+    assert [b.data_ptr() for b in buffers] == ptrs
+    for name, view in runner.static.items():
+        backing = inputs.block_table if name == "block_table" else inputs.ints if view.dtype == torch.int64 else inputs.lens
+        assert view.untyped_storage().data_ptr() == backing.untyped_storage().data_ptr(), name
+    assert torch.equal(inputs.ints, inputs.host_ints) and torch.equal(inputs.lens, inputs.host_lens)  # last copy landed
     if attention == "pagedattn":
-        assert llm.engine.runner.graph_plan.path == "persistent"
+        assert runner.graph_plan.path == "persistent"
 
 
 def test_attention_backends_agree(llama):

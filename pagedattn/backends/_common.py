@@ -1,7 +1,9 @@
 """Helpers of the PyTorch-op backends (sdpa, flex): one sequence's K/V, visibility and biases.
 
 These follow SPEC.md's rules directly; they are written apart from ``pagedattn.reference`` so
-that comparing a backend with the reference is a comparison of two implementations.
+that comparing a backend with the reference is a comparison of two implementations. The
+engine's SDPA attention (``pagedattn.engine.attention``) builds its extend masks with
+``query_positions`` and ``visible`` too.
 """
 
 from __future__ import annotations
@@ -32,13 +34,20 @@ def sequence_kv(k_cache, v_cache, block_table_row, seq_len: int, dtype, k_scale=
     return k.to(dtype), v.to(dtype)
 
 
+def query_positions(num_queries: int, seq_len: int, device) -> torch.Tensor:
+    """``[num_queries]`` int64: the positions of a sequence's queries, its last ``num_queries``
+    tokens (query j sits at ``seq_len - num_queries + j``)."""
+    return torch.arange(num_queries, device=device) + (seq_len - num_queries)
+
+
 def visible(q_pos: torch.Tensor, seq_len: int, *, causal: bool, sliding_window, prefix_rows) -> torch.Tensor:
     """``[len(q_pos), seq_len]`` bool: (causal and window rule) or (p and k in one prefix range)."""
     p = q_pos[:, None]
     k = torch.arange(seq_len, device=q_pos.device)[None, :]
-    vis = torch.ones(p.shape[0], seq_len, dtype=torch.bool, device=q_pos.device)
     if causal:
-        vis = vis & (k <= p)
+        vis = k <= p
+    else:
+        vis = torch.ones(p.shape[0], seq_len, dtype=torch.bool, device=q_pos.device)
     if sliding_window:
         vis = vis & (k > p - sliding_window)
         if not causal:
@@ -69,7 +78,7 @@ def loop_sequences(q, k_cache, v_cache, metadata, *, causal, sliding_window, pre
         q0, q1 = qsl[s], qsl[s + 1]
         if q1 <= q0 or seq_len == 0:
             continue
-        q_pos = torch.arange(q1 - q0, device=q.device) + (seq_len - (q1 - q0))
+        q_pos = query_positions(q1 - q0, seq_len, q.device)
         k, v = sequence_kv(k_cache, v_cache, metadata.block_table[s], seq_len, q.dtype, k_scale, v_scale)
         vis = visible(q_pos, seq_len, causal=causal, sliding_window=sliding_window,
                       prefix_rows=None if prefix_host is None else prefix_host[s])

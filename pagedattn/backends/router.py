@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 import torch
 
 from pagedattn.backends.base import BackendConfig, BatchMetadata
-from pagedattn.backends.triton_backend import TritonBackend
+from pagedattn.backends.triton_backend import TritonBackend, plan_for_config
 
 __all__ = ["DEFAULT_CHUNK_TOKENS", "KINDS", "RouteOrder", "RouterPlan", "RouterBackend", "route_order", "run_prefill"]
 
@@ -357,8 +357,6 @@ class RouterBackend(TritonBackend):
 
     def _plan_state(self, md: BatchMetadata, config: BackendConfig, *, chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
                     decode_path: str = "auto", block_size: int | None = None, sliding_window: int | None = None):
-        from pagedattn.plan import plan_attention
-
         if not isinstance(chunk_tokens, int) or chunk_tokens < 1:
             raise ValueError(f"chunk_tokens must be a positive int, got {chunk_tokens!r}")
         device = md.block_table.device
@@ -375,11 +373,9 @@ class RouterBackend(TritonBackend):
                 if block_size is not None:
                     part.chunks.materialize(part, config, block_size, config.cache_dtype)
             else:
-                part.plan = plan_attention(
-                    sub.query_start_loc_host, sub.seq_lens_host, num_q_heads=config.num_q_heads,
-                    num_kv_heads=config.num_kv_heads, head_size=config.head_size, device=config.device,
+                part.plan = plan_for_config(
+                    sub.query_start_loc_host, sub.seq_lens_host, config,
                     path=decode_path if kind == "decode" else "auto", sliding_window=sliding_window,
-                    dtype=config.dtype,
                 )
             parts[kind] = part
         plan = RouterPlan(order=order, parts=parts, config=config, chunk_tokens=chunk_tokens)

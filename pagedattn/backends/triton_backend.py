@@ -22,6 +22,21 @@ def triton_device_reason(device: torch.device, dtype: torch.dtype) -> str | None
     return None
 
 
+def plan_for_config(query_start_loc, seq_lens, config: BackendConfig, **options):
+    """:func:`pagedattn.plan_attention` for ``config``'s attention shape, on its device, for its
+    dtype unless ``options`` name another (``options``: ``path`` and the rest of plan_attention's).
+
+    The one planning call of the ``triton`` and ``router`` backends and of the engine's pagedattn
+    attention (``pagedattn.engine.attention``).
+    """
+    from pagedattn.plan import plan_attention
+
+    options.setdefault("dtype", config.dtype)  # the prefill path's tiles depend on it
+    return plan_attention(query_start_loc, seq_lens, num_q_heads=config.num_q_heads,
+                          num_kv_heads=config.num_kv_heads, head_size=config.head_size, device=config.device,
+                          **options)
+
+
 class TritonBackend(AttentionBackend):
     """Every feature, through the unified / split-KV kernels; the planner picks the path.
 
@@ -40,13 +55,7 @@ class TritonBackend(AttentionBackend):
         return triton_device_reason(device, dtype)
 
     def _plan_state(self, md: BatchMetadata, config: BackendConfig, **options):
-        from pagedattn.plan import plan_attention
-
-        options.setdefault("dtype", config.dtype)  # the prefill path's tiles depend on it
-        return plan_attention(
-            md.query_start_loc_host, md.seq_lens_host, num_q_heads=config.num_q_heads,
-            num_kv_heads=config.num_kv_heads, head_size=config.head_size, device=config.device, **options,
-        )
+        return plan_for_config(md.query_start_loc_host, md.seq_lens_host, config, **options)
 
     def forward(self, q, k_cache, v_cache, metadata, **features):
         from pagedattn.api import paged_attention

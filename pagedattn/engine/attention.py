@@ -25,6 +25,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from pagedattn.backends._common import query_positions, visible
+from pagedattn.backends.base import BackendConfig
 from pagedattn.engine.config import EngineConfig, ModelConfig
 
 
@@ -59,17 +61,17 @@ class PagedBackend:
     def __init__(self, mcfg: ModelConfig, ecfg: EngineConfig, *, device, dtype, path: str = "auto"):
         self.name = "pagedattn" if path == "auto" else "pagedattn-2d"
         self.mcfg, self.ecfg, self.device, self.dtype, self.path = mcfg, ecfg, device, dtype, path
+        self.config = BackendConfig(device, dtype, head_size=mcfg.head_size, num_q_heads=mcfg.num_q_heads,
+                                    num_kv_heads=mcfg.num_kv_heads)
         shape = (mcfg.num_layers, ecfg.num_blocks, ecfg.block_size, mcfg.num_kv_heads, mcfg.head_size)
         self.k_cache = torch.zeros(shape, device=device, dtype=dtype)
         self.v_cache = torch.zeros(shape, device=device, dtype=dtype)
         self.note = f"paged_attention path={path!r}"
 
     def _plan(self, qsl, lens, path: str, **kwargs):
-        from pagedattn.plan import plan_attention
+        from pagedattn.backends.triton_backend import plan_for_config  # imports triton: not at engine import
 
-        return plan_attention(qsl, lens, num_q_heads=self.mcfg.num_q_heads, num_kv_heads=self.mcfg.num_kv_heads,
-                              head_size=self.mcfg.head_size, device=self.device, path=path, dtype=self.dtype,
-                              **kwargs)
+        return plan_for_config(qsl, lens, self.config, path=path, **kwargs)
 
     def decode_layout(self, seqs):
         return list(seqs)
@@ -206,8 +208,8 @@ class SdpaBackend:
                 ks, vs = k_cache[row:row + 1, :, :length], v_cache[row:row + 1, :, :length]
                 mask = None
                 if n > 1:  # query j sits at length - n + j
-                    mask = self.key_positions[None, :length] <= torch.arange(
-                        length - n, length, device=q.device)[:, None]
+                    mask = visible(query_positions(n, length, q.device), length, causal=True, sliding_window=None,
+                                   prefix_rows=None)
                 kwargs = {"attn_mask": mask}
             o = self._sdpa(self.prefill_kernels, qs, ks, vs, enable_gqa=hq != hkv, **kwargs)
             out[a:b] = o[0].transpose(0, 1)

@@ -3,8 +3,9 @@ pass, CUDA-graph decode, sampling.
 
 Decode batches (one new token per sequence) on CUDA replay a graph captured for the smallest
 batch-size bucket that holds them (``EngineConfig.cuda_graph_sizes``). The graphs read static
-input buffers; each step writes its inputs there, pads the rest of the bucket (no query
-tokens, no cache writes), re-plans the persistent path in place with ``plan.update()`` and
+input buffers; each step writes its inputs into pinned host staging buffers, pads the rest of
+the bucket (no query tokens, no cache writes), copies them to the static buffers asynchronously
+(:class:`GraphInputs`), re-plans the persistent path in place with ``plan.update()`` and
 replays. Everything else (prefill, extend, mixed batches, the CPU) runs eagerly with a fresh
 ``plan_attention`` per step.
 """
@@ -17,6 +18,86 @@ from pagedattn.engine.attention import StepMetadata, make_backend
 from pagedattn.engine.config import EngineConfig, ModelConfig
 from pagedattn.engine.sampler import Sampler
 from pagedattn.engine.scheduler import ScheduledBatch
+
+
+class GraphInputs:
+    """The decode graphs' static input buffers on the device, and their host staging.
+
+    Device buffers, read by every captured graph (``static``: views of these, by name):
+    ``ints`` ``[5, width]`` int64, rows input_ids, positions, slot_mapping, cache_rows and the
+    rows of the bucket's logits to sample (``select``: read after the replay, not by the graph);
+    ``lens`` ``[2, width]`` int32, rows seq_lens and query_start_loc; ``block_table``
+    ``[top, pages]`` int32. ``width`` holds ``top + 1`` entries, rounded up to 16 bytes.
+
+    A step writes its host inputs into the staging buffers (pinned when the device is CUDA) and
+    enqueues three ``copy_(non_blocking=True)`` on the current stream: all of ``ints``, all of
+    ``lens`` (a few KiB; entries past the bucket are unread by its graph and get what they last
+    held), and the step's ``[bucket, width of its table]`` block (staged contiguously, so the
+    pinned memory is what the copy reads; the strided device destination costs one small
+    device-side copy, as it did before). The logits are gathered with the staged ``select``.
+
+    Safety of reusing the buffers:
+
+    * device side: the copies are enqueued on the stream the previous step replayed its graph
+      (and gathered its logits) on, after those; the graph reads its inputs before they change;
+    * host side: a non_blocking copy from pinned memory reads it when the copy executes, which
+      may be after ``write`` returns. So ``write`` records an event after its copies and the next
+      ``write`` waits on it before touching the staging buffers. The engine synchronizes every
+      step anyway (the sampler reads tokens back), so the wait finds the event done and costs
+      nothing; it guards steps that do not (``forward`` without sampling).
+
+    On the CPU (emulated graphs) the same code runs with ordinary memory and no event.
+    """
+
+    INT64_ROWS = ("input_ids", "positions", "slot_mapping", "cache_rows", "select")
+    INT32_ROWS = ("seq_lens", "query_start_loc")
+
+    def __init__(self, top: int, pages: int, padding_row: int, device):
+        device = torch.device(device)
+        width = -(-(top + 1) // 4) * 4
+        self.ints = torch.zeros(len(self.INT64_ROWS), width, dtype=torch.int64, device=device)
+        self.lens = torch.zeros(len(self.INT32_ROWS), width, dtype=torch.int32, device=device)
+        self.block_table = torch.zeros(top, pages, dtype=torch.int32, device=device)
+        self.static = {name: self.ints[i, :top] for i, name in enumerate(self.INT64_ROWS)}
+        self.static.update({name: self.lens[i, :top] for i, name in enumerate(self.INT32_ROWS)})
+        self.static["query_start_loc"] = self.lens[self.INT32_ROWS.index("query_start_loc"), :top + 1]
+        self.static["block_table"] = self.block_table
+        # what the graphs are captured with: every row padding
+        self.static["slot_mapping"].fill_(-1)
+        self.static["cache_rows"].fill_(padding_row)
+        self.static["seq_lens"].fill_(1)
+        self.static["query_start_loc"].copy_(torch.arange(top + 1, dtype=torch.int32))
+        pin = device.type == "cuda" and torch.cuda.is_available()
+        self.host_ints = torch.empty(self.ints.shape, dtype=torch.int64, pin_memory=pin)
+        self.host_lens = torch.empty(self.lens.shape, dtype=torch.int32, pin_memory=pin)
+        self.host_ints.copy_(self.ints)
+        self.host_lens.copy_(self.lens)
+        self.host_table = torch.zeros(top * pages, dtype=torch.int32, pin_memory=pin)
+        self.device = device
+        self.copied = torch.cuda.Event() if device.type == "cuda" else None
+
+    @property
+    def select(self) -> torch.Tensor:
+        return self.static["select"]
+
+    def write(self, host, select: list) -> None:
+        """Stage one step's padded decode inputs (``_decode_inputs``) and the rows to sample, and
+        enqueue their copies to the device buffers (class docstring)."""
+        ids, pos, slots, rows, qsl, lens, table = host
+        bucket, width = table.shape
+        if self.copied is not None:
+            self.copied.synchronize()  # the previous step's copies have read the staging buffers
+        self.host_ints[:4, :bucket].copy_(torch.tensor([ids, pos, slots, rows], dtype=torch.int64))
+        self.host_ints[4, :len(select)].copy_(torch.tensor(select, dtype=torch.int64))
+        self.host_lens[0, :bucket].copy_(torch.tensor(lens, dtype=torch.int32))
+        self.host_lens[1, :bucket + 1].copy_(torch.tensor(qsl, dtype=torch.int32))
+        staged_table = self.host_table[:bucket * width].view(bucket, width)
+        staged_table.copy_(table)
+        self.ints.copy_(self.host_ints, non_blocking=True)
+        self.lens.copy_(self.host_lens, non_blocking=True)
+        self.block_table[:bucket, :width].copy_(staged_table, non_blocking=True)
+        if self.copied is not None:
+            self.copied.record(torch.cuda.current_stream(self.device))  # the stream the copies went to
 
 
 class ModelRunner:
@@ -137,18 +218,13 @@ class ModelRunner:
             ids, meta = self._metadata(host, plan=self.attn.step_plan(host[4], host[5]), decode_rows=len(layout))
             select = torch.tensor(select, dtype=torch.int64).to(self.device)
             return self._timed(lambda: self._forward(ids, meta, select))
-        ids, pos, slots, rows, qsl, lens, table = self._decode_inputs(layout, bucket)
-        s = self.static
-        for name, values, dtype in (("input_ids", ids, torch.int64), ("positions", pos, torch.int64),
-                                    ("slot_mapping", slots, torch.int64), ("cache_rows", rows, torch.int64),
-                                    ("seq_lens", lens, torch.int32), ("query_start_loc", qsl, torch.int32)):
-            s[name][:len(values)].copy_(torch.tensor(values, dtype=dtype), non_blocking=True)
-        s["block_table"][:bucket, :table.shape[1]].copy_(table, non_blocking=True)
-        n = len(layout)
+        host = self._decode_inputs(layout, bucket)
+        self.graph_inputs.write(host, select)  # enqueued before plan.update's host work, which they overlap
+        qsl, lens, n = host[4], host[5], len(layout)
         self.attn.update_graph_plan(self.graph_plan, qsl[:n + 1], lens[:n])
         logits = self._timed(self.graphs[bucket])
         self.last_used_graph = True
-        return logits[select]
+        return logits.index_select(0, self.graph_inputs.select[:len(select)])
 
     def execute(self, batch: ScheduledBatch) -> list[int]:
         """Run one step and return the sampled token of each sequence that samples, in batch order."""
@@ -177,16 +253,9 @@ class ModelRunner:
         the CPU tests use to check the buffers, the padding and the plan updates of graph decode).
         """
         sizes = sorted(self.ecfg.cuda_graph_sizes, reverse=True)
-        top, dev = sizes[0], self.device
-        self.static = {
-            "input_ids": torch.zeros(top, dtype=torch.int64, device=dev),
-            "positions": torch.zeros(top, dtype=torch.int64, device=dev),
-            "slot_mapping": torch.full((top,), -1, dtype=torch.int64, device=dev),
-            "cache_rows": torch.full((top,), self.padding_row, dtype=torch.int64, device=dev),
-            "seq_lens": torch.ones(top, dtype=torch.int32, device=dev),
-            "query_start_loc": torch.arange(top + 1, dtype=torch.int32, device=dev),
-            "block_table": torch.zeros(top, self.pages_per_seq, dtype=torch.int32, device=dev),
-        }
+        top = sizes[0]
+        self.graph_inputs = GraphInputs(top, self.pages_per_seq, self.padding_row, self.device)
+        self.static = self.graph_inputs.static
         self.graph_plan = self.attn.graph_plan(top)
         self.graphs = {}
         if emulate:
