@@ -158,42 +158,38 @@ def _key_tiles(
     """
     CHUNK_PAGES: tl.constexpr = _pages_per_chunk(PAGE_SIZE, BLOCK_N)
     CHUNK_KEYS: tl.constexpr = _keys_per_chunk(PAGED, PAGE_SIZE, BLOCK_N)
+    # A mask-free paged chunk runs two tile loops in sequence, one of them empty: unchecked tiles
+    # [chunk_lo, clean_hi), checked ones [clean_hi, chunk_hi). In sequence rather than as two
+    # branches of an if: the compiler shares pipeline buffers between loops in sequence but not
+    # between branches (128x128 tiles would need 416 KB of shared memory).
+    SPLIT_CHECKS: tl.constexpr = PAGED and not MASKED
+    LOOPS: tl.constexpr = 2 if SPLIT_CHECKS else 1
     for chunk_lo in range(start_lo, start_hi, CHUNK_KEYS):  # one chunk for contiguous K/V
         chunk_hi = tl.minimum(chunk_lo + CHUNK_KEYS, start_hi)
         first_page = 0
         pages = 0
+        clean_hi = chunk_hi
         if PAGED:
             first_page, pages = load_page_chunk(block_row_ptr, chunk_lo, max_blocks_per_seq, PAGE_SIZE, CHUNK_PAGES)
-        if PAGED and not MASKED:
-            # two loops in sequence, one of them empty, rather than one per branch of an if: the
-            # compiler shares pipeline buffers between loops in sequence but not between branches
-            # (128x128 tiles would need 416 KB of shared memory)
+        if SPLIT_CHECKS:
             clean_hi = tl.where(chunk_pages_in_cache(pages, first_page, chunk_hi, num_blocks, PAGE_SIZE),
                                 chunk_hi, chunk_lo)
+        for loop in tl.static_range(LOOPS):
+            tile_lo = chunk_lo
+            tile_hi = chunk_hi
+            if SPLIT_CHECKS:
+                if loop == 0:
+                    tile_hi = clean_hi
+                else:
+                    tile_lo = clean_hi
             m_i, l_i, acc = _tile_loop(
                 q, m_i, l_i, acc, q_pos, row_ok, slope, k_scale, v_scale, k_ptr, v_ptr, k_desc, v_desc, pages,
-                first_page, k_row_start, prefix_ranges_ptr, seq, kv_head, chunk_lo, clean_hi, kv_lo, kv_hi,
+                first_page, k_row_start, prefix_ranges_ptr, seq, kv_head, tile_lo, tile_hi, kv_lo, kv_hi,
                 num_blocks, stride_k_b, stride_k_s, stride_k_h, stride_v_b, stride_v_s, stride_v_h,
                 stride_pr_s, stride_pr_r, num_prefix_ranges, scale, softcap, sliding_window,
                 HEAD_SIZE, HEAD_SIZE_PAD, HEAD_SIZE_V, HEAD_SIZE_V_PAD, PAGE_SIZE, BLOCK_N, IS_CAUSAL,
-                USE_SOFTCAP, ALIBI_MODE, DOT_PRECISION, USE_PREFIX, KV_FP8, PAGED, MASKED, False, USE_TMA,
-            )
-            m_i, l_i, acc = _tile_loop(
-                q, m_i, l_i, acc, q_pos, row_ok, slope, k_scale, v_scale, k_ptr, v_ptr, k_desc, v_desc, pages,
-                first_page, k_row_start, prefix_ranges_ptr, seq, kv_head, clean_hi, chunk_hi, kv_lo, kv_hi,
-                num_blocks, stride_k_b, stride_k_s, stride_k_h, stride_v_b, stride_v_s, stride_v_h,
-                stride_pr_s, stride_pr_r, num_prefix_ranges, scale, softcap, sliding_window,
-                HEAD_SIZE, HEAD_SIZE_PAD, HEAD_SIZE_V, HEAD_SIZE_V_PAD, PAGE_SIZE, BLOCK_N, IS_CAUSAL,
-                USE_SOFTCAP, ALIBI_MODE, DOT_PRECISION, USE_PREFIX, KV_FP8, PAGED, MASKED, True, USE_TMA,
-            )
-        else:
-            m_i, l_i, acc = _tile_loop(
-                q, m_i, l_i, acc, q_pos, row_ok, slope, k_scale, v_scale, k_ptr, v_ptr, k_desc, v_desc, pages,
-                first_page, k_row_start, prefix_ranges_ptr, seq, kv_head, chunk_lo, chunk_hi, kv_lo, kv_hi,
-                num_blocks, stride_k_b, stride_k_s, stride_k_h, stride_v_b, stride_v_s, stride_v_h,
-                stride_pr_s, stride_pr_r, num_prefix_ranges, scale, softcap, sliding_window,
-                HEAD_SIZE, HEAD_SIZE_PAD, HEAD_SIZE_V, HEAD_SIZE_V_PAD, PAGE_SIZE, BLOCK_N, IS_CAUSAL,
-                USE_SOFTCAP, ALIBI_MODE, DOT_PRECISION, USE_PREFIX, KV_FP8, PAGED, MASKED, PAGED, USE_TMA,
+                USE_SOFTCAP, ALIBI_MODE, DOT_PRECISION, USE_PREFIX, KV_FP8, PAGED, MASKED,
+                PAGED and (loop == 1 or not SPLIT_CHECKS), USE_TMA,  # the checked loop
             )
     return m_i, l_i, acc
 
