@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
@@ -260,7 +261,7 @@ def paged_attention(
         launch_persistent(out, lse, args, plan)
     elif plan.path == "prefill":
         _launch_prefill_and_rest(out, lse, args, plan.prefill_tiles, plan.max_query_len, plan.prefill_min_q_len,
-                                 plan.rest_max_query_len)
+                                 plan.rest_max_query_len, plan.prefill_seqs)
     else:
         launch_split_kv(out, lse, args, plan.tiles, num_splits=plan.num_splits, segment_size=plan.segment_size,
                         partial_out=plan.partial_out, partial_lse=plan.partial_lse)
@@ -268,10 +269,22 @@ def paged_attention(
 
 
 def _launch_prefill_and_rest(out, lse, args: AttentionArgs, prefill_tiles, max_query_len: int, min_q_len: int,
-                             rest_max_q_len: int):
+                             rest_max_q_len: int, prefill_seqs: tuple[int, int] | None = None):
     """Sequences with >= min_q_len queries: the large-tile kernel; the others (at most
-    rest_max_q_len queries, < min_q_len; 0: none) the unified kernel, with tiles for that length."""
-    launch_prefill(out, lse, args, prefill_tiles, max_query_len=max_query_len, min_q_len=min_q_len)
+    rest_max_q_len queries, < min_q_len; 0: none) the unified kernel, with tiles for that length.
+
+    ``prefill_seqs`` (a plan's): the sequences [first, end) that hold every long one. The
+    large-tile kernel then runs on views of their metadata, so its grid has no programs for the
+    sequences around them: each such program would hold a whole SM's shared memory only to
+    exit, and a 2048-token prefill among 63 decodes launched 32256 of them."""
+    prefill_args = args
+    if prefill_seqs is not None and prefill_seqs != (0, args.seq_lens.shape[0]):
+        first, end = prefill_seqs
+        prefill_args = dataclasses.replace(
+            args, query_start_loc=args.query_start_loc[first:end + 1], seq_lens=args.seq_lens[first:end],
+            block_table=args.block_table[first:end],
+            prefix_ranges=None if args.prefix_ranges is None else args.prefix_ranges[first:end])
+    launch_prefill(out, lse, prefill_args, prefill_tiles, max_query_len=max_query_len, min_q_len=min_q_len)
     rest_max_q_len = min(rest_max_q_len, min_q_len - 1)
     if rest_max_q_len > 0:
         group = args.q.shape[1] // args.k_cache.shape[2]

@@ -90,21 +90,100 @@ def _work_list_loop(qsl, lens, *, tiles, num_kv_heads, num_programs, max_splits,
     return (torch.tensor(items, dtype=torch.int32).reshape(-1, 5), torch.tensor(rows, dtype=torch.int32).reshape(-1, 2))
 
 
-def test_persistent_work_list_matches_loops():
-    """The vectorized work list (it runs every engine step) equals the loop form on random batches."""
+def _random_batch(rng, kind):
+    """(qsl, lens) of one kind of engine step: "decode" (up to 40 sequences of 1-8 queries,
+    contexts up to 40k), "large" (40-300 such sequences), "mixed" (decodes beside extends and
+    prefill chunks), "empty" (sequences with no queries, and lengths shorter than the queries or
+    negative: the rule clamps them), "long" (contexts of 100k-600k keys: long segments, split
+    counts capped by max_splits)."""
+    num_seqs = rng.randint(40, 300) if kind == "large" else rng.randint(0, 40 if kind == "decode" else 12)
+    if kind in ("decode", "large"):
+        q_lens = [1 if rng.random() < 0.7 else rng.randint(1, 8) for _ in range(num_seqs)]
+    elif kind == "mixed":
+        q_lens = [rng.choice([0, 1, 1, 2, 5, 8, 9, 30, 130, 700]) for _ in range(num_seqs)]
+    elif kind == "empty":
+        q_lens = [rng.choice([0, 0, 0, 1, 3]) for _ in range(num_seqs)]
+    else:
+        q_lens = [rng.choice([1, 1, 4, 8, 20]) for _ in range(num_seqs)]
+    qsl = [0]
+    for q in q_lens:
+        qsl.append(qsl[-1] + q)
+    longest = {"decode": 40000, "large": 40000, "long": 600000}.get(kind, 3000)
+    lens = [q + rng.randint(0 if q else -5, longest) for q in q_lens]
+    if kind == "empty":
+        lens = [rng.choice([v, rng.randint(-5, 2)]) for v in lens]
+    return qsl, lens
+
+
+def _work_list_kwargs(rng):
+    from pagedattn.plan import Tiles
+
+    return dict(tiles=Tiles(rng.choice([16, 64]), rng.choice([1, 2, 4, 16, 64]), 64, 4),
+                num_kv_heads=rng.choice([1, 2, 8]), num_programs=rng.choice([3, 64, 396, 528]),
+                max_splits=rng.choice([1, 4, 64]), sliding_window=rng.choice([None, 0, 128, 5000]))
+
+
+@pytest.mark.parametrize("kind", ["decode", "large", "mixed", "empty", "long"])
+def test_persistent_work_list_matches_loops(kind):
+    """The work list (plain Python, built from per-block templates: it runs every engine step)
+    equals the loop form exactly (items, reduce rows, dtypes, shapes) on random batches, and the
+    batches reach every way of building it."""
     import random
 
+    from pagedattn.plan import persistent_work_list
+
+    rng = random.Random(kind)
+    seen = dict(full=0, split=0, mixed_counts=0, multi_block_split=0, capped=0)
+    for _ in range(200):
+        qsl, lens = _random_batch(rng, kind)
+        kw = _work_list_kwargs(rng)
+        items, rows = persistent_work_list(qsl, lens, **kw)
+        want_items, want_rows = _work_list_loop(qsl, lens, **kw)
+        assert items.dtype == rows.dtype == torch.int32 and items.is_contiguous() and rows.is_contiguous()
+        assert torch.equal(items, want_items) and torch.equal(rows, want_rows), (qsl, lens, kw)
+        splits = items[:, 4]
+        seen["full"] += bool(len(items)) and int(splits.max()) == 1 and len(items) >= kw["num_programs"]
+        seen["split"] += len(rows) > 0
+        seen["mixed_counts"] += len(set(splits.tolist())) > 1
+        seen["multi_block_split"] += bool(((items[:, 1] > 0) & (splits > 1)).any())
+        seen["capped"] += kw["max_splits"] > 1 and bool((splits == kw["max_splits"]).any())
+    assert all(seen.values()), seen
+
+
+def test_persistent_work_list_thresholds():
+    """Visible lengths at the rule's boundaries (segments of MIN_SEGMENT_TOKENS and
+    LONG_SEGMENT_TOKENS keys, the FILL_MAX_SPLITS cap) give the loop form's lists exactly."""
+    from pagedattn.plan import FILL_MAX_SPLITS, LONG_SEGMENT_TOKENS, MIN_SEGMENT_TOKENS, Tiles, persistent_work_list
+
+    kw = dict(tiles=Tiles(16, 4, 64, 4), num_kv_heads=8, num_programs=396, max_splits=64)
+    edges = [MIN_SEGMENT_TOKENS, 2 * MIN_SEGMENT_TOKENS, LONG_SEGMENT_TOKENS, FILL_MAX_SPLITS * LONG_SEGMENT_TOKENS]
+    for visible in [v + d for v in edges for d in (-1, 0, 1)]:
+        for qsl, lens in (([0, 1], [visible]), ([0, 1, 3], [visible, visible // 2]), ([0, 4, 5], [visible, 1000])):
+            got, want = persistent_work_list(qsl, lens, **kw), _work_list_loop(qsl, lens, **kw)
+            assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), (qsl, lens)
+
+
+def test_persistent_work_list_edges():
+    """Zero-length batches, tensors in, the full-grid boundary, and results that own their memory."""
     from pagedattn.plan import Tiles, persistent_work_list
 
-    rng = random.Random(0)
-    for _ in range(150):
-        q_lens = [rng.choice([0, 1, 1, 2, 5, 8, 9, 30, 130]) for _ in range(rng.randint(0, 12))]
-        qsl = [0]
-        for q in q_lens:
-            qsl.append(qsl[-1] + q)
-        lens = [q + rng.randint(0, 3000) for q in q_lens]
-        kw = dict(tiles=Tiles(rng.choice([16, 64]), rng.choice([4, 16, 64]), 64, 4),
-                  num_kv_heads=rng.choice([1, 2, 8]), num_programs=rng.choice([3, 64, 528]),
-                  max_splits=rng.choice([1, 4, 64]), sliding_window=rng.choice([None, 0, 128]))
-        got, want = persistent_work_list(qsl, lens, **kw), _work_list_loop(qsl, lens, **kw)
-        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), (qsl, lens, kw)
+    kw = dict(tiles=Tiles(16, 4, 64, 4), num_kv_heads=8, num_programs=396, max_splits=64)
+    for qsl, lens in (([], []), ([0], []), ([0, 0, 0], [7, 0])):
+        items, rows = persistent_work_list(qsl, lens, **kw)
+        assert items.shape == (0, 5) and rows.shape == (0, 2) and items.dtype == rows.dtype == torch.int32
+    # 49 decodes x 8 heads = 392 items < 396 programs: split; 50 x 8 = 400: the full grid, one item each
+    for num_seqs, full in ((49, False), (50, True)):
+        qsl, lens = list(range(num_seqs + 1)), [30000] * num_seqs
+        items, rows = persistent_work_list(qsl, lens, **kw)
+        assert (len(items) == num_seqs * 8 and len(rows) == 0) == full
+        assert torch.equal(items, _work_list_loop(qsl, lens, **kw)[0])
+        tensor_items, tensor_rows = persistent_work_list(torch.tensor(qsl), torch.tensor(lens), **kw)
+        assert torch.equal(tensor_items, items) and torch.equal(tensor_rows, rows)
+        # writing into one result changes neither the next one nor the memoized templates
+        items.fill_(-1)
+        rows.fill_(-1)
+        again = persistent_work_list(qsl, lens, **kw)
+        want = _work_list_loop(qsl, lens, **kw)
+        assert torch.equal(again[0], want[0]) and torch.equal(again[1], want[1])
+    with pytest.raises(ValueError, match="sequence lengths"):
+        persistent_work_list([0, 1, 2], [5], **kw)

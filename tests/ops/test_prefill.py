@@ -103,21 +103,24 @@ def test_paged_prefill_path(feature, path):
     assert_matches_reference(out, lse, ref_out, ref_lse)
 
 
-@pytest.mark.parametrize("cases, rest", [
-    ([(130, 130), (140, 200)], 0),  # prefill only: no unified launch
-    ([(1, 77), (130, 130), (1, 40)], 1),  # prefill among decodes: the decodes on decode tiles
-    ([(129, 300), (7, 50), (1, 9)], 7),
-], ids=["prefill-only", "decodes", "short-extend"])
-def test_prefill_plan_rest(cases, rest):
-    """A prefill plan sizes the unified launch for the sequences it leaves to the Q-block kernel."""
-    g = torch.Generator().manual_seed(len(cases) + rest)
+@pytest.mark.parametrize("feature", ["window", "prefix"])
+@pytest.mark.parametrize("cases, rest, seqs", [
+    ([(130, 130), (140, 200)], 0, (0, 2)),  # prefill only: no unified launch
+    ([(1, 77), (130, 130), (1, 40)], 1, (1, 2)),  # prefill among decodes: the decodes on decode tiles
+    ([(0, 5), (129, 300), (7, 50), (140, 200), (1, 9)], 7, (1, 4)),  # a short one between two long ones
+], ids=["prefill-only", "decodes", "short-between"])
+def test_prefill_plan_rest(cases, rest, seqs, feature):
+    """A prefill plan sizes the unified launch for the sequences it leaves to the Q-block kernel,
+    and runs the large-tile kernel on views of the metadata of the range that holds the long ones."""
+    g = torch.Generator().manual_seed(len(cases) + rest + len(feature))
     batch = make_paged_batch(cases, dtype=torch.float32, device=DEVICE, generator=g)
     plan = plan_attention(batch.query_start_loc, batch.seq_lens, num_q_heads=4, num_kv_heads=2, head_size=32,
                           device=DEVICE, dtype=torch.float32)
-    assert (plan.path, plan.rest_max_query_len) == ("prefill", rest)
+    assert (plan.path, plan.rest_max_query_len, plan.prefill_seqs) == ("prefill", rest, seqs)
+    kwargs = feature_kwargs(feature, 4, len(cases), device=DEVICE, generator=g)
     out = torch.full_like(batch.q, float("nan"))
-    out, lse = paged_attention(*batch.args(), out=out, return_lse=True, plan=plan, sliding_window=60)
-    assert_matches_reference(out, lse, *paged_attention_ref(*batch.args(), sliding_window=60))
+    out, lse = paged_attention(*batch.args(), out=out, return_lse=True, plan=plan, **kwargs)
+    assert_matches_reference(out, lse, *paged_attention_ref(*batch.args(), **kwargs))
 
 
 @pytest.mark.parametrize("block_size", [1, 3])
