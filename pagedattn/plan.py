@@ -27,7 +27,7 @@ The path rule (``path="auto"``):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -100,6 +100,9 @@ class AttentionPlan:
     prefill_min_q_len: int = 0
     rest_max_query_len: int = 0
     prefill_seqs: tuple[int, int] | None = None  # [first, end): the sequences holding every long one
+    # persistent path on CUDA: update()'s pinned staging buffers and the event after their copies
+    _staging: list | None = field(default=None, repr=False, compare=False)
+    _staged: object = field(default=None, repr=False, compare=False)
 
     def update(self, query_start_loc, seq_lens) -> None:
         """Re-plan a persistent plan for a new batch in place (same buffers, same grid).
@@ -123,15 +126,36 @@ class AttentionPlan:
         )
         if items.shape[0] > self.work_items.shape[0]:
             raise ValueError(f"{items.shape[0]} work items exceed the plan's capacity {self.work_items.shape[0]}")
-        device = self.work_items.device
-        self.work_items[: items.shape[0]].copy_(items.to(device))
-        self.reduce_rows[: rows.shape[0]].copy_(rows.to(device))
         atomic = self.schedule == "atomic" or (
             self.schedule == "auto" and items.shape[0] >= ATOMIC_MIN_ITEMS_PER_PROGRAM * self.num_programs)
-        self.work_counts.copy_(torch.tensor([items.shape[0], rows.shape[0], int(atomic)], dtype=torch.int32).to(device))
+        self._upload(items, rows, torch.tensor([items.shape[0], rows.shape[0], int(atomic)], dtype=torch.int32))
         q_lens = [b - a for a, b in zip(qsl[:-1], qsl[1:])]
         self.max_query_len = max(q_lens + [0])
         self.max_seq_len = max(lens + [0])
+
+    def _upload(self, items: torch.Tensor, rows: torch.Tensor, counts: torch.Tensor) -> None:
+        """Write the host work list into the device buffers without waiting for the device.
+
+        On CUDA the lists go through pinned staging buffers and non-blocking copies on the
+        current stream, so they land after any replay already enqueued that reads the old lists
+        and the host goes on at once (a copy from pageable memory would wait for the stream).
+        A non-blocking copy reads the staging buffers when it executes: an event recorded after
+        the copies makes the next update wait for them before rewriting (normally long done).
+        """
+        dst = ((self.work_items, items), (self.reduce_rows, rows), (self.work_counts, counts))
+        if self.work_items.device.type != "cuda":
+            for buf, src in dst:
+                buf[: src.shape[0]].copy_(src)
+            return
+        if self._staging is None:
+            self._staging = [torch.empty(buf.shape, dtype=buf.dtype, pin_memory=True) for buf, _ in dst]
+            self._staged = torch.cuda.Event()
+        self._staged.synchronize()
+        for stage, (buf, src) in zip(self._staging, dst):
+            n = src.shape[0]
+            stage[:n].copy_(src)
+            buf[:n].copy_(stage[:n], non_blocking=True)
+        self._staged.record(torch.cuda.current_stream(self.work_items.device))
 
 
 def _long_sequences(q_lens: list[int], min_q_len: int) -> tuple[int, int]:
