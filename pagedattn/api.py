@@ -269,9 +269,10 @@ def paged_attention(
 
 
 def _launch_prefill_and_rest(out, lse, args: AttentionArgs, prefill_tiles, max_query_len: int, min_q_len: int,
-                             rest_max_q_len: int, prefill_seqs: tuple[int, int] | None = None):
+                             rest_max_q_len: int | None, prefill_seqs: tuple[int, int] | None = None):
     """Sequences with >= min_q_len queries: the large-tile kernel; the others (at most
-    rest_max_q_len queries, < min_q_len; 0: none) the unified kernel, with tiles for that length.
+    rest_max_q_len queries, < min_q_len; 0: none; None: min_q_len - 1) the unified kernel, with
+    tiles for that length.
 
     ``prefill_seqs`` (a plan's): the sequences [first, end) that hold every long one. The
     large-tile kernel then runs on views of their metadata, so its grid has no programs for the
@@ -285,7 +286,7 @@ def _launch_prefill_and_rest(out, lse, args: AttentionArgs, prefill_tiles, max_q
             block_table=args.block_table[first:end],
             prefix_ranges=None if args.prefix_ranges is None else args.prefix_ranges[first:end])
     launch_prefill(out, lse, prefill_args, prefill_tiles, max_query_len=max_query_len, min_q_len=min_q_len)
-    rest_max_q_len = min(rest_max_q_len, min_q_len - 1)
+    rest_max_q_len = min_q_len - 1 if rest_max_q_len is None else min(rest_max_q_len, min_q_len - 1)
     if rest_max_q_len > 0:
         group = args.q.shape[1] // args.k_cache.shape[2]
         args.max_q_len_served = rest_max_q_len

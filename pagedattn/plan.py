@@ -94,11 +94,11 @@ class AttentionPlan:
     max_num_seqs: int = 0
     sliding_window: int | None = None
     # prefill path: sequences with at least prefill_min_q_len queries run the large-tile kernel,
-    # the others (at most rest_max_query_len queries; 0: none) the unified kernel with tiles for
+    # the others (at most rest_max_query_len queries; 0: none; None: up to prefill_min_q_len - 1) the unified kernel with tiles for
     # that length, so a prefill among decodes leaves the decodes on decode tiles
     prefill_tiles: Tiles | None = None
     prefill_min_q_len: int = 0
-    rest_max_query_len: int = 0
+    rest_max_query_len: int | None = None
     prefill_seqs: tuple[int, int] | None = None  # [first, end): the sequences holding every long one
     # persistent path on CUDA: update()'s pinned staging buffers and the event after their copies
     _staging: list | None = field(default=None, repr=False, compare=False)
@@ -282,8 +282,11 @@ def persistent_work_list(qsl, lens, *, tiles: Tiles, num_kv_heads: int, num_prog
 
 
 def _int_list(x) -> list[int]:
-    """``x`` as a list of Python ints; lists of ints (what ``update()`` passes) as they are."""
-    return x.tolist() if isinstance(x, torch.Tensor) else list(x)
+    """``x`` as a list of Python ints (numpy ints converted: no int32 overflow in the split
+    arithmetic); lists of ints (what ``update()`` passes) as they are."""
+    if isinstance(x, torch.Tensor):
+        return x.tolist()
+    return x if isinstance(x, list) and all(type(v) is int for v in x) else [int(v) for v in x]
 
 
 def _int32_tensor(values) -> torch.Tensor:

@@ -299,7 +299,7 @@ def test_paged_prefill_gpu(feature, head_size):
     from pagedattn import plan_attention
 
     g = torch.Generator().manual_seed(head_size + len(feature))
-    # (300, 9000): two block-table chunks (8064 keys each at 16-token pages and 128-key tiles)
+    # (300, 9000): five block-table chunks (1920 keys each at 16-token pages and 128-key tiles)
     cases = [(2048, 2048), (1, 2049), (512, 4608), (3, 70), (129, 129), (300, 9000)]
     cache_dtype = torch.float8_e4m3fn if feature == "fp8" else None
     shape = dict(LLAMA, head_size=head_size)

@@ -4,6 +4,7 @@ planner's table otherwise; end to end on the interpreter against the reference."
 
 import pytest
 import torch
+from triton.runtime.errors import OutOfResources
 
 from pagedattn import paged_attention, plan_attention, varlen_attention
 from pagedattn.ops.prefill import tuning
@@ -42,13 +43,18 @@ def test_fastest_candidate_is_chosen_and_remembered(monkeypatch):
     assert ran == [A, B, C] and tuning.chosen_tiles() == {"k": B}
 
 
-def test_failing_candidates_are_skipped(monkeypatch):
+def test_candidates_that_do_not_fit_are_skipped_and_other_errors_raise(monkeypatch):
     monkeypatch.setenv("PAGEDATTN_AUTOTUNE", "1")
 
     def run(tiles):
         if tiles != C:
-            raise RuntimeError("out of resources: shared memory")
+            raise OutOfResources(240000, 232448, "shared memory")
     assert tuning.choose_tiles("k", A, [A, B, C], run, torch.device("cpu"), timer=lambda fn, d: fn() or 1.0) == C
+
+    def broken(tiles):
+        raise ValueError("a bug, not a misfit")
+    with pytest.raises(ValueError, match="a bug"):
+        tuning.choose_tiles("k2", A, [A, B], broken, torch.device("cpu"), timer=lambda fn, d: fn() or 1.0)
 
 
 def test_off_or_capturing_keeps_the_fallback(monkeypatch):

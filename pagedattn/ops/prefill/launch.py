@@ -9,38 +9,44 @@ import torch
 from pagedattn.ops.common.device import cuda_sm90_or_newer
 from pagedattn.ops.common.host_math import cdiv, next_power_of_2
 from pagedattn.ops.prefill.kernel import prefill_attention_kernel
-from pagedattn.ops.prefill.tuning import autotune_enabled, candidates, choose_tiles, query_bucket
+from pagedattn.ops.prefill.tuning import autotune_enabled, candidates, choose_tiles, query_bucket, remembered
 from pagedattn.ops.unified.launch import AttentionArgs
 from pagedattn.plan import Tiles, interpreter_on
+
+
+def tma_wanted(k: torch.Tensor) -> bool:
+    """Whether the tensor-descriptor loads may be used on k's device (the settings below)."""
+    setting = os.environ.get("PAGEDATTN_TMA", "")
+    if setting == "0":
+        return False
+    if interpreter_on():
+        return setting == "1"
+    return cuda_sm90_or_newer(k.device)
+
+
+def tma_layout_ok(t: torch.Tensor) -> bool:
+    """Whether a descriptor over ``t`` ``[rows, heads, head_size]`` as ``[rows, heads * head_size]``
+    is exact: a power-of-2 head of 16+ elements (the tile is the head), heads packed in each
+    row, rows and the base 16-byte aligned."""
+    d = t.shape[2]
+    return not (d < 16 or d & (d - 1) or t.stride(2) != 1 or t.stride(1) != d or t.stride(0) < t.shape[1] * d
+                or (t.stride(0) * t.element_size()) % 16 or t.data_ptr() % 16)
 
 
 def tma_descriptors(k: torch.Tensor, v: torch.Tensor, block_n: int):
     """(k_desc, v_desc) over contiguous ``[total_k, num_kv_heads, head_size]`` K/V, or (None, None).
 
     On by default on sm90+ CUDA: 3-10% faster than the pointer loads at S = 512-32768 (graph
-    replays) with no added eager time (docs/perf-notes.md, experiments 18 and 20);
-    ``PAGEDATTN_TMA=0`` turns it off. Taken only where a tensor descriptor is exact: sm90+ CUDA
-    or, with ``PAGEDATTN_TMA=1``, the interpreter; power-of-2 head sizes (the tile is the head),
-    heads packed in each row and 16-byte aligned rows.
+    replays) with no added eager time (docs/perf-notes.md, experiments 18 and 21);
+    ``PAGEDATTN_TMA=0`` turns it off, ``=1`` also turns it on in the interpreter. Taken only
+    where a descriptor is exact (``tma_layout_ok``).
     """
-    setting = os.environ.get("PAGEDATTN_TMA", "")
-    if setting == "0" or k.shape[0] == 0:
-        return None, None
-    if interpreter_on() and setting != "1":
-        return None, None
-    if not (interpreter_on() or cuda_sm90_or_newer(k.device)):
+    if k.shape[0] == 0 or not tma_wanted(k) or not (tma_layout_ok(k) and tma_layout_ok(v)):
         return None, None
     from triton.tools.tensor_descriptor import TensorDescriptor
 
-    descs = []
-    for t in (k, v):
-        d = t.shape[2]
-        if (d < 16 or d & (d - 1) or t.stride(2) != 1 or t.stride(1) != d or t.stride(0) < t.shape[1] * d
-                or (t.stride(0) * t.element_size()) % 16 or t.data_ptr() % 16):
-            return None, None
-        descs.append(TensorDescriptor(t, shape=[t.shape[0], t.shape[1] * d], strides=[t.stride(0), 1],
-                                      block_shape=[block_n, d]))
-    return descs[0], descs[1]
+    return tuple(TensorDescriptor(t, shape=[t.shape[0], t.shape[1] * t.shape[2]], strides=[t.stride(0), 1],
+                                  block_shape=[block_n, t.shape[2]]) for t in (k, v))
 
 
 def launch_prefill(
@@ -65,20 +71,25 @@ def launch_prefill(
         _launch_prefill_kernel(out, lse, a, t, max_query_len=max_query_len, min_q_len=min_q_len,
                                cu_seqlens_k=cu_seqlens_k)
 
-    if autotune_enabled() and not _out_aliases_inputs(out, lse, a):
-        q = a.q
-        options = candidates(max(16, next_power_of_2(q.shape[2])), q.dtype, tiles)
+    q = a.q
+    if autotune_enabled(q.device):
+        paged = cu_seqlens_k is None
+        tma = not paged and tma_wanted(a.k_cache) and tma_layout_ok(a.k_cache) and tma_layout_ok(a.v_cache)
         key = (str(q.device), torch.cuda.get_device_name(q.device) if q.is_cuda else "interpreter", q.dtype,
-               a.k_cache.dtype, q.shape[2], a.v_cache.shape[-1], q.shape[1] // a.k_cache.shape[-2],
-               cu_seqlens_k is None, a.k_cache.shape[1] if cu_seqlens_k is None else 0, a.causal,
-               query_bucket(max_query_len))
-        tiles = choose_tiles(key, tiles, options, run, q.device)
+               a.k_cache.dtype, q.shape[2], a.v_cache.shape[-1], q.shape[1] // a.k_cache.shape[-2], paged,
+               a.k_cache.shape[1] if paged else 0, tma, a.causal, query_bucket(max_query_len))
+        if _out_aliases_inputs(out, lse, a):
+            tiles = remembered(key, tiles)
+        else:
+            head = max(16, next_power_of_2(max(q.shape[2], a.v_cache.shape[-1])))
+            tiles = choose_tiles(key, tiles, candidates(head, q.dtype, tiles), run, q.device)
     run(tiles)
 
 
 def _out_aliases_inputs(out, lse, a: AttentionArgs) -> bool:
-    """Whether an output shares memory with q, K or V: then timing candidates (several launches
-    that each overwrite the outputs) would feed one launch's output to the next."""
+    """Whether an output shares a storage with q, K or V: then timing candidates (several
+    launches that each overwrite the outputs) would feed one launch's output to the next.
+    Overlap between different storages (from_blob, DLPack views of one buffer) is not seen."""
     inputs = {t.untyped_storage().data_ptr() for t in (a.q, a.k_cache, a.v_cache)}
     return any(t is not None and t.untyped_storage().data_ptr() in inputs for t in (out, lse))
 

@@ -21,6 +21,7 @@ import time
 from typing import Callable
 
 import torch
+from triton.runtime.errors import OutOfResources, PTXASError
 
 from pagedattn.plan import Tiles, interpreter_on
 
@@ -35,14 +36,22 @@ INTERPRETER_CANDIDATES = [(32, 32, 1, 1), (16, 16, 1, 1)]  # a test of the mecha
 _chosen: dict[tuple, Tiles] = {}
 
 
-def autotune_enabled() -> bool:
-    """``PAGEDATTN_AUTOTUNE=1`` (read at each call)."""
-    return os.environ.get("PAGEDATTN_AUTOTUNE", "0") == "1"
+def autotune_enabled(device: torch.device) -> bool:
+    """``PAGEDATTN_AUTOTUNE=1`` (read at each call), on CUDA or ROCm devices (torch's "cuda")
+    and the interpreter (the CPU): where this module can time a kernel and see a graph capture.
+    Other devices keep the fallback."""
+    return os.environ.get("PAGEDATTN_AUTOTUNE", "0") == "1" and device.type in ("cuda", "cpu")
 
 
 def capturing(device: torch.device) -> bool:
     """Whether the current CUDA stream is capturing a graph (never on the CPU)."""
     return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
+def remembered(key: tuple, fallback: Tiles) -> Tiles:
+    """The choice made for ``key``, or the fallback: for calls that may not tune (an output
+    aliasing an input), so every call of a key launches the same tiles once one is chosen."""
+    return _chosen.get(key, fallback)
 
 
 def query_bucket(max_query_len: int) -> int:
@@ -89,16 +98,17 @@ def choose_tiles(key: tuple, fallback: Tiles, options: list[Tiles], run: Callabl
                  device: torch.device, timer: Callable = time_call) -> Tiles:
     """The remembered tiles of ``key``; else, when tuning is on and no graph is being captured,
     the fastest of ``options`` by ``timer(lambda: run(tiles), device)`` (remembered); else the
-    fallback. An option whose launch fails (does not fit the device) is skipped."""
+    fallback. An option that does not fit the device (Triton's OutOfResources or a ptxas
+    failure) is skipped; any other error propagates."""
     if key in _chosen:
         return _chosen[key]
-    if not autotune_enabled() or capturing(device):
+    if not autotune_enabled(device) or capturing(device):
         return fallback
     best, best_time = fallback, float("inf")
     for tiles in options:
         try:
             elapsed = timer(lambda: run(tiles), device)
-        except Exception:  # noqa: BLE001 -- out of shared memory or registers on this device
+        except (OutOfResources, PTXASError):  # does not fit this device: shared memory, registers
             continue
         if elapsed < best_time:
             best, best_time = tiles, elapsed
