@@ -241,7 +241,7 @@ def paged_attention(
 
     if plan is None and max_query_len >= PREFILL_MIN_QUERY_LEN:
         _launch_prefill_and_rest(out, lse, args, pick_prefill_tiles(head_size, q.dtype), max_query_len,
-                                 PREFILL_MIN_QUERY_LEN, PREFILL_MIN_QUERY_LEN - 1)
+                                 PREFILL_MIN_QUERY_LEN)
     elif plan is None:
         group = num_q_heads // num_kv_heads
         tiles = pick_tiles(max_query_len, group, head_size)
@@ -269,7 +269,7 @@ def paged_attention(
 
 
 def _launch_prefill_and_rest(out, lse, args: AttentionArgs, prefill_tiles, max_query_len: int, min_q_len: int,
-                             rest_max_q_len: int | None, prefill_seqs: tuple[int, int] | None = None):
+                             rest_max_q_len: int | None = None, prefill_seqs: tuple[int, int] | None = None):
     """Sequences with >= min_q_len queries: the large-tile kernel; the others (at most
     rest_max_q_len queries, < min_q_len; 0: none; None: min_q_len - 1) the unified kernel, with
     tiles for that length.

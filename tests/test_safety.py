@@ -85,7 +85,6 @@ def test_corrupt_metadata_prefill_path(corruption, monkeypatch):
     from pagedattn.ops.prefill import kernel
 
     monkeypatch.setattr(kernel, "CHUNK_TARGET_KEYS", 128)
-    monkeypatch.setattr(kernel, "CHUNK_MAX_PAGES", 8)
     check_corruption(corruption, [(40, 300), (40, 260), (35, 200), (17, 17)], paths=(("prefill", None),))
 
 

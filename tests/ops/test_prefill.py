@@ -130,8 +130,7 @@ def test_paged_prefill_several_block_table_chunks(block_size, monkeypatch):
     # 3-token pages chunks start inside a page
     from pagedattn.ops.prefill import kernel
 
-    monkeypatch.setattr(kernel, "CHUNK_TARGET_KEYS", 128)
-    monkeypatch.setattr(kernel, "CHUNK_MAX_PAGES", 64)
+    monkeypatch.setattr(kernel, "CHUNK_TARGET_KEYS", 32)  # one 32-key tile per chunk
     g = torch.Generator().manual_seed(block_size)
     batch = make_paged_batch([(300, 420), (129, 129)], num_q_heads=2, num_kv_heads=1, head_size=16,
                              block_size=block_size, dtype=torch.float32, device=DEVICE, generator=g)

@@ -31,15 +31,14 @@ from pagedattn.ops.unified.program import (
 )
 
 
-# Block ids a paged program reads at once: about 2048 keys' pages, at most 256 ids. Each chunk
+# Block ids a paged program reads at once: about 2048 keys' pages (at most 256 ids). Each chunk
 # is its own pipelined tile loop; 8192- and 32768-key chunks measured the same (experiment 20).
 CHUNK_TARGET_KEYS = 2048
-CHUNK_MAX_PAGES = 256
 
 
 @triton.constexpr_function
 def _pages_per_chunk(page_size, block_n):
-    return chunk_pages(page_size, block_n, CHUNK_TARGET_KEYS, CHUNK_MAX_PAGES)
+    return chunk_pages(page_size, block_n, CHUNK_TARGET_KEYS)
 
 
 @triton.constexpr_function
@@ -47,7 +46,7 @@ def _keys_per_chunk(paged, page_size, block_n):
     """Keys per block-table chunk; contiguous K/V: one chunk."""
     if not paged:
         return 2**30
-    return chunk_keys(page_size, block_n, CHUNK_TARGET_KEYS, CHUNK_MAX_PAGES)
+    return chunk_keys(page_size, block_n, CHUNK_TARGET_KEYS)
 
 
 @triton.jit

@@ -179,18 +179,18 @@ def init_softmax_state(sinks_ptr, head, row_ok, with_sink,
 
 
 @triton.constexpr_function
-def chunk_pages(page_size, tile_n, target_keys, max_pages=256):
+def chunk_pages(page_size, tile_n, target_keys):
     """Block-table ids a program reads at once (a power of 2): about ``target_keys`` keys' pages,
-    always more than one tile's, at most ``max_pages`` unless a tile needs more."""
+    always more than one tile's, at most 256 unless a tile needs more."""
     tile_pages = -(-tile_n // page_size) + 1
     want = 1 << (max(-(-target_keys // page_size), tile_pages, 2) - 1).bit_length()
-    return min(want, max(max_pages, 1 << (tile_pages - 1).bit_length()))
+    return min(want, max(256, 1 << (tile_pages - 1).bit_length()))
 
 
 @triton.constexpr_function
-def chunk_keys(page_size, tile_n, target_keys, max_pages=256):
+def chunk_keys(page_size, tile_n, target_keys):
     """Keys per chunk: whole tiles whose pages always fit in ``chunk_pages`` ids, wherever the chunk starts."""
-    return max((chunk_pages(page_size, tile_n, target_keys, max_pages) - 1) * page_size // tile_n, 1) * tile_n
+    return max((chunk_pages(page_size, tile_n, target_keys) - 1) * page_size // tile_n, 1) * tile_n
 
 
 @triton.jit
