@@ -90,6 +90,7 @@ def split_kv_attention_kernel(
         scale, softcap, sliding_window, num_tokens, num_blocks, max_blocks_per_seq, num_prefix_ranges,
         NUM_QUERIES_PER_KV, HEAD_SIZE, HEAD_SIZE_PAD, PAGE_SIZE, BLOCK_Q, BLOCK_M, TILE_N,
         IS_CAUSAL, USE_SOFTCAP, ALIBI_MODE, DOT_PRECISION, USE_SINKS, USE_PREFIX, KV_FP8, LARGE_CACHE,
+        False,  # PAGE_WORK_HOISTED (experiment 24)
     )
     store_partial(partial_out_ptr, partial_lse_ptr, out, lse, token, head, row_ok, split,
                   stride_po_t, stride_po_h, stride_po_s, stride_pl_t, stride_pl_h, HEAD_SIZE, HEAD_SIZE_PAD)

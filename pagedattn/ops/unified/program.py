@@ -234,7 +234,7 @@ def attend_kv_range(
     HEAD_SIZE: tl.constexpr, HEAD_SIZE_PAD: tl.constexpr, PAGE_SIZE: tl.constexpr,
     TILE_N: tl.constexpr, IS_CAUSAL: tl.constexpr, USE_SOFTCAP: tl.constexpr,
     ALIBI_MODE: tl.constexpr, DOT_PRECISION: tl.constexpr, USE_PREFIX: tl.constexpr,
-    KV_FP8: tl.constexpr, LARGE_CACHE: tl.constexpr,
+    KV_FP8: tl.constexpr, LARGE_CACHE: tl.constexpr, PAGE_WORK_HOISTED: tl.constexpr,
 ):
     """Online softmax over keys [max(tile_lo, kv_lo), kv_hi) in TILE_N steps from ``tile_lo``.
 
@@ -251,21 +251,49 @@ def attend_kv_range(
     dim_ok = offs_d < HEAD_SIZE
     CHUNK_PAGES: tl.constexpr = chunk_pages(PAGE_SIZE, TILE_N, 1024)
     CHUNK_KEYS: tl.constexpr = chunk_keys(PAGE_SIZE, TILE_N, 1024)
+    # PAGE_WORK_HOISTED (the 2D kernel's choice): a chunk's block ids are checked once, and a
+    # key's slot in its page and its page's place among the tile's pages are computed once, not
+    # per tile. Tiles advance by whole pages (TILE_N a multiple of the page), so both are the
+    # same in every tile, from the first tile's phase in its page (experiment 20 on the prefill
+    # kernel). Measured on the decode grid (experiment 24, session 6 run A): up to 6% faster in
+    # the 2D kernel (148 registers against 160), up to 6% slower in split-KV (168 + a spill
+    # against 146); so the split-KV kernel keeps the per-key form.
+    HOIST: tl.constexpr = PAGE_WORK_HOISTED and TILE_N % PAGE_SIZE == 0
+    if HOIST:
+        phase = tile_lo % PAGE_SIZE
+        rel_page = (phase + offs_n) // PAGE_SIZE
+        slot = (phase + offs_n) % PAGE_SIZE
+        if LARGE_CACHE:
+            slot = slot.to(tl.int64)
+        slot_k = slot * stride_k_s + kv_head * stride_k_h
+        slot_v = slot * stride_v_s + kv_head * stride_v_h
     for chunk_lo in range(tile_lo, kv_hi, CHUNK_KEYS):
         first_page, pages = load_page_chunk(block_row_ptr, chunk_lo, max_blocks_per_seq, PAGE_SIZE, CHUNK_PAGES)
-        for start in range(chunk_lo, tl.minimum(chunk_lo + CHUNK_KEYS, kv_hi), TILE_N):
+        chunk_hi = tl.minimum(chunk_lo + CHUNK_KEYS, kv_hi)
+        if HOIST:
+            clean = chunk_pages_in_cache(pages, first_page, chunk_hi, num_blocks, PAGE_SIZE)
+        for start in range(chunk_lo, chunk_hi, TILE_N):
             k_pos = start + offs_n  # [TILE_N]
-            page = page_of_keys(pages, first_page, k_pos, PAGE_SIZE)
-            # Keys whose block id lies outside the cache are masked, never dereferenced. (Clamping
-            # the id and zeroing V instead measured 1.7x slower: the select between V's load and
-            # the dot costs the async-copy pipeline; docs/perf-notes.md, experiment 6.)
-            k_ok = (k_pos >= kv_lo) & (k_pos < kv_hi) & (page >= 0) & (page < num_blocks)
-            in_page = k_pos % PAGE_SIZE
-            if LARGE_CACHE:  # offsets of 2**31 elements or more; otherwise int32 saves registers
-                page = page.to(tl.int64)
-                in_page = in_page.to(tl.int64)
-            k_off = page * stride_k_b + in_page * stride_k_s + kv_head * stride_k_h
-            v_off = page * stride_v_b + in_page * stride_v_s + kv_head * stride_v_h
+            # Keys whose block id lies outside the cache are masked, never dereferenced (with
+            # HOIST, checked per key only in a chunk that holds such an id). (Clamping the id and
+            # zeroing V instead measured 1.7x slower: the select between V's load and the dot
+            # costs the async-copy pipeline; docs/perf-notes.md, experiment 6.)
+            if HOIST:
+                page = tl.gather(pages, (start - phase) // PAGE_SIZE - first_page + rel_page, 0)
+                k_ok = (k_pos >= kv_lo) & (k_pos < kv_hi) & (clean | ((page >= 0) & (page < num_blocks)))
+                if LARGE_CACHE:  # offsets of 2**31 elements or more; otherwise int32 saves registers
+                    page = page.to(tl.int64)
+                k_off = page * stride_k_b + slot_k
+                v_off = page * stride_v_b + slot_v
+            else:
+                page = page_of_keys(pages, first_page, k_pos, PAGE_SIZE)
+                k_ok = (k_pos >= kv_lo) & (k_pos < kv_hi) & (page >= 0) & (page < num_blocks)
+                in_page = k_pos % PAGE_SIZE
+                if LARGE_CACHE:
+                    page = page.to(tl.int64)
+                    in_page = in_page.to(tl.int64)
+                k_off = page * stride_k_b + in_page * stride_k_s + kv_head * stride_k_h
+                v_off = page * stride_v_b + in_page * stride_v_s + kv_head * stride_v_h
             k = tl.load(
                 k_cache_ptr + k_off[None, :] + offs_d[:, None],
                 mask=dim_ok[:, None] & k_ok[None, :],
@@ -309,7 +337,7 @@ def attend_segment(
     PAGE_SIZE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, TILE_N: tl.constexpr,
     IS_CAUSAL: tl.constexpr, USE_SOFTCAP: tl.constexpr, ALIBI_MODE: tl.constexpr,
     DOT_PRECISION: tl.constexpr, USE_SINKS: tl.constexpr, USE_PREFIX: tl.constexpr, KV_FP8: tl.constexpr,
-    LARGE_CACHE: tl.constexpr,
+    LARGE_CACHE: tl.constexpr, PAGE_WORK_HOISTED: tl.constexpr,
 ):
     """Attention of one Q block over segment ``split`` of ``num_splits`` of its visible keys.
 
@@ -358,7 +386,7 @@ def attend_segment(
         stride_k_b, stride_k_s, stride_k_h, stride_v_b, stride_v_s, stride_v_h,
         stride_pr_s, stride_pr_r, num_prefix_ranges, scale, softcap, sliding_window,
         HEAD_SIZE, HEAD_SIZE_PAD, PAGE_SIZE, TILE_N, IS_CAUSAL, USE_SOFTCAP, ALIBI_MODE,
-        DOT_PRECISION, USE_PREFIX, KV_FP8, LARGE_CACHE,
+        DOT_PRECISION, USE_PREFIX, KV_FP8, LARGE_CACHE, PAGE_WORK_HOISTED,
     )
     out, lse = finalize_softmax(acc, m_i, l_i)
     return out, lse, token, head, row_ok
