@@ -253,10 +253,12 @@ def prefill_attention_kernel(
     USE_TMA: tl.constexpr,
 ):
     """out = softmax(mods(scale * q k^T) + mask) v for one BLOCK_M tile of one query head."""
-    # the heaviest Q tiles (last rows under the causal mask) first: less tail at the end
-    m_block = tl.num_programs(0) - 1 - tl.program_id(0)
-    head = tl.program_id(1)
-    seq = tl.program_id(2)
+    # Programs start in launch order, x fastest: every head's and sequence's heaviest Q tile (the
+    # last rows under the causal mask), then every next one. Longest first across the whole grid
+    # leaves the lightest tiles for the last wave (docs/perf-notes.md, experiment 25).
+    head = tl.program_id(0)
+    seq = tl.program_id(1)
+    m_block = tl.num_programs(2) - 1 - tl.program_id(2)
     q_start = tl.load(cu_seqlens_q_ptr + seq)
     q_len = tl.load(cu_seqlens_q_ptr + seq + 1) - q_start
     if (q_len < min_q_len) | (m_block * BLOCK_M >= q_len):

@@ -109,7 +109,7 @@ def _launch_prefill_kernel(out, lse, a: AttentionArgs, tiles: Tiles, *, max_quer
         num_blocks, page_size, num_kv_heads, max_blocks = 1, 1, k.shape[1], 1
     k_desc, v_desc = (None, None) if paged else tma_descriptors(k, v, tiles.tile_n)
     pr = a.prefix_ranges
-    grid = (cdiv(max_query_len, tiles.block_m), num_q_heads, num_seqs)
+    grid = (num_q_heads, num_seqs, cdiv(max_query_len, tiles.block_m))  # the kernel's launch order
     prefill_attention_kernel[grid](
         out_ptr=out,
         lse_ptr=lse,
