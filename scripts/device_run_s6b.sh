@@ -6,7 +6,8 @@
 #    of the prefill kernel (its grid in longest-first order), and the engine;
 # 2. prefill/extend/mixed: this tree, .exp_prev (same run), and this tree with PAGEDATTN_AUTOTUNE=1;
 # 3. the decode grid: 2D/split (auto) and persistent, this tree with cuDNN; persistent of .exp_pers;
-# 4. the mixed case's parts (scripts/mixed_breakdown.py), and the engine end to end.
+# 4. the mixed case's parts (scripts/mixed_breakdown.py), paged prefill tiles at S=512-8192 in the
+#    new launch order (the sweep, graph replays), and the engine end to end.
 export PYTHONPATH=.
 R=$OUT/r; mkdir -p $R
 timeout 230 python -m pytest -m gpu -q -p no:cacheprovider tests/test_gpu.py \
@@ -22,7 +23,9 @@ PAGEDATTN_AUTOTUNE=1 timeout 100 $B --workload prefill,extend,mixed --provider p
 timeout 90 $B --workload decode --provider pagedattn,pagedattn-persistent,sdpa-cudnn --json $R/dec.json --markdown $R/dec.md > $R/dec.log 2>&1; echo "dec rc=$?"
 (cd .exp_pers && PYTHONPATH=. timeout 60 $B --workload decode --provider pagedattn-persistent --json $R/dec_pers.json --markdown $R/dec_pers.md > $R/dec_pers.log 2>&1; echo "dec pers rc=$?")
 timeout 60 python scripts/mixed_breakdown.py --json $R/mixed.json > $R/mixed.log 2>&1; echo "mixed rc=$?"
+timeout 80 python scripts/gpu_prefill_sweep.py --lengths 512,2048,8192 --configs 128x128x8x3,128x64x8x3,64x64x4x3,64x128x4x3 \
+  --variants paged --anchors "" --graph --json $R/sweep.json > $R/sweep.log 2>&1; echo "sweep rc=$?"
 timeout 120 python -m pagedattn bench e2e --json $R/e2e.json --markdown $R/e2e.md > $R/e2e.log 2>&1; echo "e2e rc=$?"
 cd $OUT && tar czf r.tgz r && rm -rf r
-tar xzf r.tgz -O r/mixed.log | cut -c1-120
+tar xzf r.tgz -O r/mixed.log | cut -c1-120; tar xzf r.tgz -O r/sweep.log | tail -n 14 | cut -c1-150
 for f in pem pem_prev pem_tuned dec dec_pers e2e; do echo "-- $f"; tar xzf r.tgz -O r/$f.md 2>/dev/null | grep '^|' | cut -c1-160; done
