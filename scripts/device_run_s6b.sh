@@ -27,5 +27,5 @@ timeout 80 python scripts/gpu_prefill_sweep.py --lengths 512,2048,8192 --configs
   --variants paged --anchors "" --graph --json $R/sweep.json > $R/sweep.log 2>&1; echo "sweep rc=$?"
 timeout 120 python -m pagedattn bench e2e --json $R/e2e.json --markdown $R/e2e.md > $R/e2e.log 2>&1; echo "e2e rc=$?"
 cd $OUT && tar czf r.tgz r && rm -rf r
-tar xzf r.tgz -O r/mixed.log | cut -c1-120; tar xzf r.tgz -O r/sweep.log | tail -n 14 | cut -c1-150
+tar xzf r.tgz -O r/mixed.log | cut -c1-120; tar xzf r.tgz -O r/sweep.log | grep '^| 128 |' | cut -c1-150
 for f in pem pem_prev pem_tuned dec dec_pers e2e; do echo "-- $f"; tar xzf r.tgz -O r/$f.md 2>/dev/null | grep '^|' | cut -c1-160; done
