@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 
 import torch
 
@@ -32,6 +33,7 @@ from pagedattn.plan import (
     num_sms,
     pick_prefill_tiles,
     pick_tiles,
+    short_prefill,
 )
 from pagedattn.validate import validate_metadata, validation_requested
 
@@ -240,7 +242,9 @@ def paged_attention(
     )
 
     if plan is None and max_query_len >= PREFILL_MIN_QUERY_LEN:
-        _launch_prefill_and_rest(out, lse, args, pick_prefill_tiles(head_size, q.dtype), max_query_len,
+        short = short_prefill(max_query_len, num_seqs, num_q_heads, num_sms(device),
+                              diagonal=max_seq_len <= 2 * max_query_len)
+        _launch_prefill_and_rest(out, lse, args, pick_prefill_tiles(head_size, q.dtype, short=short), max_query_len,
                                  PREFILL_MIN_QUERY_LEN)
     elif plan is None:
         group = num_q_heads // num_kv_heads
@@ -277,7 +281,13 @@ def _launch_prefill_and_rest(out, lse, args: AttentionArgs, prefill_tiles, max_q
     ``prefill_seqs`` (a plan's): the sequences [first, end) that hold every long one. The
     large-tile kernel then runs on views of their metadata, so its grid has no programs for the
     sequences around them: each such program would hold a whole SM's shared memory only to
-    exit, and a 2048-token prefill among 63 decodes launched 32256 of them."""
+    exit, and a 2048-token prefill among 63 decodes launched 32256 of them.
+
+    On a CUDA device the unified launch runs on a second stream beside the prefill kernel (the
+    caller's stream waits for both before anything after the call): its programs fill the SMs
+    that the causal triangle's last wave leaves idle. The SPEC mixed batch measured 286 -> 249 us
+    (docs/perf-notes.md, experiment 26). ``PAGEDATTN_OVERLAP=0`` launches both on the caller's
+    stream. A CUDA-graph capture records the two streams as parallel branches."""
     prefill_args = args
     if prefill_seqs is not None and prefill_seqs != (0, args.seq_lens.shape[0]):
         first, end = prefill_seqs
@@ -285,12 +295,38 @@ def _launch_prefill_and_rest(out, lse, args: AttentionArgs, prefill_tiles, max_q
             args, query_start_loc=args.query_start_loc[first:end + 1], seq_lens=args.seq_lens[first:end],
             block_table=args.block_table[first:end],
             prefix_ranges=None if args.prefix_ranges is None else args.prefix_ranges[first:end])
-    launch_prefill(out, lse, prefill_args, prefill_tiles, max_query_len=max_query_len, min_q_len=min_q_len)
     rest_max_q_len = min_q_len - 1 if rest_max_q_len is None else min(rest_max_q_len, min_q_len - 1)
-    if rest_max_q_len > 0:
-        group = args.q.shape[1] // args.k_cache.shape[2]
-        args.max_q_len_served = rest_max_q_len
-        launch_unified(out, lse, args, pick_tiles(rest_max_q_len, group, args.q.shape[2]))
+    if rest_max_q_len <= 0:
+        launch_prefill(out, lse, prefill_args, prefill_tiles, max_query_len=max_query_len, min_q_len=min_q_len)
+        return
+    group = args.q.shape[1] // args.k_cache.shape[2]
+    rest_args = dataclasses.replace(args, max_q_len_served=rest_max_q_len)
+    rest_tiles = pick_tiles(rest_max_q_len, group, args.q.shape[2])
+    side = _side_stream(args.q.device) if prefill_seqs != (0, 0) else None
+    if side is None:
+        launch_prefill(out, lse, prefill_args, prefill_tiles, max_query_len=max_query_len, min_q_len=min_q_len)
+        launch_unified(out, lse, rest_args, rest_tiles)
+        return
+    caller = torch.cuda.current_stream(args.q.device)
+    side.wait_stream(caller)
+    with torch.cuda.stream(side):
+        launch_unified(out, lse, rest_args, rest_tiles)
+    launch_prefill(out, lse, prefill_args, prefill_tiles, max_query_len=max_query_len, min_q_len=min_q_len)
+    caller.wait_stream(side)
+
+
+_SIDE_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
+
+
+def _side_stream(device: torch.device):
+    """The second stream of ``device`` for the unified launch beside the prefill kernel, or None
+    (not a CUDA device, or ``PAGEDATTN_OVERLAP=0``)."""
+    if device.type != "cuda" or os.environ.get("PAGEDATTN_OVERLAP", "1") == "0":
+        return None
+    stream = _SIDE_STREAMS.get(device)
+    if stream is None:
+        stream = _SIDE_STREAMS[device] = torch.cuda.Stream(device)
+    return stream
 
 
 def varlen_attention(
@@ -382,8 +418,10 @@ def varlen_attention(
         alibi_mode=alibi_mode, alibi_slopes=alibi_slopes, sinks=sinks, prefix_ranges=prefix_ranges,
         k_scale=None, v_scale=None,
     )
-    launch_prefill(out, lse, args, pick_prefill_tiles(max(head_size, head_size_v), q.dtype), max_query_len=max_query_len,
-                   cu_seqlens_k=cu_seqlens_k)
+    # at most twice as many keys as queries in all: the causal diagonal dominates (no host sync)
+    short = short_prefill(max_query_len, num_seqs, num_q_heads, num_sms(device), diagonal=k.shape[0] <= 2 * num_tokens)
+    tiles = pick_prefill_tiles(max(head_size, head_size_v), q.dtype, short=short)
+    launch_prefill(out, lse, args, tiles, max_query_len=max_query_len, cu_seqlens_k=cu_seqlens_k)
     return (out, lse) if return_lse else out
 
 

@@ -43,6 +43,9 @@ MAX_SPLITS = 128
 INVARIANT_SEGMENT_TOKENS = 1024
 PERSISTENT_MAX_SPLITS = 64
 PREFILL_MIN_QUERY_LEN = 128
+# short_prefill: up to this many waves of 128-row prefill programs, 64-row tiles (session 6:
+# they won at 1 and 3.9 waves, lost 3% at 15.5; docs/perf-notes.md, experiment 27)
+SHORT_PREFILL_WAVES = 8
 PATHS = ("auto", "unified", "split_kv", "persistent", "prefill")
 SCHEDULES = ("auto", "static", "atomic")
 # "auto": the atomic counter when the work list has at least this many items per program.
@@ -201,22 +204,39 @@ def pick_tiles(max_query_len: int, num_queries_per_kv: int, head_size: int, *, f
     return Tiles(block_m, block_q, tile_n, num_warps, num_stages=num_stages)
 
 
-def pick_prefill_tiles(head_size: int, dtype: torch.dtype) -> Tiles:
+def pick_prefill_tiles(head_size: int, dtype: torch.dtype, *, short: bool = False) -> Tiles:
     """Tiles of the large-tile prefill kernel (block_m query rows x tile_n keys), from the H200
     sweeps (docs/perf-notes.md, experiment 11; one set for contiguous and paged K/V, tuned on
     contiguous: at head 128 paged K/V preferred the same tiles, at head 64 128 x 128 keys by 20%
     in run B, before the block-table chunks): 128 x 128 keys at 8 warps for head 128, 128 x 64
-    at 4 warps for head 64 and at 8 warps (2 stages: shared memory) for heads up to 256."""
+    at 4 warps for head 64 and at 8 warps (2 stages: shared memory) for heads up to 256.
+
+    ``short`` (see :func:`short_prefill`): 64-row tiles, two programs per SM, for heads up to
+    128: they halve the grain of the causal triangle's last wave (session 6 run B, paged, head
+    128: S=512 21 against 24 us, S=2048 111 against 123; experiment 27)."""
     head_size_pad = max(16, next_power_of_2(head_size))
     if interpreter_on():
         return Tiles(32, 32, 32, 1, 1)
     if dtype == torch.float32:
         return Tiles(64, 64, 32, 4 if head_size_pad <= 64 else 8, 2)
+    if short and head_size_pad <= 128:
+        return Tiles(64, 64, 64, 4, 3)
     if head_size_pad <= 64:
         return Tiles(128, 128, 64, 4, 3)
     if head_size_pad <= 128:
         return Tiles(128, 128, 128, 8, 3)
     return Tiles(128, 128, 64, 8, 2)
+
+
+def short_prefill(max_query_len: int, num_seqs: int, num_q_heads: int, sms: int, *, diagonal: bool) -> bool:
+    """Whether a prefill's time is set by the tail of its causal triangle: its 128-row grid
+    (counted from the longest query, as the grid is) is at most SHORT_PREFILL_WAVES waves of one
+    program per SM, and ``diagonal``: its keys are mostly its own queries (the caller's test,
+    e.g. at most twice as many keys as queries), so the programs' work grows along the diagonal.
+    An extend over a long context has programs of nearly equal work instead, where 128-row tiles
+    win by reading each K/V tile for twice the rows."""
+    programs = -(-max_query_len // 128) * num_q_heads * num_seqs
+    return diagonal and programs <= SHORT_PREFILL_WAVES * sms
 
 
 def choose_num_splits(num_q_blocks: int, num_kv_heads: int, max_query_len: int, max_seq_len: int, sms: int,
@@ -503,13 +523,14 @@ def plan_attention(
         )
     if path == "prefill":
         min_q_len = PREFILL_MIN_QUERY_LEN if path_requested == "auto" else 0
+        prefill_seqs = _long_sequences(q_lens, max(min_q_len, 1))
         return AttentionPlan(
             path="prefill", tiles=tiles, num_splits=1, segment_size=0, max_query_len=max_query_len,
             max_seq_len=max_seq_len, max_num_tokens=max_num_tokens, num_q_heads=num_q_heads,
             num_kv_heads=num_kv_heads, head_size=head_size, batch_invariant=False, partial_out=None,
-            partial_lse=None, prefill_tiles=pick_prefill_tiles(head_size, dtype),
+            partial_lse=None, prefill_tiles=_plan_prefill_tiles(q_lens, lens, prefill_seqs, num_q_heads, head_size, dtype, device),
             prefill_min_q_len=min_q_len, rest_max_query_len=max([n for n in q_lens if n < min_q_len] + [0]),
-            prefill_seqs=_long_sequences(q_lens, max(min_q_len, 1)),
+            prefill_seqs=prefill_seqs,
         )
     if path == "unified":
         splits = 1
@@ -524,6 +545,15 @@ def plan_attention(
         num_q_heads=num_q_heads, num_kv_heads=num_kv_heads, head_size=head_size,
         batch_invariant=batch_invariant, partial_out=partial_out, partial_lse=partial_lse,
     )
+
+
+def _plan_prefill_tiles(q_lens, lens, prefill_seqs, num_q_heads, head_size, dtype, device) -> Tiles:
+    """The prefill kernel's tiles for its grid: the sequences [first, end) of ``prefill_seqs``."""
+    first, end = prefill_seqs
+    max_q = max(q_lens[first:end] + [0])
+    diagonal = max(lens[first:end] + [0]) <= 2 * max_q
+    short = short_prefill(max_q, end - first, num_q_heads, num_sms(device), diagonal=diagonal)
+    return pick_prefill_tiles(head_size, dtype, short=short)
 
 
 def _plan_persistent(qsl, lens, *, tiles, num_q_heads, num_kv_heads, head_size, device, max_num_tokens,

@@ -313,6 +313,71 @@ def test_paged_prefill_gpu(feature, head_size):
     assert_matches_reference(out, lse, *paged_attention_ref(*batch.args(), **kwargs))
 
 
+SHORT = [(768, 768), (300, 300), (129, 129), (1, 50)]  # a causal prefill of a few waves: 64-row tiles
+
+
+@pytest.mark.parametrize("head_size", [64, 128])
+@pytest.mark.parametrize("feature", FEATURES + ["fp8"])
+def test_short_prefill_gpu(feature, head_size):
+    """The short-prefill tiles (64 x 64) on every feature, paged (eager, and a plan) and varlen."""
+    from pagedattn import plan_attention
+    from pagedattn.plan import num_sms, short_prefill
+
+    g = torch.Generator().manual_seed(head_size + len(feature))
+    cases = SHORT + ([(40, 9)] if "noncausal" in feature else [])
+    assert short_prefill(768, len(cases), 32, num_sms("cuda"), diagonal=True)  # the eager call's test
+    cache_dtype = torch.float8_e4m3fn if feature == "fp8" else None
+    batch = make_paged_batch(cases, dtype=torch.bfloat16, cache_dtype=cache_dtype, device="cuda", generator=g,
+                             **dict(LLAMA, head_size=head_size))
+    kwargs = {"k_scale": 0.6, "v_scale": 1.4} if feature == "fp8" else feature_kwargs(feature, 32, len(cases), device="cuda", generator=g)
+    ref = paged_attention_ref(*batch.args(), **kwargs)
+    plan = plan_attention(batch.query_start_loc, batch.seq_lens, num_q_heads=32, num_kv_heads=8,
+                          head_size=head_size, device="cuda")
+    assert plan.prefill_tiles.block_m == 64
+    for p in (None, plan):
+        out = torch.full_like(batch.q, float("nan"))
+        out, lse = paged_attention(*batch.args(), out=out, return_lse=True, plan=p, max_query_len=768,
+                                   max_seq_len=768, **kwargs)
+        assert_matches_reference(out, lse, *ref)
+    if feature != "fp8":
+        _check_varlen(cases, 32, 8, head_size, head_size, feature, seed=head_size)
+
+
+@pytest.mark.parametrize("overlap", ["1", "0"])
+def test_prefill_and_rest_streams_gpu(overlap, monkeypatch):
+    """A prefill plan among decodes (the unified launch on a second stream unless
+    PAGEDATTN_OVERLAP=0): right when called on a caller's own stream, and captured in a CUDA graph
+    and replayed after new inputs are copied in."""
+    from pagedattn import plan_attention
+
+    monkeypatch.setenv("PAGEDATTN_OVERLAP", overlap)
+    g = torch.Generator().manual_seed(7)
+    cases = [(1, 700), (1500, 1500), (1, 2000), (3, 90), (600, 600)] + [(1, 1501)] * 20
+    batch = make_paged_batch(cases, dtype=torch.bfloat16, device="cuda", generator=g, **LLAMA)
+    plan = plan_attention(batch.query_start_loc, batch.seq_lens, num_q_heads=32, num_kv_heads=8, head_size=128,
+                          device="cuda")
+    assert plan.path == "prefill" and plan.rest_max_query_len == 3
+    out = torch.full_like(batch.q, float("nan"))
+    lse = torch.full((batch.q.shape[0], 32), float("nan"), device="cuda")
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        paged_attention(*batch.args(), out=out, lse_out=lse, return_lse=True, plan=plan)
+        result = out.clone()  # ordered after the call on the caller's stream
+    torch.cuda.current_stream().wait_stream(stream)
+    assert_matches_reference(result, None, paged_attention_ref(*batch.args())[0], None)
+
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        paged_attention(*batch.args(), out=out, lse_out=lse, return_lse=True, plan=plan)
+    batch.q.copy_(torch.randn(batch.q.shape, generator=g).to("cuda", torch.bfloat16))
+    out.fill_(float("nan"))
+    lse.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert_matches_reference(out, lse, *paged_attention_ref(*batch.args()))
+
+
 @pytest.mark.parametrize("head_size", [64, 128, 256])
 def test_prefill_autotune_gpu(head_size, monkeypatch):
     """PAGEDATTN_AUTOTUNE=1: the first call times the candidates (those that do not fit are

@@ -152,3 +152,69 @@ def test_varlen_rejects_bad_input():
         varlen_attention(q, k, k, cu, torch.tensor([0, 2, 5], dtype=torch.int32))
     with pytest.raises(TypeError, match="cu_seqlens_q"):
         varlen_attention(q, k, k, cu.long(), cu)
+
+
+def test_short_prefill_rule():
+    """64-row tiles for a causal prefill of a few waves whose keys are mostly its own queries."""
+    from pagedattn.plan import short_prefill
+
+    sms = 132
+    assert short_prefill(2048, 1, 32, sms, diagonal=True)  # 512 programs: 3.9 waves
+    assert short_prefill(512, 1, 32, sms, diagonal=True)
+    assert not short_prefill(8192, 1, 32, sms, diagonal=True)  # 2048 programs: 15.5 waves
+    assert not short_prefill(2048, 1, 32, sms, diagonal=False)  # an extend over a long context
+    assert short_prefill(4096, 2, 32, sms, diagonal=True) == (32 * 2 * 32 <= 8 * sms)
+
+
+def test_short_prefill_tiles(monkeypatch):
+    """pick_prefill_tiles' GPU table: 64 x 64 tiles when short for heads up to 128, else the large tiles."""
+    from pagedattn.plan import pick_prefill_tiles
+
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    def shape(t):
+        return t.block_m, t.tile_n
+
+    assert shape(pick_prefill_tiles(128, torch.bfloat16, short=True)) == (64, 64)
+    assert shape(pick_prefill_tiles(64, torch.bfloat16, short=True)) == (64, 64)
+    assert shape(pick_prefill_tiles(128, torch.bfloat16)) == (128, 128)
+    assert pick_prefill_tiles(256, torch.bfloat16, short=True) == pick_prefill_tiles(256, torch.bfloat16)
+
+
+@pytest.mark.parametrize("cases, short", [
+    ([(2048, 2048)] + [(1, 2049)] * 63, True),  # SPEC's mixed batch: the prefill's grid is 3.9 waves
+    ([(512, 4608)] * 4, False),  # SPEC's extend: long context, programs of equal work
+    ([(8192, 8192)], False),  # 15.5 waves
+])
+def test_prefill_plan_short_tiles(cases, short, monkeypatch):
+    """The prefill plan asks for short tiles from the sequences its large-tile grid covers."""
+    import pagedattn.plan as plan_mod
+
+    asked = []
+    monkeypatch.setattr(plan_mod, "num_sms", lambda device: 132)
+    monkeypatch.setattr(plan_mod, "pick_prefill_tiles", lambda h, d, short=False: asked.append(short) or
+                        plan_mod.Tiles(32, 32, 32, 1, 1))
+    qsl = [0]
+    for q, _ in cases:
+        qsl.append(qsl[-1] + q)
+    plan = plan_attention(qsl, [n for _, n in cases], num_q_heads=32, num_kv_heads=8, head_size=128, device="cpu")
+    assert plan.path == "prefill" and asked == [short]
+
+
+@pytest.mark.parametrize("kv_len, short", [(130, True), (1000, False)])
+def test_eager_short_tiles(kv_len, short, monkeypatch):
+    """Eager paged and varlen calls apply the rule too (from host sizes, no sync), and stay correct."""
+    import pagedattn.api as api
+
+    asked = []
+    real = api.pick_prefill_tiles
+    monkeypatch.setattr(api, "pick_prefill_tiles", lambda h, d, short=False: asked.append(short) or real(h, d, short=short))
+    g = torch.Generator().manual_seed(kv_len)
+    batch = make_paged_batch([(130, kv_len)], dtype=torch.float16, device=DEVICE, generator=g)
+    out = paged_attention(*batch.args(), max_query_len=130, max_seq_len=kv_len, out=torch.full_like(batch.q, float("nan")))
+    assert_matches_reference(out, None, paged_attention_ref(*batch.args())[0], None)
+    k = torch.randn(kv_len, 2, 32, generator=g).to(DEVICE, torch.float16)
+    cu_q = torch.tensor([0, 130], dtype=torch.int32, device=DEVICE)
+    cu_k = torch.tensor([0, kv_len], dtype=torch.int32, device=DEVICE)
+    out = varlen_attention(batch.q, k, k, cu_q, cu_k, max_query_len=130, out=torch.full_like(batch.q, float("nan")))
+    assert_matches_reference(out, None, varlen_attention_ref(batch.q, k, k, cu_q, cu_k)[0], None)
+    assert asked == [short, short]

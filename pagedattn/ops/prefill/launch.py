@@ -77,7 +77,10 @@ def launch_prefill(
         tma = not paged and tma_wanted(a.k_cache) and tma_layout_ok(a.k_cache) and tma_layout_ok(a.v_cache)
         key = (str(q.device), torch.cuda.get_device_name(q.device) if q.is_cuda else "interpreter", q.dtype,
                a.k_cache.dtype, q.shape[2], a.v_cache.shape[-1], q.shape[1] // a.k_cache.shape[-2], paged,
-               a.k_cache.shape[1] if paged else 0, tma, a.causal, query_bucket(max_query_len))
+               a.k_cache.shape[1] if paged else 0, tma, a.causal, query_bucket(max_query_len),
+               # the grid's size and the table's choice (short prefills differ from extends of the
+               # same query length: session 6 run B tuned an extend on a prefill's tiles, 16% slower)
+               q.shape[1], next_power_of_2(a.query_start_loc.shape[0] - 1), tiles)
         if _out_aliases_inputs(out, lse, a):
             tiles = remembered(key, tiles)
         else:

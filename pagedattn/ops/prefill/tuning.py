@@ -4,11 +4,15 @@ of a shape, remembered for the process.
 The planner's table (``pagedattn.plan.pick_prefill_tiles``, from H200 sweeps) is the
 deterministic fallback and stays the choice unless ``PAGEDATTN_AUTOTUNE=1``. With it, the first
 call of each key (device, dtypes, head sizes, grouping, paged or not, page size, causal, query
-length bucket) times the fallback and the candidates below on that call's own inputs, keeps
+length bucket, query heads, sequence count bucket, the table's tiles) times the fallback and the candidates below on that call's own inputs, keeps
 the fastest, and every later call of the key launches it. A call made while a CUDA graph is
 being captured never tunes (timing needs host synchronization): it takes a remembered choice
 or the fallback. Candidates that do not fit the device (too much shared memory, too many
 registers) are skipped, so the same list serves every GPU Triton targets.
+
+Measured on the H200 (session 6, run B): it found faster tiles at S=2048 (107 against 118 us)
+and slower ones at S=8192 (1449 against 1375: five timed launches cannot tell 3% apart) and for
+an extend (which shared a key with a short prefill then). It stays opt-in.
 
 Candidate lists come from the H200 sweeps (docs/perf-notes.md, experiments 11 and 20): the
 winners and runners-up per head size, in the fallback's neighbourhood.
