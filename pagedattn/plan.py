@@ -43,8 +43,8 @@ MAX_SPLITS = 128
 INVARIANT_SEGMENT_TOKENS = 1024
 PERSISTENT_MAX_SPLITS = 64
 PREFILL_MIN_QUERY_LEN = 128
-# short_prefill: up to this many waves of 128-row prefill programs, 64-row tiles (session 6:
-# they won at 1 and 3.9 waves, lost 3% at 15.5; docs/perf-notes.md, experiment 27)
+# short_prefill: up to this many waves of 128-row prefill programs, 64-row tiles at head 128
+# (session 6: they won at 1, 2, 3.9 and 7.8 waves, lost 3% at 15.5; perf-notes experiment 27)
 SHORT_PREFILL_WAVES = 8
 PATHS = ("auto", "unified", "split_kv", "persistent", "prefill")
 SCHEDULES = ("auto", "static", "atomic")
@@ -211,15 +211,17 @@ def pick_prefill_tiles(head_size: int, dtype: torch.dtype, *, short: bool = Fals
     in run B, before the block-table chunks): 128 x 128 keys at 8 warps for head 128, 128 x 64
     at 4 warps for head 64 and at 8 warps (2 stages: shared memory) for heads up to 256.
 
-    ``short`` (see :func:`short_prefill`): 64-row tiles, two programs per SM, for heads up to
-    128: they halve the grain of the causal triangle's last wave (session 6 run B, paged, head
-    128: S=512 21 against 24 us, S=2048 111 against 123; experiment 27)."""
+    ``short`` (see :func:`short_prefill`): 64-row tiles, two programs per SM, for heads of 65
+    to 128: they halve the grain of the causal triangle's last wave (session 6 runs B-C, paged,
+    head 128: S=512 21 against 24 us, S=1024 39 against 45, S=2048 111 against 123, S=4096 374
+    against 388; experiment 27). At head 64 the 128 x 64 tiles stayed faster (S=2048 70 against
+    77 us) and at head 256 64-row tiles lost by 1.6x."""
     head_size_pad = max(16, next_power_of_2(head_size))
     if interpreter_on():
         return Tiles(32, 32, 32, 1, 1)
     if dtype == torch.float32:
         return Tiles(64, 64, 32, 4 if head_size_pad <= 64 else 8, 2)
-    if short and head_size_pad <= 128:
+    if short and head_size_pad == 128:
         return Tiles(64, 64, 64, 4, 3)
     if head_size_pad <= 64:
         return Tiles(128, 128, 64, 4, 3)

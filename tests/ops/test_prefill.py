@@ -167,7 +167,7 @@ def test_short_prefill_rule():
 
 
 def test_short_prefill_tiles(monkeypatch):
-    """pick_prefill_tiles' GPU table: 64 x 64 tiles when short for heads up to 128, else the large tiles."""
+    """pick_prefill_tiles' GPU table: 64 x 64 tiles when short for heads of 65-128, else the large tiles."""
     from pagedattn.plan import pick_prefill_tiles
 
     monkeypatch.setenv("TRITON_INTERPRET", "0")
@@ -175,7 +175,8 @@ def test_short_prefill_tiles(monkeypatch):
         return t.block_m, t.tile_n
 
     assert shape(pick_prefill_tiles(128, torch.bfloat16, short=True)) == (64, 64)
-    assert shape(pick_prefill_tiles(64, torch.bfloat16, short=True)) == (64, 64)
+    assert shape(pick_prefill_tiles(96, torch.bfloat16, short=True)) == (64, 64)
+    assert pick_prefill_tiles(64, torch.bfloat16, short=True) == pick_prefill_tiles(64, torch.bfloat16)
     assert shape(pick_prefill_tiles(128, torch.bfloat16)) == (128, 128)
     assert pick_prefill_tiles(256, torch.bfloat16, short=True) == pick_prefill_tiles(256, torch.bfloat16)
 
