@@ -167,6 +167,14 @@ def paged_attention(
     -------
     out, or ``(out, lse)`` when ``return_lse``.
 
+    Notes
+    -----
+    Streams: a batch with sequences of at least PREFILL_MIN_QUERY_LEN queries and shorter ones
+    runs the short ones on a second stream of the device beside the prefill kernel (CUDA only;
+    ``PAGEDATTN_OVERLAP=0`` turns it off). The second stream first waits for the caller's
+    current stream, and the caller's stream waits for it before the call returns: work queued
+    after the call sees the output, and a CUDA-graph capture records two parallel branches.
+
     Examples
     --------
     >>> out = paged_attention(q, k_cache, v_cache, block_table, seq_lens, query_start_loc,
