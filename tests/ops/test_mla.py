@@ -214,6 +214,51 @@ def test_mla_corrupt_metadata_stays_in_the_cache(corruption):
 
 
 @pytest.mark.parametrize(
+    "block_size, bad, config",
+    [
+        pytest.param(1, "past", None, id="page1-past-default"),
+        pytest.param(3, "negative", None, id="page3-negative-default"),  # tiles start inside pages
+        pytest.param(8, "past-guard", MLAConfig(4, 4, 16, 2, 1, 1), id="page8-past-guard-value2-tile16"),
+        pytest.param(16, "negative", MLAConfig(16, 1, 32, 1, 1, 1), id="page16-negative-one-token-blocks"),
+        pytest.param(16, "past", MLAConfig(2, 8, 32, 4, 1, 1), id="page16-past-value4"),
+        pytest.param(64, "past", MLAConfig(16, 1, 32, 1, 1, 1), id="page64-past-one-token-blocks"),
+    ],
+)
+def test_mla_bad_block_id_mid_sequence_several_chunks(monkeypatch, block_size, bad, config):
+    """A bad block id in the middle of a long sequence, with several block-table chunks per program
+    (a small CHUNK_TARGET_KEYS; the interpreter reads the module's constants at every call): the
+    chunk holding it runs the checked tile loop, the chunks before and after it the unchecked one.
+    The bad page's keys read zeros and stay in the softmax with score 0, as if the page held zeros
+    (the reference gets a zero page there); NaN guard blocks around the cache catch any read of the
+    bad id, and the other sequences are exact."""
+    from pagedattn.ops.mla import kernel
+
+    monkeypatch.setattr(kernel, "CHUNK_TARGET_KEYS", 32, raising=False)
+    cases = [(1, 300), (3, 210), (1, 17), (2, 150)]
+    b = make_mla_batch(cases, num_heads=4, latent_dim=64, block_size=block_size, dtype=torch.float32,
+                       seed=41 + block_size)
+    n = b.kv_cache.shape[0]
+    buf = torch.full((n + 2 * GUARD, *b.kv_cache.shape[1:]), float("nan"), device=DEVICE)
+    buf[GUARD:-GUARD] = b.kv_cache
+    cache = buf[GUARD:-GUARD]
+    # the reference: the bad entries point at an extra all-zero page
+    ref_cache = torch.cat([b.kv_cache, torch.zeros_like(b.kv_cache[:1])])
+    ref_table = b.block_table.clone()
+    bad_id = {"past": n, "past-guard": n + GUARD + 5, "negative": -1}[bad]
+    for s, page in [(0, 150 // block_size), (1, 100 // block_size)]:  # mid-sequence pages
+        b.block_table[s, page] = bad_id
+        ref_table[s, page] = n
+    b.kv_cache = cache
+    ref_out, ref_lse = mla_decode_ref(b.q_nope, b.q_pe, ref_cache, ref_table, b.seq_lens, b.query_start_loc,
+                                      scale=b.scale)
+    for splits in (1, 3):
+        out, lse = run_mla(b, num_splits=splits, config=config)
+        assert not torch.isnan(out).any() and not torch.isnan(lse).any(), "a guard block reached the output"
+        torch.testing.assert_close(out.double(), ref_out, atol=2e-4, rtol=2e-4)
+        torch.testing.assert_close(lse.double(), ref_lse, atol=2e-4, rtol=2e-4)
+
+
+@pytest.mark.parametrize(
     "dtype, cache_dtype, slot_dtype, latent_dim, rope_dim, block_size",
     [
         pytest.param(torch.float16, None, torch.int32, 32, 16, 16, id="fp16"),

@@ -23,9 +23,28 @@ from pagedattn.ops.common.attention_math import (
     LOG2E,
     finalize_softmax,
     online_softmax_step,
+    online_softmax_step_finite,
     round_to_fp8e4m3,
 )
-from pagedattn.ops.unified.program import find_q_block
+from pagedattn.ops.unified.program import chunk_keys, chunk_pages, chunk_pages_in_cache, find_q_block, load_page_chunk
+
+# Block ids a program reads at once: about 2048 keys' pages (128 ids at 16-token pages), so that a
+# B=32 L=4096 segment (2048 keys) is one chunk. Each chunk is its own pair of pipelined tile loops.
+CHUNK_TARGET_KEYS = 2048
+
+
+@triton.constexpr_function
+def _pages_per_chunk(page_size, tile_n):
+    return chunk_pages(page_size, tile_n, CHUNK_TARGET_KEYS)
+
+
+@triton.constexpr_function
+def _keys_per_chunk(page_size, tile_n):
+    """Keys per block-table chunk (whole tiles). Tiles of whole pages start on page boundaries
+    (segments start at multiples of the tile), so then every id of the chunk is used."""
+    if tile_n % page_size == 0:
+        return chunk_pages(page_size, tile_n, CHUNK_TARGET_KEYS) * page_size
+    return chunk_keys(page_size, tile_n, CHUNK_TARGET_KEYS)
 
 
 @triton.jit
@@ -59,10 +78,14 @@ def _load_tile(ptr, rows, rows_ok, col0, offs_c, DIM: tl.constexpr, EXACT: tl.co
 
 
 @triton.jit
-def _load_block_ids(block_row_ptr, k_pos, seg_hi, max_blocks_per_seq, PAGE_SIZE: tl.constexpr):
-    """Block id of each key position (0 for keys past the segment or the table row)."""
-    ok = (k_pos < seg_hi) & (k_pos // PAGE_SIZE < max_blocks_per_seq)
-    return tl.load(block_row_ptr + k_pos // PAGE_SIZE, mask=ok, other=0)
+def _load_rows(ptr, rows, rows_ok, col0, offs_c, DIM: tl.constexpr, EXACT: tl.constexpr, CHECK_ROWS: tl.constexpr):
+    """``_load_tile``, with the row mask only when CHECK_ROWS (without it every row is read)."""
+    if CHECK_ROWS:
+        return _load_tile(ptr, rows, rows_ok, col0, offs_c, DIM, EXACT)
+    cols = col0 + offs_c
+    if EXACT:
+        return tl.load(ptr + rows[:, None] + cols[None, :])
+    return tl.load(ptr + rows[:, None] + cols[None, :], mask=(cols < DIM)[None, :], other=0.0)
 
 
 @triton.heuristics(
@@ -185,46 +208,87 @@ def mla_decode_kernel(
     block_row_ptr = block_table_ptr + seq.to(tl.int64) * stride_bt_s
     offs_n = tl.arange(0, TILE_N)
     rope_ptr = kv_cache_ptr + LATENT_DIM
-    # Block ids are loaded one tile ahead by hand: the tile loads then depend on a loop-carried
-    # value, not on a load of the same step, so the pipeliner issues them num_stages - 1 tiles
-    # ahead (an indirect load would get (num_stages - 1) // 2).
-    next_page = _load_block_ids(block_row_ptr, seg_lo + offs_n, seg_hi, max_blocks_per_seq, PAGE_SIZE)
-    for start in range(seg_lo, seg_hi, TILE_N):
-        k_pos = start + offs_n  # [TILE_N]
-        page = next_page.to(tl.int64) if LARGE_CACHE else next_page
-        next_page = _load_block_ids(block_row_ptr, k_pos + TILE_N, seg_hi, max_blocks_per_seq, PAGE_SIZE)
-        # keys past the segment or the table row, and bad block ids: masked, never dereferenced
-        k_ok = (k_pos < seg_hi) & (k_pos // PAGE_SIZE < max_blocks_per_seq) & (page >= 0) & (page < num_blocks)
-        row = page * stride_c_b + (k_pos % PAGE_SIZE) * stride_c_s  # [TILE_N]; int64 for a large cache
-
-        kv0 = _load_tile(kv_cache_ptr, row, k_ok, col0, offs_v, LATENT_DIM, LATENT_EXACT)  # [TILE_N, VALUE_BLOCK]
-        k_pe = _load_tile(rope_ptr, row, k_ok, 0, offs_r, ROPE_DIM, ROPE_EXACT)  # [TILE_N, ROPE_PAD]
-        if KV_FP8:
-            kv0 = kv0.to(q0.dtype)  # exact: every e4m3 value is an fp16 / bf16 / fp32 value
-            k_pe = k_pe.to(q0.dtype)
-        s = tl.dot(q0, tl.trans(kv0), input_precision=DOT_PRECISION)
-        if VALUE_SPLIT > 1:
-            kv1 = _load_tile(kv_cache_ptr, row, k_ok, col1, offs_v, LATENT_DIM, LATENT_EXACT)
-            if KV_FP8:
-                kv1 = kv1.to(q0.dtype)
-            s = tl.dot(q1, tl.trans(kv1), acc=s, input_precision=DOT_PRECISION)
-        if VALUE_SPLIT > 2:
-            kv2 = _load_tile(kv_cache_ptr, row, k_ok, col2, offs_v, LATENT_DIM, LATENT_EXACT)
-            kv3 = _load_tile(kv_cache_ptr, row, k_ok, col3, offs_v, LATENT_DIM, LATENT_EXACT)
-            if KV_FP8:
-                kv2 = kv2.to(q0.dtype)
-                kv3 = kv3.to(q0.dtype)
-            s = tl.dot(q2, tl.trans(kv2), acc=s, input_precision=DOT_PRECISION)
-            s = tl.dot(q3, tl.trans(kv3), acc=s, input_precision=DOT_PRECISION)
-        s = tl.dot(q_pe, tl.trans(k_pe), acc=s, input_precision=DOT_PRECISION)  # [BLOCK_M, TILE_N]
-        # Keys with a bad block id read zeros and stay in the softmax (score 0) instead of being
-        # dropped: only a corrupt sequence's output changes, it stays finite, and the mask does
-        # not carry per-key state through the pipeline.
-        vis = (k_pos[None, :] <= q_pos[:, None]) & (k_pos < seg_hi)[None, :] & row_ok[:, None]
-        s = tl.where(vis, s * qk_scale, float("-inf"))
-
-        p, alpha, m_i, l_i = online_softmax_step(m_i, l_i, s)
-        acc = tl.dot(p.to(kv0.dtype), kv0, acc=acc * alpha[:, None], input_precision=DOT_PRECISION)
+    # The block table is read a chunk of ids at a time (``load_page_chunk``), outside the tile
+    # loops: a tile's K/V addresses then depend on no load of the same step and the pipeliner
+    # issues them num_stages - 1 tiles ahead. A chunk's ids are checked at once
+    # (``chunk_pages_in_cache``): the whole tiles of a chunk whose ids all lie in [0, num_blocks)
+    # run without per-key checks (loop 0); a chunk holding an id outside the cache or the table
+    # row, and the segment's last partial tile, run the checked loop (loop 1). The two loops run
+    # in sequence, one of them usually empty: as two branches of an if, each would get its own
+    # shared-memory pipeline buffers (prefill kernel, experiment 20).
+    CHUNK_PAGES: tl.constexpr = _pages_per_chunk(PAGE_SIZE, TILE_N)
+    CHUNK_KEYS: tl.constexpr = _keys_per_chunk(PAGE_SIZE, TILE_N)
+    # Tiles of whole pages (TILE_N a multiple of the page; tiles start at multiples of TILE_N): a
+    # key's slot in its page is the same in every tile (computed once here) and a tile's ids are
+    # gathered once per page, broadcast to the page's keys.
+    PAGE_ALIGNED: tl.constexpr = TILE_N % PAGE_SIZE == 0
+    TILE_PAGES: tl.constexpr = max(TILE_N // PAGE_SIZE, 1)
+    if LARGE_CACHE:
+        slot = (offs_n % PAGE_SIZE).to(tl.int64) * stride_c_s
+    else:
+        slot = (offs_n % PAGE_SIZE) * stride_c_s
+    for chunk_lo in range(seg_lo, seg_hi, CHUNK_KEYS):
+        chunk_hi = tl.minimum(chunk_lo + CHUNK_KEYS, seg_hi)
+        first_page, pages = load_page_chunk(block_row_ptr, chunk_lo, max_blocks_per_seq, PAGE_SIZE, CHUNK_PAGES)
+        clean = chunk_pages_in_cache(pages, first_page, chunk_hi, num_blocks, PAGE_SIZE)
+        full_hi = tl.where(clean, chunk_lo + (chunk_hi - chunk_lo) // TILE_N * TILE_N, chunk_lo)
+        for loop in tl.static_range(2):
+            if loop == 0:  # whole tiles, every id in the cache: no per-key check, no load mask
+                tile_lo = chunk_lo
+                tile_hi = full_hi
+            else:  # checked: a chunk with a bad id, or the segment's last partial tile
+                tile_lo = full_hi
+                tile_hi = chunk_hi
+            for start in range(tile_lo, tile_hi, TILE_N):
+                k_pos = start + offs_n  # [TILE_N]
+                if PAGE_ALIGNED:
+                    tile_ids = tl.gather(pages, start // PAGE_SIZE - first_page + tl.arange(0, TILE_PAGES), 0)
+                    page = tl.reshape(tl.broadcast_to(tile_ids[:, None], (TILE_PAGES, PAGE_SIZE)), (TILE_N,))
+                    in_page = slot
+                else:
+                    page = tl.gather(pages, k_pos // PAGE_SIZE - first_page, 0)
+                    in_page = k_pos % PAGE_SIZE
+                    if LARGE_CACHE:
+                        in_page = in_page.to(tl.int64)
+                    in_page = in_page * stride_c_s
+                # keys past the segment or the table row (id -1), and bad block ids: masked in the
+                # checked loop, never dereferenced
+                k_ok = (k_pos < seg_hi) & (page >= 0) & (page < num_blocks)
+                if LARGE_CACHE:
+                    page = page.to(tl.int64)
+                row = page * stride_c_b + in_page  # [TILE_N]; int64 for a large cache
+                CHECK: tl.constexpr = loop == 1
+                kv0 = _load_rows(kv_cache_ptr, row, k_ok, col0, offs_v, LATENT_DIM, LATENT_EXACT, CHECK)
+                k_pe = _load_rows(rope_ptr, row, k_ok, 0, offs_r, ROPE_DIM, ROPE_EXACT, CHECK)  # [TILE_N, ROPE_PAD]
+                if KV_FP8:
+                    kv0 = kv0.to(q0.dtype)  # exact: every e4m3 value is an fp16 / bf16 / fp32 value
+                    k_pe = k_pe.to(q0.dtype)
+                s = tl.dot(q0, tl.trans(kv0), input_precision=DOT_PRECISION)
+                if VALUE_SPLIT > 1:
+                    kv1 = _load_rows(kv_cache_ptr, row, k_ok, col1, offs_v, LATENT_DIM, LATENT_EXACT, CHECK)
+                    if KV_FP8:
+                        kv1 = kv1.to(q0.dtype)
+                    s = tl.dot(q1, tl.trans(kv1), acc=s, input_precision=DOT_PRECISION)
+                if VALUE_SPLIT > 2:
+                    kv2 = _load_rows(kv_cache_ptr, row, k_ok, col2, offs_v, LATENT_DIM, LATENT_EXACT, CHECK)
+                    kv3 = _load_rows(kv_cache_ptr, row, k_ok, col3, offs_v, LATENT_DIM, LATENT_EXACT, CHECK)
+                    if KV_FP8:
+                        kv2 = kv2.to(q0.dtype)
+                        kv3 = kv3.to(q0.dtype)
+                    s = tl.dot(q2, tl.trans(kv2), acc=s, input_precision=DOT_PRECISION)
+                    s = tl.dot(q3, tl.trans(kv3), acc=s, input_precision=DOT_PRECISION)
+                s = tl.dot(q_pe, tl.trans(k_pe), acc=s, input_precision=DOT_PRECISION)  # [BLOCK_M, TILE_N]
+                if CHECK:
+                    # Keys with a bad block id read zeros and stay in the softmax (score 0) instead of
+                    # being dropped: only a corrupt sequence's output changes and it stays finite.
+                    vis = (k_pos[None, :] <= q_pos[:, None]) & (k_pos < seg_hi)[None, :] & row_ok[:, None]
+                    p, alpha, m_i, l_i = online_softmax_step(m_i, l_i, tl.where(vis, s * qk_scale, float("-inf")))
+                elif BLOCK_Q > 1:  # whole tiles inside the segment: only the causal rule and the rows
+                    vis = (k_pos[None, :] <= q_pos[:, None]) & row_ok[:, None]
+                    p, alpha, m_i, l_i = online_softmax_step(m_i, l_i, tl.where(vis, s * qk_scale, float("-inf")))
+                else:  # one query token: every key below seg_hi <= q_pos + 1 is visible to every row
+                    p, alpha, m_i, l_i = online_softmax_step_finite(m_i, l_i, s * qk_scale)
+                acc = tl.dot(p.to(kv0.dtype), kv0, acc=acc * alpha[:, None], input_precision=DOT_PRECISION)
 
     out, lse = finalize_softmax(acc, m_i, l_i)
     if KV_FP8:

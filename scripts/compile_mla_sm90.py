@@ -1,0 +1,153 @@
+"""Compile the MLA decode kernel for sm90 without a GPU and report what the compiler made of it.
+
+``PYTHONPATH=. python scripts/compile_mla_sm90.py [--config b32|b1|all] [--large-cache] [--fp8] [--dump DIR]``
+prints registers, spills (STACK/LOCAL), shared memory and the pipelining ops of the TTGIR for the
+configs ``pick_mla_config`` gives on the benchmark (128 heads, 512 + 64 latent, page 16, bf16):
+
+* ``b32``: B >= 32 (unsplit grid fills the GPU): h64 q1 n64 v1, 8 warps, 2 stages;
+* ``b1``:  B = 1 (small grid, keys split): h64 q1 n32 v2, 4 warps, 4 stages.
+
+Both compile the split-KV form (fp32 partials + lse, PDL on) that the benchmark's B=1 and B=32 rows
+run. Whatever ``pagedattn`` is first on the path is compiled (PYTHONPATH selects the tree).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import tempfile
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+import pagedattn
+from pagedattn.ops.mla.kernel import mla_decode_kernel
+
+CONFIGS = {  # block_h, block_q, tile_n, value_split, warps, stages
+    "b32": (64, 1, 64, 1, 8, 2),
+    "b1": (64, 1, 32, 2, 4, 4),
+}
+
+
+def base_fn(fn):
+    from triton.runtime.jit import JITFunction
+
+    while not isinstance(fn, JITFunction):
+        fn = fn.fn
+    return fn
+
+
+def sass_loops(sass):
+    """(start, end, instructions, op counts) of each backward branch's range in the SASS, innermost first."""
+    ins = []
+    for line in sass.splitlines():
+        m = re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?);", line)
+        if m:
+            ins.append((int(m.group(1), 16), m.group(2)))
+    at = {a: i for i, (a, _) in enumerate(ins)}
+    keys = {"STL": r"\bSTL", "LDL": r"\bLDL", "LDGSTS": "LDGSTS", "HGMMA": "HGMMA", "BAR": r"\bBAR\b",
+            "LDS": r"\bLDS", "STS": r"\bSTS"}
+    out = []
+    for i, (a, text) in enumerate(ins):
+        m = re.search(r"\bBRA\b.*0x([0-9a-f]+)\s*$", text)
+        if m and int(m.group(1), 16) < a and int(m.group(1), 16) in at:
+            body = [t for _, t in ins[at[int(m.group(1), 16)]:i + 1]]
+            out.append((int(m.group(1), 16), a, len(body),
+                        {k: sum(1 for t in body if re.search(v, t)) for k, v in keys.items()}))
+    return sorted(out, key=lambda r: r[2])
+
+
+def compile_one(name, *, page=16, large_cache=False, fp8=False, splits=True, dump=None):
+    block_h, block_q, tile_n, value_split, warps, stages = CONFIGS[name]
+    fn = base_fn(mla_decode_kernel)
+    cache_ty = "*fp8e4nv" if fp8 else "*bf16"
+    ptrs = {"out_ptr": "*fp32" if splits else "*bf16", "lse_ptr": "*fp32", "q_nope_ptr": "*bf16",
+            "q_pe_ptr": "*bf16", "kv_cache_ptr": cache_ty, "block_table_ptr": "*i32", "seq_lens_ptr": "*i32",
+            "query_start_loc_ptr": "*i32"}
+    if fp8:
+        ptrs["kv_scale_ptr"] = "*fp32"
+    constexprs = dict(
+        LATENT_DIM=512, LATENT_PAD=512, ROPE_DIM=64, ROPE_PAD=64, PAGE_SIZE=page, BLOCK_H=block_h,
+        BLOCK_Q=block_q, BLOCK_M=block_h * block_q, TILE_N=tile_n, VALUE_SPLIT=value_split,
+        LARGE_CACHE=large_cache, DOT_PRECISION="tf32", RETURN_LSE=True, KV_FP8=fp8, USE_PDL=splits,
+    )
+    signature, cvals = {}, {}
+    for i, arg in enumerate(fn.arg_names):
+        if arg in constexprs:
+            signature[arg] = "constexpr"
+            cvals[(i,)] = constexprs[arg]
+        elif arg in ptrs:
+            signature[arg] = ptrs[arg]
+        elif arg == "kv_scale_ptr":
+            signature[arg] = "constexpr"
+            cvals[(i,)] = None
+        elif arg == "scale":
+            signature[arg] = "fp32"
+        else:
+            signature[arg] = "i32"
+    # the launcher's specialization on a GPU: 16-byte aligned pointers, strides multiple of 16
+    # (576-wide rows, 128 heads); the do_not_specialize scalars get nothing
+    attrs = {(i,): [["tt.divisibility", 16]] for i, arg in enumerate(fn.arg_names)
+             if signature[arg].startswith("*") or (arg.startswith("stride_") and signature[arg] == "i32")}
+    src = ASTSource(fn=fn, signature=signature, constexprs=cvals, attrs=attrs)
+    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
+    ttgir = k.asm["ttgir"]
+    stats = {op: ttgir.count(op) for op in ("async_copy_global_to_local", "async_tma_copy", "async_wait",
+                                            "warp_group_dot ", "warp_group_dot_wait", "local_load", "local_store",
+                                            "local_alloc", "gather", "gpu.barrier", "scf.for", "scf.if")}
+    bindir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(k.asm["cubin"])
+        f.flush()
+        res = subprocess.run([os.path.join(bindir, "cuobjdump"), "-res-usage", f.name], capture_output=True,
+                             text=True).stdout
+    usage = " ".join(re.findall(r"(REG:\d+|STACK:\d+|SHARED:\d+|LOCAL:\d+)", res))
+    # spill bytes (ptxas -v on the same PTX) and spill instructions in the SASS
+    with tempfile.TemporaryDirectory() as d:
+        ptx = os.path.join(d, "k.ptx")
+        with open(ptx, "w") as f:
+            f.write(k.asm["ptx"])
+        info = subprocess.run([os.path.join(bindir, "ptxas"), "--gpu-name", "sm_90a", "-v", ptx, "-o",
+                               os.path.join(d, "k.cubin")], capture_output=True, text=True).stderr
+        sass = subprocess.run([os.path.join(bindir, "cuobjdump"), "-sass", os.path.join(d, "k.cubin")],
+                              capture_output=True, text=True).stdout
+    spill = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", info)
+    usage += f" spill_st={spill.group(1)}B spill_ld={spill.group(2)}B" if spill else ""
+    stl, ldl = len(re.findall(r"\bSTL", sass)), len(re.findall(r"\bLDL", sass))
+    usage += f" STL={stl} LDL={ldl}"
+    loops = sass_loops(sass)
+    print(f"mla {name} h{block_h}q{block_q}-n{tile_n}-v{value_split}-w{warps}-s{stages} page={page} "
+          f"large={large_cache} fp8={fp8} splits={splits}: {usage} smem={k.metadata.shared} {stats}", flush=True)
+    for lo, hi, n, counts in loops:  # the key loops hold the HGMMAs; the other is find_q_block's
+        if counts["HGMMA"]:
+            print(f"    SASS loop [{lo:#x}, {hi:#x}]: {n} instructions a trip, "
+                  + " ".join(f"{k}={v}" for k, v in counts.items()))
+    if dump:
+        os.makedirs(dump, exist_ok=True)
+        tag = f"mla_{name}_p{page}{'_large' if large_cache else ''}{'_fp8' if fp8 else ''}"
+        for ext in ("ttgir", "ptx", "sass"):
+            if ext in k.asm:
+                with open(os.path.join(dump, f"{tag}.{ext}"), "w") as f:
+                    f.write(k.asm[ext] if isinstance(k.asm[ext], str) else "")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--config", choices=("b32", "b1", "all"), default="all")
+    p.add_argument("--page", type=int, default=16)
+    p.add_argument("--large-cache", action="store_true")
+    p.add_argument("--fp8", action="store_true")
+    p.add_argument("--no-splits", action="store_true", help="one split: bf16 out, no PDL (the B=128 rows)")
+    p.add_argument("--dump", default=None)
+    a = p.parse_args(argv)
+    print("pagedattn from", os.path.dirname(pagedattn.__file__))
+    for name in (("b32", "b1") if a.config == "all" else (a.config,)):
+        compile_one(name, page=a.page, large_cache=a.large_cache, fp8=a.fp8, splits=not a.no_splits, dump=a.dump)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
