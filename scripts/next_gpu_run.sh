@@ -1,24 +1,31 @@
 #!/bin/bash
-# The first GPU run planned for the next session (docs/session-2026-11-29-s5.md): everything
-# session 5 landed without a device (no device time was left), in one call (~8 minutes):
-# 1. GPU tests: the engine's pinned graph-decode inputs (GraphInputs), plan.update()'s pinned
-#    upload (graph capture/replay tests, persistent path), the prefill plan's metadata views
-#    (prefill_seqs) and rest tiles, the prefill autotuner (test_prefill_autotune_gpu);
-# 2. prefill/extend/mixed with the anchors: mixed was 348 us in s5 run G; prediction with the
-#    views (no exiting programs for the 63 decodes' sequences): 280-300 us (perf-notes exp. 23);
-# 3. the same workloads with PAGEDATTN_AUTOTUNE=1 (does the tuner find faster tiles than the table?);
-# 4. the engine end to end (TPOT at batch 1 was 5.4 ms against a 3.3 ms floor in session 3).
+# The first GPU run planned for the next session (docs/session-2026-11-29-s6.md), ~5 minutes.
+# Before it, on the CPU machine:
+#   scripts/make_snapshot.sh 3d6e42a .exp_s3     # the MLA kernel of session 3's run F (181 us at 32x4096)
+#   rm -rf .exp_mlachunk && mkdir .exp_mlachunk && cp -r pagedattn .exp_mlachunk/ && \
+#     sed -i 's/^CHUNK_TARGET_KEYS = 2048/CHUNK_TARGET_KEYS = 8192/' .exp_mlachunk/pagedattn/ops/mla/kernel.py && \
+#     echo /.exp_mlachunk/ >> .git/info/exclude
+# then call the device with carry [".exp_s3", ".exp_mlachunk"]. It runs:
+# 1. the MLA bench: this tree, session 3's kernel and this tree with 8192-key block-table chunks
+#    (experiment 28: the "before" column ran 10-13% slower than session 3's run F; 128x32768 lost
+#    2% with 2048-key chunks, 16 pipeline restarts per program);
+# 2. the decode grid on the 2D, split-KV and persistent paths with cuDNN (the persistent kernel won
+#    at B=32/128 L=4096 and for 63 decodes at 2049 keys: a rule for 1-3 waves of long programs);
+# 3. the full bf16 GPU suite once (every kernel changed in session 6 was tested per change; this
+#    is the whole suite on the final tree).
 export PYTHONPATH=.
 R=$OUT/r; mkdir -p $R
-timeout 280 python -m pytest -m gpu -q -p no:cacheprovider tests/test_gpu.py \
-  -k "(graph or persistent or autotune or paged_prefill or features) and not fp16 and not fp32" > $R/t_gpu.log 2>&1 & P1=$!
-timeout 280 python -m pytest -m gpu -q -p no:cacheprovider tests/test_gpu_engine.py > $R/t_engine.log 2>&1 & P2=$!
+M="python -m pagedattn.bench.mla --batch 1 32 128 --seq-len 4096 32768"
+timeout 50 $M --json $R/mla_cur.json > $R/mla_cur.log 2>&1; echo "mla cur rc=$?"
+for d in s3 mlachunk; do
+  [ -d .exp_$d ] && (cd .exp_$d && PYTHONPATH=. timeout 50 $M --no-baseline --json $R/mla_$d.json > $R/mla_$d.log 2>&1; echo "mla $d rc=$?")
+done
+timeout 120 python -m pagedattn.bench --workload decode --provider pagedattn-2d,pagedattn-split,pagedattn-persistent,sdpa-cudnn \
+  --no-ceilings --json $R/dec.json --markdown $R/dec.md > $R/dec.log 2>&1; echo "dec rc=$?"
+timeout 280 python -m pytest -m gpu -q -p no:cacheprovider tests/test_gpu.py -k "not fp16 and not fp32" > $R/t_gpu.log 2>&1 & P1=$!
+timeout 280 python -m pytest -m gpu -q -p no:cacheprovider tests/test_gpu_mla.py tests/test_gpu_engine.py > $R/t_other.log 2>&1 & P2=$!
 for p in $P1 $P2; do wait $p; echo "pid $p rc=$?"; done
-for f in t_gpu t_engine; do echo "== $f"; grep -E "FAILED|Error" $R/$f.log | head -5; tail -1 $R/$f.log; done
-timeout 120 python -m pagedattn.bench --workload prefill,extend,mixed --provider pagedattn,sdpa-cudnn,sdpa-flash --no-ceilings \
-  --json $R/pem.json --markdown $R/pem.md > $R/pem.log 2>&1; echo "pem rc=$?"
-PAGEDATTN_AUTOTUNE=1 timeout 150 python -m pagedattn.bench --workload prefill,extend,mixed --provider pagedattn --no-ceilings \
-  --json $R/pem_tuned.json --markdown $R/pem_tuned.md > $R/pem_tuned.log 2>&1; echo "pem tuned rc=$?"
-timeout 150 python -m pagedattn bench e2e --json $R/e2e.json --markdown $R/e2e.md > $R/e2e.log 2>&1; echo "e2e rc=$?"
+for f in t_gpu t_other; do echo "== $f"; grep -E "FAILED|Error" $R/$f.log | head -5; tail -1 $R/$f.log; done
 cd $OUT && tar czf r.tgz r && rm -rf r
-for f in pem pem_tuned e2e; do echo "-- $f"; tar xzf r.tgz -O r/$f.md 2>/dev/null | grep '^|' | cut -c1-200; done
+for f in mla_cur mla_s3 mla_mlachunk; do echo "-- $f"; tar xzf r.tgz -O r/$f.log 2>/dev/null | grep -E '^\| [0-9]' | cut -c1-120; done
+tar xzf r.tgz -O r/dec.md | grep '^|' | cut -c1-200
