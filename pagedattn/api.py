@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import threading
 
 import torch
 
@@ -23,7 +24,7 @@ from pagedattn.ops.common.host_math import next_power_of_2
 from pagedattn.ops.kv_write.kernel import write_kv_kernel
 from pagedattn.ops.merge.kernel import merge_states_kernel
 from pagedattn.ops.persistent.launch import launch_persistent
-from pagedattn.ops.prefill.launch import launch_prefill
+from pagedattn.ops.prefill.launch import check_prefill_grid, launch_prefill
 from pagedattn.ops.split_kv.launch import launch_split_kv
 from pagedattn.ops.unified.launch import AttentionArgs, launch_unified
 from pagedattn.plan import (
@@ -296,9 +297,11 @@ def _launch_prefill_and_rest(out, lse, args: AttentionArgs, prefill_tiles, max_q
     that the causal triangle's last wave leaves idle. The SPEC mixed batch measured 286 -> 249 us
     (docs/perf-notes.md, experiment 26). ``PAGEDATTN_OVERLAP=0`` launches both on the caller's
     stream. A CUDA-graph capture records the two streams as parallel branches."""
+    num_seqs = args.seq_lens.shape[0]
+    first, end = (0, num_seqs) if prefill_seqs is None else prefill_seqs
+    check_prefill_grid(max_query_len, end - first, prefill_tiles)
     prefill_args = args
-    if prefill_seqs is not None and prefill_seqs != (0, args.seq_lens.shape[0]):
-        first, end = prefill_seqs
+    if (first, end) != (0, num_seqs):
         prefill_args = dataclasses.replace(
             args, query_start_loc=args.query_start_loc[first:end + 1], seq_lens=args.seq_lens[first:end],
             block_table=args.block_table[first:end],
@@ -317,23 +320,32 @@ def _launch_prefill_and_rest(out, lse, args: AttentionArgs, prefill_tiles, max_q
         return
     caller = torch.cuda.current_stream(args.q.device)
     side.wait_stream(caller)
-    with torch.cuda.stream(side):
-        launch_unified(out, lse, rest_args, rest_tiles)
-    launch_prefill(out, lse, prefill_args, prefill_tiles, max_query_len=max_query_len, min_q_len=min_q_len)
-    caller.wait_stream(side)
+    try:  # joined even if a launch raises: no kernel left writing into buffers the caller frees
+        with torch.cuda.stream(side):
+            launch_unified(out, lse, rest_args, rest_tiles)
+        launch_prefill(out, lse, prefill_args, prefill_tiles, max_query_len=max_query_len, min_q_len=min_q_len)
+    finally:
+        caller.wait_stream(side)
 
 
-_SIDE_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
+_SIDE_STREAMS = threading.local()  # per thread: a capture in one thread never records another's work
 
 
 def _side_stream(device: torch.device):
-    """The second stream of ``device`` for the unified launch beside the prefill kernel, or None
-    (not a CUDA device, or ``PAGEDATTN_OVERLAP=0``)."""
+    """This thread's second stream of ``device`` for the unified launch beside the prefill kernel,
+    or None: not a CUDA device, ``PAGEDATTN_OVERLAP=0``, or q's device is not the current one
+    (Triton launches on the current device; the side stream would put the two kernels on two
+    devices)."""
     if device.type != "cuda" or os.environ.get("PAGEDATTN_OVERLAP", "1") == "0":
         return None
-    stream = _SIDE_STREAMS.get(device)
+    if device.index != torch.cuda.current_device():
+        return None
+    streams = getattr(_SIDE_STREAMS, "by_device", None)
+    if streams is None:
+        streams = _SIDE_STREAMS.by_device = {}
+    stream = streams.get(device.index)
     if stream is None:
-        stream = _SIDE_STREAMS[device] = torch.cuda.Stream(device)
+        stream = streams[device.index] = torch.cuda.Stream(device)
     return stream
 
 
@@ -429,6 +441,7 @@ def varlen_attention(
     # at most twice as many keys as queries in all: the causal diagonal dominates (no host sync)
     short = short_prefill(max_query_len, num_seqs, num_q_heads, num_sms(device), diagonal=k.shape[0] <= 2 * num_tokens)
     tiles = pick_prefill_tiles(max(head_size, head_size_v), q.dtype, short=short)
+    check_prefill_grid(max_query_len, num_seqs, tiles)
     launch_prefill(out, lse, args, tiles, max_query_len=max_query_len, cu_seqlens_k=cu_seqlens_k)
     return (out, lse) if return_lse else out
 

@@ -236,7 +236,12 @@ def short_prefill(max_query_len: int, num_seqs: int, num_q_heads: int, sms: int,
     program per SM, and ``diagonal``: its keys are mostly its own queries (the caller's test,
     e.g. at most twice as many keys as queries), so the programs' work grows along the diagonal.
     An extend over a long context has programs of nearly equal work instead, where 128-row tiles
-    win by reading each K/V tile for twice the rows."""
+    win by reading each K/V tile for twice the rows.
+
+    The callers count what they know without a sync: a plan the sequences its prefill grid covers,
+    an eager call every sequence (the grid's exiting programs included), so the same mixed batch
+    may take 64-row tiles through a plan and 128-row tiles eagerly (results then differ in the
+    last bits). The rule ignores ``causal`` (the plan does not know it); it was measured causal."""
     programs = -(-max_query_len // 128) * num_q_heads * num_seqs
     return diagonal and programs <= SHORT_PREFILL_WAVES * sms
 

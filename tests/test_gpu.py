@@ -359,13 +359,26 @@ def test_prefill_and_rest_streams_gpu(overlap, monkeypatch):
     assert plan.path == "prefill" and plan.rest_max_query_len == 3
     out = torch.full_like(batch.q, float("nan"))
     lse = torch.full((batch.q.shape[0], 32), float("nan"), device="cuda")
+    import pagedattn.api as api
+
+    real_unified = api.launch_unified
+
+    def slow_unified(*args, **kwargs):  # ~25 ms of spinning on the stream the decodes launch on
+        torch.cuda._sleep(50_000_000)
+        real_unified(*args, **kwargs)
+    monkeypatch.setattr(api, "launch_unified", slow_unified)
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
+        # the poison lands ~50 ms in: a side stream that did not wait for the caller would write
+        # its rows before it; a caller that did not wait for the side stream would copy NaN rows
+        torch.cuda._sleep(100_000_000)
+        out.fill_(float("nan"))
         paged_attention(*batch.args(), out=out, lse_out=lse, return_lse=True, plan=plan)
         result = out.clone()  # ordered after the call on the caller's stream
     torch.cuda.current_stream().wait_stream(stream)
     assert_matches_reference(result, None, paged_attention_ref(*batch.args())[0], None)
+    monkeypatch.setattr(api, "launch_unified", real_unified)
 
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):

@@ -163,7 +163,10 @@ def test_short_prefill_rule():
     assert short_prefill(512, 1, 32, sms, diagonal=True)
     assert not short_prefill(8192, 1, 32, sms, diagonal=True)  # 2048 programs: 15.5 waves
     assert not short_prefill(2048, 1, 32, sms, diagonal=False)  # an extend over a long context
-    assert short_prefill(4096, 2, 32, sms, diagonal=True) == (32 * 2 * 32 <= 8 * sms)
+    assert not short_prefill(4096, 2, 32, sms, diagonal=True)  # 2048 programs: 15.5 waves
+    # the limit: 8 waves of 128-row programs at 4 SMs are 32 programs (8 Q tiles x 4 heads)
+    assert short_prefill(8 * 128, 1, 4, 4, diagonal=True)
+    assert not short_prefill(8 * 128 + 1, 1, 4, 4, diagonal=True)
 
 
 def test_short_prefill_tiles(monkeypatch):
@@ -219,3 +222,19 @@ def test_eager_short_tiles(kv_len, short, monkeypatch):
     out = varlen_attention(batch.q, k, k, cu_q, cu_k, max_query_len=130, out=torch.full_like(batch.q, float("nan")))
     assert_matches_reference(out, None, varlen_attention_ref(batch.q, k, k, cu_q, cu_k)[0], None)
     assert asked == [short, short]
+
+
+def test_prefill_grid_limits_are_checked_before_any_launch():
+    """The prefill grid's y and z sizes (sequences, Q tiles) are capped at 65535 on CUDA: a call
+    beyond them gets a ValueError naming the argument (here from host sizes alone), everywhere."""
+    q = torch.randn(4, 2, 16).to(DEVICE, torch.float16)
+    cu = torch.tensor([0, 4], dtype=torch.int32, device=DEVICE)
+    with pytest.raises(ValueError, match="max_query_len"):
+        varlen_attention(q, q, q, cu, cu, max_query_len=65536 * 128)
+    batch = make_paged_batch([(130, 130)], num_q_heads=2, num_kv_heads=2, head_size=16, dtype=torch.float16,
+                             device=DEVICE)
+    with pytest.raises(ValueError, match="max_query_len"):
+        paged_attention(*batch.args(), max_query_len=65536 * 128, max_seq_len=130)
+    many = torch.arange(65537, dtype=torch.int32, device=DEVICE).clamp(max=4)
+    with pytest.raises(ValueError, match="query_start_loc"):
+        varlen_attention(q, q, q, many, many, max_query_len=1)

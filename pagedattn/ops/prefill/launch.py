@@ -49,6 +49,21 @@ def tma_descriptors(k: torch.Tensor, v: torch.Tensor, block_n: int):
                                   block_shape=[block_n, t.shape[2]]) for t in (k, v))
 
 
+MAX_GRID_YZ = 65535  # CUDA's limit on a grid's y and z sizes: the sequences and the Q tiles
+
+
+def check_prefill_grid(max_query_len: int, num_seqs: int, tiles: Tiles) -> None:
+    """ValueError, naming the argument, when the prefill grid (heads, sequences, Q tiles) would
+    exceed CUDA's limits; called before any launch of the call (the same limits everywhere, the
+    interpreter included, so a call that runs on the CPU runs on a GPU)."""
+    if num_seqs > MAX_GRID_YZ:
+        raise ValueError(f"query_start_loc describes {num_seqs} sequences; the prefill kernel's grid holds at "
+                         f"most {MAX_GRID_YZ} (split the batch across calls)")
+    if cdiv(max_query_len, tiles.block_m) > MAX_GRID_YZ:
+        raise ValueError(f"max_query_len {max_query_len} needs more than {MAX_GRID_YZ} Q tiles of {tiles.block_m} "
+                         f"rows in the prefill grid (split the sequence's queries across calls)")
+
+
 def launch_prefill(
     out: torch.Tensor,
     lse: torch.Tensor | None,
@@ -85,7 +100,8 @@ def launch_prefill(
             tiles = remembered(key, tiles)
         else:
             head = max(16, next_power_of_2(max(q.shape[2], a.v_cache.shape[-1])))
-            tiles = choose_tiles(key, tiles, candidates(head, q.dtype, tiles), run, q.device)
+            options = [t for t in candidates(head, q.dtype, tiles) if cdiv(max_query_len, t.block_m) <= MAX_GRID_YZ]
+            tiles = choose_tiles(key, tiles, options, run, q.device)
     run(tiles)
 
 
