@@ -19,25 +19,17 @@ import re
 import subprocess
 import tempfile
 
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
+from compile_sm90 import base_fn, compile_and_report, ptxas_dir  # this folder (the script's path comes first)
 
 import pagedattn
 from pagedattn.ops.mla.kernel import mla_decode_kernel
 
+TTGIR_OPS = ("async_copy_global_to_local", "async_tma_copy", "async_wait", "warp_group_dot ", "warp_group_dot_wait",
+             "local_load", "local_store", "local_alloc", "gather", "gpu.barrier", "scf.for", "scf.if")
 CONFIGS = {  # block_h, block_q, tile_n, value_split, warps, stages
     "b32": (64, 1, 64, 1, 8, 2),
     "b1": (64, 1, 32, 2, 4, 4),
 }
-
-
-def base_fn(fn):
-    from triton.runtime.jit import JITFunction
-
-    while not isinstance(fn, JITFunction):
-        fn = fn.fn
-    return fn
 
 
 def sass_loops(sass):
@@ -88,23 +80,8 @@ def compile_one(name, *, page=16, large_cache=False, fp8=False, splits=True, dum
             signature[arg] = "fp32"
         else:
             signature[arg] = "i32"
-    # the launcher's specialization on a GPU: 16-byte aligned pointers, strides multiple of 16
-    # (576-wide rows, 128 heads); the do_not_specialize scalars get nothing
-    attrs = {(i,): [["tt.divisibility", 16]] for i, arg in enumerate(fn.arg_names)
-             if signature[arg].startswith("*") or (arg.startswith("stride_") and signature[arg] == "i32")}
-    src = ASTSource(fn=fn, signature=signature, constexprs=cvals, attrs=attrs)
-    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
-    ttgir = k.asm["ttgir"]
-    stats = {op: ttgir.count(op) for op in ("async_copy_global_to_local", "async_tma_copy", "async_wait",
-                                            "warp_group_dot ", "warp_group_dot_wait", "local_load", "local_store",
-                                            "local_alloc", "gather", "gpu.barrier", "scf.for", "scf.if")}
-    bindir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(k.asm["cubin"])
-        f.flush()
-        res = subprocess.run([os.path.join(bindir, "cuobjdump"), "-res-usage", f.name], capture_output=True,
-                             text=True).stdout
-    usage = " ".join(re.findall(r"(REG:\d+|STACK:\d+|SHARED:\d+|LOCAL:\d+)", res))
+    k, usage, stats = compile_and_report(fn, signature, cvals, warps, stages, ops=TTGIR_OPS)
+    bindir = ptxas_dir()
     # spill bytes (ptxas -v on the same PTX) and spill instructions in the SASS
     with tempfile.TemporaryDirectory() as d:
         ptx = os.path.join(d, "k.ptx")

@@ -27,6 +27,36 @@ def base_fn(fn):
     return fn
 
 
+TTGIR_OPS = ("async_copy_global_to_local", "async_tma_copy", "async_wait", "warp_group_dot ", "local_load",
+             "local_store", "gather", "gpu.barrier", "scf.for")
+
+
+def compile_and_report(fn, signature, cvals, warps, stages, ops=TTGIR_OPS):
+    """(compiled kernel, "REG:.. STACK:.. SHARED:.. LOCAL:.." from the cubin, TTGIR op counts) for
+    sm90, with the launcher's specialization on a GPU: 16-byte aligned pointers and strides that
+    are multiples of 16 elements (the do_not_specialize scalars get nothing)."""
+    import subprocess
+    import tempfile
+
+    attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names)
+             if signature[name].startswith("*") or (name.startswith("stride_") and signature[name] == "i32")}
+    src = ASTSource(fn=fn, signature=signature, constexprs=cvals, attrs=attrs)
+    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
+    stats = {op: k.asm["ttgir"].count(op) for op in ops}
+    # registers and spills from the cubin (n_regs is only filled in when a kernel is loaded on a GPU)
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(k.asm["cubin"])
+        f.flush()
+        res = subprocess.run([os.path.join(ptxas_dir(), "cuobjdump"), "-res-usage", f.name], capture_output=True,
+                             text=True).stdout
+    return k, " ".join(re.findall(r"(REG:\d+|STACK:\d+|SHARED:\d+|LOCAL:\d+)", res)), stats
+
+
+def ptxas_dir():
+    """Where Triton keeps the ptxas and cuobjdump it ships."""
+    return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--kernel", choices=("prefill", "split_kv", "unified"), default="prefill")
@@ -78,25 +108,7 @@ def main(argv=None) -> int:
             signature[name] = "fp32"
         else:
             signature[name] = "i32"
-    # what the launcher's specialization gives on a GPU: 16-byte aligned pointers, strides that are
-    # multiples of 16 elements (Llama-like shapes); the do_not_specialize scalars get nothing
-    attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names)
-             if signature[name].startswith("*") or (name.startswith("stride_") and signature[name] == "i32")}
-    src = ASTSource(fn=fn, signature=signature, constexprs=cvals, attrs=attrs)
-    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
-    ttgir = k.asm["ttgir"]
-    stats = {op: ttgir.count(op) for op in ("async_copy_global_to_local", "async_tma_copy", "async_wait", "warp_group_dot ",
-                                            "local_load", "local_store", "gather", "gpu.barrier", "scf.for")}
-    # registers and spills from the cubin (n_regs is only filled in when a kernel is loaded on a GPU)
-    import subprocess
-    import tempfile
-
-    bindir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(k.asm["cubin"])
-        f.flush()
-        res = subprocess.run([os.path.join(bindir, "cuobjdump"), "-res-usage", f.name], capture_output=True, text=True).stdout
-    usage = " ".join(re.findall(r"(REG:\d+|STACK:\d+|SHARED:\d+|LOCAL:\d+)", res))
+    k, usage, stats = compile_and_report(fn, signature, cvals, warps, stages)
     print(f"{a.kernel} paged={a.paged} large={a.large_cache} tma={a.tma} tiles={a.tiles} {usage} smem={k.metadata.shared} {stats}")
     if a.dump:
         os.makedirs(a.dump, exist_ok=True)
