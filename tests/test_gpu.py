@@ -343,23 +343,31 @@ def test_short_prefill_gpu(feature, head_size):
         _check_varlen(cases, 32, 8, head_size, head_size, feature, seed=head_size)
 
 
+@pytest.mark.parametrize("planned", [True, False], ids=["plan", "eager"])
 @pytest.mark.parametrize("overlap", ["1", "0"])
-def test_prefill_and_rest_streams_gpu(overlap, monkeypatch):
-    """A prefill plan among decodes (the unified launch on a second stream unless
-    PAGEDATTN_OVERLAP=0): right when called on a caller's own stream, and captured in a CUDA graph
-    and replayed after new inputs are copied in."""
+def test_prefill_and_rest_streams_gpu(overlap, planned, monkeypatch):
+    """Prefills among decodes (the unified launch on a second stream unless PAGEDATTN_OVERLAP=0),
+    through a plan and eagerly: right when called on a caller's own stream with both streams
+    delayed (a missing fork or join leaves NaN rows), and captured in a CUDA graph and replayed
+    after new inputs are copied in."""
+    import pagedattn.api as api
     from pagedattn import plan_attention
 
     monkeypatch.setenv("PAGEDATTN_OVERLAP", overlap)
     g = torch.Generator().manual_seed(7)
     cases = [(1, 700), (1500, 1500), (1, 2000), (3, 90), (600, 600)] + [(1, 1501)] * 20
     batch = make_paged_batch(cases, dtype=torch.bfloat16, device="cuda", generator=g, **LLAMA)
-    plan = plan_attention(batch.query_start_loc, batch.seq_lens, num_q_heads=32, num_kv_heads=8, head_size=128,
-                          device="cuda")
-    assert plan.path == "prefill" and plan.rest_max_query_len == 3
+    plan = None
+    if planned:
+        plan = plan_attention(batch.query_start_loc, batch.seq_lens, num_q_heads=32, num_kv_heads=8, head_size=128,
+                              device="cuda")
+        assert plan.path == "prefill" and plan.rest_max_query_len == 3
     out = torch.full_like(batch.q, float("nan"))
     lse = torch.full((batch.q.shape[0], 32), float("nan"), device="cuda")
-    import pagedattn.api as api
+
+    def call():  # host maxima given: no sync, so the eager call can be captured too
+        paged_attention(*batch.args(), out=out, lse_out=lse, return_lse=True, plan=plan,
+                        max_query_len=batch.max_query_len, max_seq_len=batch.max_seq_len)
 
     real_unified = api.launch_unified
 
@@ -374,7 +382,7 @@ def test_prefill_and_rest_streams_gpu(overlap, monkeypatch):
         # its rows before it; a caller that did not wait for the side stream would copy NaN rows
         torch.cuda._sleep(100_000_000)
         out.fill_(float("nan"))
-        paged_attention(*batch.args(), out=out, lse_out=lse, return_lse=True, plan=plan)
+        call()
         result = out.clone()  # ordered after the call on the caller's stream
     torch.cuda.current_stream().wait_stream(stream)
     assert_matches_reference(result, None, paged_attention_ref(*batch.args())[0], None)
@@ -382,7 +390,7 @@ def test_prefill_and_rest_streams_gpu(overlap, monkeypatch):
 
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        paged_attention(*batch.args(), out=out, lse_out=lse, return_lse=True, plan=plan)
+        call()
     batch.q.copy_(torch.randn(batch.q.shape, generator=g).to("cuda", torch.bfloat16))
     out.fill_(float("nan"))
     lse.fill_(float("nan"))
