@@ -37,10 +37,33 @@ def test_fastest_candidate_is_chosen_and_remembered(monkeypatch):
     monkeypatch.setenv("PAGEDATTN_AUTOTUNE", "1")
     timer, ran = fake_timer({A: 3.0, B: 1.0, C: 2.0})
     got = tuning.choose_tiles("k", A, [A, B, C], ran.append, torch.device("cpu"), timer=timer)
-    assert got == B and ran == [A, B, C]
+    # a warm-up call of each, then the minimum number of rounds (the fake times are long), interleaved
+    assert got == B and ran == [A, B, C] * (1 + tuning.TUNE_MIN_ROUNDS)
     # remembered: the next call of the key times nothing
     assert tuning.choose_tiles("k", A, [A, B, C], ran.append, torch.device("cpu"), timer=timer) == B
-    assert ran == [A, B, C] and tuning.chosen_tiles() == {"k": B}
+    assert len(ran) == 3 * (1 + tuning.TUNE_MIN_ROUNDS) and tuning.chosen_tiles() == {"k": B}
+
+
+def test_interleaved_rounds_see_through_drift(monkeypatch):
+    """The clock drifts upward with every call (heat): timed one option after another, the first
+    option would look fastest; timed in interleaved rounds, the truly fastest (B) wins."""
+    monkeypatch.setenv("PAGEDATTN_AUTOTUNE", "1")
+    cost = {A: 1.00, B: 0.97, C: 1.02}
+    calls = []
+
+    def drifting_timer(fn, device):
+        fn()
+        calls.append(None)
+        return cost[ran[-1]] + 0.02 * len(calls)
+    ran = []
+    assert tuning.choose_tiles("k", A, [A, B, C], ran.append, torch.device("cpu"), timer=drifting_timer) == B
+
+
+def test_short_calls_get_more_rounds(monkeypatch):
+    monkeypatch.setenv("PAGEDATTN_AUTOTUNE", "1")
+    timer, ran = fake_timer({A: 1e-5, B: 2e-5})
+    tuning.choose_tiles("k", A, [A, B], ran.append, torch.device("cpu"), timer=timer)
+    assert len(ran) == 2 * (1 + tuning.TUNE_MAX_ROUNDS)  # 25 rounds of 10 us stay under 20 ms
 
 
 def test_candidates_that_do_not_fit_are_skipped_and_other_errors_raise(monkeypatch):

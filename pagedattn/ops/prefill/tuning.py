@@ -11,8 +11,9 @@ or the fallback. Candidates that do not fit the device (too much shared memory, 
 registers) are skipped, so the same list serves every GPU Triton targets.
 
 Measured on the H200 (session 6, run B): it found faster tiles at S=2048 (107 against 118 us)
-and slower ones at S=8192 (1449 against 1375: five timed launches cannot tell 3% apart) and for
-an extend (which shared a key with a short prefill then). It stays opt-in.
+and slower ones at S=8192 (1449 against 1375) and for an extend (which shared a key with a short
+prefill then). Since then the key holds the grid's size and the table's tiles, and the options
+are timed in interleaved rounds (``choose_tiles``); not yet measured on a GPU. It stays opt-in.
 
 Candidate lists come from the H200 sweeps (docs/perf-notes.md, experiments 11 and 20): the
 winners and runners-up per head size, in the fallback's neighbourhood.
@@ -21,6 +22,7 @@ winners and runners-up per head size, in the fallback's neighbourhood.
 from __future__ import annotations
 
 import os
+import statistics
 import time
 from typing import Callable
 
@@ -80,19 +82,21 @@ def candidates(head_size_pad: int, dtype: torch.dtype, fallback: Tiles) -> list[
     return list(dict.fromkeys(tiles))  # in order, without repeats
 
 
+TUNE_MIN_ROUNDS = 5
+TUNE_MAX_ROUNDS = 25
+TUNE_TARGET_SECONDS = 0.02  # per candidate: short calls get more rounds, up to TUNE_MAX_ROUNDS
+
+
 def time_call(fn: Callable[[], None], device: torch.device) -> float:
-    """Seconds per call: the median of a few CUDA-event timings, or wall clock on the CPU."""
-    fn()  # compile, and warm the caches
+    """Seconds of one call: CUDA events around it on a GPU, wall clock on the CPU (the caller
+    warms up first and takes the median over rounds)."""
     if device.type == "cuda":
-        times = []
-        for _ in range(5):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) / 1e3)
-        return sorted(times)[len(times) // 2]
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3
     t0 = time.perf_counter()
     fn()
     return time.perf_counter() - t0
@@ -101,21 +105,35 @@ def time_call(fn: Callable[[], None], device: torch.device) -> float:
 def choose_tiles(key: tuple, fallback: Tiles, options: list[Tiles], run: Callable[[Tiles], None],
                  device: torch.device, timer: Callable = time_call) -> Tiles:
     """The remembered tiles of ``key``; else, when tuning is on and no graph is being captured,
-    the fastest of ``options`` by ``timer(lambda: run(tiles), device)`` (remembered); else the
-    fallback. An option that does not fit the device (Triton's OutOfResources or a ptxas
-    failure) is skipped; any other error propagates."""
+    the fastest of ``options`` (remembered); else the fallback.
+
+    Each option runs once first (compilation, warm caches); one that does not fit the device
+    (Triton's OutOfResources or a ptxas failure) is skipped, any other error propagates. The
+    rest are timed in rounds, one call of each option per round (``timer(lambda: run(tiles),
+    device)``), so a drift of the clocks or the temperature during tuning weighs on every option
+    alike; at least TUNE_MIN_ROUNDS rounds, more for short calls (until an option has
+    TUNE_TARGET_SECONDS of timed calls, at most TUNE_MAX_ROUNDS). The lowest median wins.
+    Session 6 run B: five timed calls of each option in turn picked tiles 5% slower than the
+    table's at S=8192 (1449 against 1375 us)."""
     if key in _chosen:
         return _chosen[key]
     if not autotune_enabled(device) or capturing(device):
         return fallback
-    best, best_time = fallback, float("inf")
+    usable = []
     for tiles in options:
         try:
-            elapsed = timer(lambda: run(tiles), device)
+            run(tiles)
         except (OutOfResources, PTXASError):  # does not fit this device: shared memory, registers
             continue
-        if elapsed < best_time:
-            best, best_time = tiles, elapsed
+        usable.append(tiles)
+    times: dict[Tiles, list[float]] = {t: [] for t in usable}
+    rounds = 0
+    while usable and (rounds < TUNE_MIN_ROUNDS or (rounds < TUNE_MAX_ROUNDS and
+                                                   min(sum(v) for v in times.values()) < TUNE_TARGET_SECONDS)):
+        for tiles in usable:
+            times[tiles].append(timer(lambda: run(tiles), device))
+        rounds += 1
+    best = min(usable, key=lambda t: statistics.median(times[t])) if usable else fallback
     _chosen[key] = best
     return best
 
