@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
-import threading
 
 import torch
 
@@ -19,6 +17,7 @@ from pagedattn._checks import (
     check_shape,
     check_tensor,
 )
+from pagedattn._streams import side_stream
 from pagedattn.ops.common.attention_math import ALIBI_LINEAR, ALIBI_NONE, ALIBI_SQRT
 from pagedattn.ops.common.host_math import next_power_of_2
 from pagedattn.ops.kv_write.kernel import write_kv_kernel
@@ -313,7 +312,7 @@ def _launch_prefill_and_rest(out, lse, args: AttentionArgs, prefill_tiles, max_q
     group = args.q.shape[1] // args.k_cache.shape[2]
     rest_args = dataclasses.replace(args, max_q_len_served=rest_max_q_len)
     rest_tiles = pick_tiles(rest_max_q_len, group, args.q.shape[2])
-    side = _side_stream(args.q.device) if prefill_seqs != (0, 0) else None
+    side = side_stream(args.q.device) if prefill_seqs != (0, 0) else None
     if side is None:
         launch_prefill(out, lse, prefill_args, prefill_tiles, max_query_len=max_query_len, min_q_len=min_q_len)
         launch_unified(out, lse, rest_args, rest_tiles)
@@ -326,27 +325,6 @@ def _launch_prefill_and_rest(out, lse, args: AttentionArgs, prefill_tiles, max_q
         launch_prefill(out, lse, prefill_args, prefill_tiles, max_query_len=max_query_len, min_q_len=min_q_len)
     finally:
         caller.wait_stream(side)
-
-
-_SIDE_STREAMS = threading.local()  # per thread: a capture in one thread never records another's work
-
-
-def _side_stream(device: torch.device):
-    """This thread's second stream of ``device`` for the unified launch beside the prefill kernel,
-    or None: not a CUDA device, ``PAGEDATTN_OVERLAP=0``, or q's device is not the current one
-    (Triton launches on the current device; the side stream would put the two kernels on two
-    devices)."""
-    if device.type != "cuda" or os.environ.get("PAGEDATTN_OVERLAP", "1") == "0":
-        return None
-    if device.index != torch.cuda.current_device():
-        return None
-    streams = getattr(_SIDE_STREAMS, "by_device", None)
-    if streams is None:
-        streams = _SIDE_STREAMS.by_device = {}
-    stream = streams.get(device.index)
-    if stream is None:
-        stream = streams[device.index] = torch.cuda.Stream(device)
-    return stream
 
 
 def varlen_attention(

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from pagedattn._streams import side_stream
 from pagedattn.ops.common.host_math import next_power_of_2
 
 SPLIT_KV_MAX_QUERY_LEN = 8
@@ -531,12 +532,15 @@ def plan_attention(
     if path == "prefill":
         min_q_len = PREFILL_MIN_QUERY_LEN if path_requested == "auto" else 0
         prefill_seqs = _long_sequences(q_lens, max(min_q_len, 1))
+        rest_max = max([n for n in q_lens if n < min_q_len] + [0])
+        if rest_max and prefill_seqs != (0, 0):
+            side_stream(torch.device(device))  # created now, outside any CUDA-graph capture of the call
         return AttentionPlan(
             path="prefill", tiles=tiles, num_splits=1, segment_size=0, max_query_len=max_query_len,
             max_seq_len=max_seq_len, max_num_tokens=max_num_tokens, num_q_heads=num_q_heads,
             num_kv_heads=num_kv_heads, head_size=head_size, batch_invariant=False, partial_out=None,
             partial_lse=None, prefill_tiles=_plan_prefill_tiles(q_lens, lens, prefill_seqs, num_q_heads, head_size, dtype, device),
-            prefill_min_q_len=min_q_len, rest_max_query_len=max([n for n in q_lens if n < min_q_len] + [0]),
+            prefill_min_q_len=min_q_len, rest_max_query_len=rest_max,
             prefill_seqs=prefill_seqs,
         )
     if path == "unified":
