@@ -26,7 +26,15 @@ from pagedattn.ops.common.attention_math import (
     online_softmax_step_finite,
     round_to_fp8e4m3,
 )
-from pagedattn.ops.unified.program import chunk_keys, chunk_pages, chunk_pages_in_cache, find_q_block, load_page_chunk
+from pagedattn.ops.unified.program import (
+    chunk_keys,
+    chunk_pages,
+    chunk_pages_in_cache,
+    find_q_block,
+    load_page_chunk,
+    page_of_keys,
+    page_of_tile_keys,
+)
 
 # Block ids a program reads at once: about 2048 keys' pages (128 ids at 16-token pages), so that a
 # B=32 L=4096 segment (2048 keys) is one chunk. Each chunk is its own pair of pipelined tile loops.
@@ -222,7 +230,6 @@ def mla_decode_kernel(
     # key's slot in its page is the same in every tile (computed once here) and a tile's ids are
     # gathered once per page, broadcast to the page's keys.
     PAGE_ALIGNED: tl.constexpr = TILE_N % PAGE_SIZE == 0
-    TILE_PAGES: tl.constexpr = max(TILE_N // PAGE_SIZE, 1)
     if LARGE_CACHE:
         slot = (offs_n % PAGE_SIZE).to(tl.int64) * stride_c_s
     else:
@@ -242,11 +249,10 @@ def mla_decode_kernel(
             for start in range(tile_lo, tile_hi, TILE_N):
                 k_pos = start + offs_n  # [TILE_N]
                 if PAGE_ALIGNED:
-                    tile_ids = tl.gather(pages, start // PAGE_SIZE - first_page + tl.arange(0, TILE_PAGES), 0)
-                    page = tl.reshape(tl.broadcast_to(tile_ids[:, None], (TILE_PAGES, PAGE_SIZE)), (TILE_N,))
+                    page = page_of_tile_keys(pages, first_page, start, PAGE_SIZE, TILE_N)
                     in_page = slot
                 else:
-                    page = tl.gather(pages, k_pos // PAGE_SIZE - first_page, 0)
+                    page = page_of_keys(pages, first_page, k_pos, PAGE_SIZE)
                     in_page = k_pos % PAGE_SIZE
                     if LARGE_CACHE:
                         in_page = in_page.to(tl.int64)

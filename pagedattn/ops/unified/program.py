@@ -223,6 +223,16 @@ def page_of_keys(pages, first_page, k_pos, PAGE_SIZE: tl.constexpr):
 
 
 @triton.jit
+def page_of_tile_keys(pages, first_page, start, PAGE_SIZE: tl.constexpr, TILE_N: tl.constexpr):
+    """``page_of_keys`` for the TILE_N keys from ``start``, when the tile holds whole pages
+    (``start`` a page boundary, TILE_N a multiple of PAGE_SIZE): one gather per page, broadcast
+    to its keys (6% faster than one per key in the paged prefill kernel, experiment 20)."""
+    TILE_PAGES: tl.constexpr = TILE_N // PAGE_SIZE
+    ids = tl.gather(pages, start // PAGE_SIZE - first_page + tl.arange(0, TILE_PAGES), 0)
+    return tl.reshape(tl.broadcast_to(ids[:, None], (TILE_PAGES, PAGE_SIZE)), (TILE_N,))
+
+
+@triton.jit
 def attend_kv_range(
     q, m_i, l_i, acc, q_pos, row_ok, slope, k_scale, v_scale,
     k_cache_ptr, v_cache_ptr, block_row_ptr, prefix_ranges_ptr,
