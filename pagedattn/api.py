@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import torch
@@ -305,16 +306,18 @@ def _launch_prefill_and_rest(out, lse, args: AttentionArgs, prefill_tiles, max_q
             args, query_start_loc=args.query_start_loc[first:end + 1], seq_lens=args.seq_lens[first:end],
             block_table=args.block_table[first:end],
             prefix_ranges=None if args.prefix_ranges is None else args.prefix_ranges[first:end])
+    prefill = functools.partial(launch_prefill, out, lse, prefill_args, prefill_tiles, max_query_len=max_query_len,
+                                min_q_len=min_q_len)
     rest_max_q_len = min_q_len - 1 if rest_max_q_len is None else min(rest_max_q_len, min_q_len - 1)
     if rest_max_q_len <= 0:
-        launch_prefill(out, lse, prefill_args, prefill_tiles, max_query_len=max_query_len, min_q_len=min_q_len)
+        prefill()
         return
     group = args.q.shape[1] // args.k_cache.shape[2]
     rest_args = dataclasses.replace(args, max_q_len_served=rest_max_q_len)
     rest_tiles = pick_tiles(rest_max_q_len, group, args.q.shape[2])
-    side = side_stream(args.q.device) if prefill_seqs != (0, 0) else None
+    side = side_stream(args.q.device) if end > first else None
     if side is None:
-        launch_prefill(out, lse, prefill_args, prefill_tiles, max_query_len=max_query_len, min_q_len=min_q_len)
+        prefill()
         launch_unified(out, lse, rest_args, rest_tiles)
         return
     caller = torch.cuda.current_stream(args.q.device)
@@ -322,7 +325,7 @@ def _launch_prefill_and_rest(out, lse, args: AttentionArgs, prefill_tiles, max_q
     try:  # joined even if a launch raises: no kernel left writing into buffers the caller frees
         with torch.cuda.stream(side):
             launch_unified(out, lse, rest_args, rest_tiles)
-        launch_prefill(out, lse, prefill_args, prefill_tiles, max_query_len=max_query_len, min_q_len=min_q_len)
+        prefill()
     finally:
         caller.wait_stream(side)
 

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 import torch
 
 from pagedattn._streams import side_stream
-from pagedattn.ops.common.host_math import next_power_of_2
+from pagedattn.ops.common.host_math import cdiv, next_power_of_2
 
 SPLIT_KV_MAX_QUERY_LEN = 8
 RESIDENT_PROGRAMS_PER_SM = 3  # decode tiles (16 x 64 keys, 4 warps, 3 stages): 146 regs, 72 KB smem
@@ -243,7 +243,7 @@ def short_prefill(max_query_len: int, num_seqs: int, num_q_heads: int, sms: int,
     an eager call every sequence (the grid's exiting programs included), so the same mixed batch
     may take 64-row tiles through a plan and 128-row tiles eagerly (results then differ in the
     last bits). The rule ignores ``causal`` (the plan does not know it); it was measured causal."""
-    programs = -(-max_query_len // 128) * num_q_heads * num_seqs
+    programs = cdiv(max_query_len, 128) * num_q_heads * num_seqs
     return diagonal and programs <= SHORT_PREFILL_WAVES * sms
 
 
