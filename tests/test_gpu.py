@@ -63,10 +63,11 @@ def test_shapes_gpu(num_q_heads, num_kv_heads, head_size, block_size):
 
 def test_cache_past_int32_offsets_gpu():
     # [num_blocks, 16, 8, 128] bf16 past 2**31 elements (> 4 GiB); the batch uses the top blocks.
-    num_blocks = 2**31 // (16 * 8 * 128) + 256
+    # The 300-query sequence runs the large-tile prefill kernel, the others the unified kernel.
+    num_blocks = 2**31 // (16 * 8 * 128) + 512
     g = torch.Generator().manual_seed(11)
     batch = make_paged_batch(
-        [(1, 1500), (64, 2000), (1, 17)], num_blocks=num_blocks, dtype=torch.bfloat16, device="cuda",
+        [(1, 1500), (64, 2000), (1, 17), (300, 1800)], num_blocks=num_blocks, dtype=torch.bfloat16, device="cuda",
         generator=g, **LLAMA,
     )
     assert batch.k_cache.numel() > 2**31

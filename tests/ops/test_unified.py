@@ -157,7 +157,7 @@ def test_reference_does_not_modify_inputs():
         assert torch.equal(a, b)
 
 
-@pytest.mark.parametrize("path", ["unified", "split_kv", "persistent"])
+@pytest.mark.parametrize("path", ["unified", "split_kv", "persistent", "prefill"])
 def test_cache_past_int32_offsets(path):
     # 2**31 + elements; torch.empty leaves the unused blocks untouched, and the batch lives in
     # the highest block ids, so any 32-bit offset arithmetic would read the wrong memory (the
@@ -170,7 +170,7 @@ def test_cache_past_int32_offsets(path):
     )
     assert batch.k_cache.numel() > 2**31 and needs_int64_offsets(batch.k_cache)
     plan = plan_attention(batch.query_start_loc, batch.seq_lens, num_q_heads=2, num_kv_heads=1, head_size=16,
-                          device=DEVICE, path=path, num_splits=None if path == "unified" else 3)
+                          device=DEVICE, path=path, num_splits=3 if path in ("split_kv", "persistent") else None)
     out, lse = paged_attention(*batch.args(), plan=plan, out=torch.full_like(batch.q, float("nan")), return_lse=True)
     assert_matches_reference(out, lse, *paged_attention_ref(*batch.args()))
 
