@@ -93,6 +93,7 @@ def main(argv=None) -> int:
         BLOCK_Q=max(1, bm // 4), TILE_N=bn,
         IS_CAUSAL=True, USE_SOFTCAP=False, ALIBI_MODE=0, DOT_PRECISION="tf32", USE_SINKS=False, USE_PREFIX=False,
         KV_FP8=False, RETURN_LSE=False, PAGED=a.paged, LARGE_CACHE=a.large_cache, USE_PDL=True, USE_TMA=a.tma,
+        POSITIVE_SCALE=True,
     )
     signature, cvals = {}, {}
     for name in fn.arg_names:

@@ -123,6 +123,27 @@ def test_prefill_plan_rest(cases, rest, seqs, feature):
     assert_matches_reference(out, lse, *paged_attention_ref(*batch.args(), **kwargs))
 
 
+@pytest.mark.parametrize("scale", [-0.3, 0.0, 0.7], ids=["negative", "zero", "positive"])
+def test_prefill_scale_sign(scale):
+    """A positive scale enters the softmax as a factor on the raw q.k (the kernel's RAW_SCORES: the
+    row max on q.k, one multiply-add a weight); zero and negative scales form the scores first.
+    Paged (masked and mask-free tiles, 130-320 queries) and contiguous K/V against the reference."""
+    g = torch.Generator().manual_seed(int(scale * 10) + 50)
+    batch = make_paged_batch([(130, 130), (1, 40), (320, 330)], num_q_heads=4, num_kv_heads=2, head_size=32,
+                             dtype=torch.float16, device=DEVICE, generator=g)
+    plan = plan_attention(batch.query_start_loc, batch.seq_lens, num_q_heads=4, num_kv_heads=2, head_size=32,
+                          device=DEVICE, path="prefill", dtype=torch.float16)
+    out = torch.full_like(batch.q, float("nan"))
+    out, lse = paged_attention(*batch.args(), out=out, return_lse=True, plan=plan, scale=scale, sliding_window=200)
+    assert_matches_reference(out, lse, *paged_attention_ref(*batch.args(), scale=scale, sliding_window=200))
+
+    cu = torch.tensor([0, 70, 87, 132], dtype=torch.int32)
+    q, k, v = (torch.randn(132, h, 32, generator=g).to(DEVICE, torch.float16) for h in (4, 2, 2))
+    out = torch.full_like(q, float("nan"))
+    out, lse = varlen_attention(q, k, v, cu.to(DEVICE), cu.to(DEVICE), out=out, return_lse=True, scale=scale)
+    assert_matches_reference(out, lse, *varlen_attention_ref(q, k, v, cu, cu, scale=scale))
+
+
 @pytest.mark.parametrize("block_size", [1, 3])
 def test_paged_prefill_several_block_table_chunks(block_size, monkeypatch):
     # small chunks (the interpreter reads the module's constants at every call): the kernel reads the

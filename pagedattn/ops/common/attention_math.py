@@ -60,27 +60,31 @@ def causal_window_mask(q_pos, k_pos, sliding_window, IS_CAUSAL: tl.constexpr):
 
 
 @triton.jit
-def online_softmax_step(m_i, l_i, s):
-    """One tile of the online softmax in base 2; s is [M, N] with -inf where masked.
+def online_softmax_step(m_i, l_i, x, c):
+    """One tile of the online softmax in base 2 on the scores c * x (c > 0); x is [M, N] with
+    -inf where masked.
 
+    The scores are not formed: the row max is taken on x and scaled once per row (c > 0, so
+    max(c x) = c max(x) exactly), and each weight is exp2(c x - m), one fused multiply-add. Pass
+    c = 1.0 when x are the base-2 scores already (the multiplies fold away).
     Returns (p, alpha, m_new, l_new): the tile's unnormalized weights, the factor that rescales
     the old accumulator, and the new running max and sum. Rows that have seen no visible key
     keep m = -inf and l = 0 without producing NaN.
     """
-    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_new = tl.maximum(m_i, tl.max(x, 1) * c)
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-    p = tl.exp2(s - m_safe[:, None])
+    p = tl.exp2(x * c - m_safe[:, None])
     alpha = tl.exp2(m_i - m_safe)
     l_new = l_i * alpha + tl.sum(p, 1)
     return p, alpha, m_new, l_new
 
 
 @triton.jit
-def online_softmax_step_finite(m_i, l_i, s):
+def online_softmax_step_finite(m_i, l_i, x, c):
     """``online_softmax_step`` for a tile whose scores are all finite (every key visible to every
     row): the new max is finite, so no -inf guard."""
-    m_new = tl.maximum(m_i, tl.max(s, 1))
-    p = tl.exp2(s - m_new[:, None])
+    m_new = tl.maximum(m_i, tl.max(x, 1) * c)
+    p = tl.exp2(x * c - m_new[:, None])
     alpha = tl.exp2(m_i - m_new)
     return p, alpha, m_new, l_i * alpha + tl.sum(p, 1)
 

@@ -288,12 +288,12 @@ def mla_decode_kernel(
                     # Keys with a bad block id read zeros and stay in the softmax (score 0) instead of
                     # being dropped: only a corrupt sequence's output changes and it stays finite.
                     vis = (k_pos[None, :] <= q_pos[:, None]) & (k_pos < seg_hi)[None, :] & row_ok[:, None]
-                    p, alpha, m_i, l_i = online_softmax_step(m_i, l_i, tl.where(vis, s * qk_scale, float("-inf")))
+                    p, alpha, m_i, l_i = online_softmax_step(m_i, l_i, tl.where(vis, s * qk_scale, float("-inf")), 1.0)
                 elif BLOCK_Q > 1:  # whole tiles inside the segment: only the causal rule and the rows
                     vis = (k_pos[None, :] <= q_pos[:, None]) & row_ok[:, None]
-                    p, alpha, m_i, l_i = online_softmax_step(m_i, l_i, tl.where(vis, s * qk_scale, float("-inf")))
+                    p, alpha, m_i, l_i = online_softmax_step(m_i, l_i, tl.where(vis, s * qk_scale, float("-inf")), 1.0)
                 else:  # one query token: every key below seg_hi <= q_pos + 1 is visible to every row
-                    p, alpha, m_i, l_i = online_softmax_step_finite(m_i, l_i, s * qk_scale)
+                    p, alpha, m_i, l_i = online_softmax_step_finite(m_i, l_i, s * qk_scale, 1.0)
                 acc = tl.dot(p.to(kv0.dtype), kv0, acc=acc * alpha[:, None], input_precision=DOT_PRECISION)
 
     out, lse = finalize_softmax(acc, m_i, l_i)

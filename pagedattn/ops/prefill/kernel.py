@@ -18,6 +18,7 @@ from pagedattn.ops.common.attention_math import (
     online_softmax_step,
     online_softmax_step_finite,
     scores_log2,
+    LOG2E,
 )
 from pagedattn.ops.common.offsets import needs_int64_offsets
 from pagedattn.ops.unified.program import (
@@ -55,7 +56,8 @@ def _keys_per_chunk(paged, page_size, block_n):
 def _attend_tile(
     q, k, v, m_i, l_i, acc, q_pos, k_pos, key_ok, row_ok, slope, k_scale, v_scale, prefix_ranges_ptr,
     seq, stride_pr_s, stride_pr_r, num_prefix_ranges, scale, softcap, sliding_window,
-    IS_CAUSAL: tl.constexpr, USE_SOFTCAP: tl.constexpr, ALIBI_MODE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    IS_CAUSAL: tl.constexpr, USE_SOFTCAP: tl.constexpr, ALIBI_MODE: tl.constexpr, RAW_SCORES: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
     USE_PREFIX: tl.constexpr, KV_FP8: tl.constexpr, MASKED: tl.constexpr, CHECK_KEYS: tl.constexpr,
 ):
     """One online-softmax step over a loaded K tile [HEAD_SIZE_PAD, BLOCK_N] and V tile.
@@ -67,18 +69,23 @@ def _attend_tile(
         k = (k.to(tl.float32) * k_scale).to(q.dtype)
         v = (v.to(tl.float32) * v_scale).to(q.dtype)
     qk = tl.dot(q, k, input_precision=DOT_PRECISION)  # [BLOCK_M, BLOCK_N]
-    s = scores_log2(qk, scale, q_pos, k_pos, softcap, slope, USE_SOFTCAP, ALIBI_MODE)
+    if RAW_SCORES:  # scores c * qk, never formed (online_softmax_step): 64 fewer multiplies a tile (experiment 30)
+        x = qk
+        c = scale * LOG2E
+    else:
+        x = scores_log2(qk, scale, q_pos, k_pos, softcap, slope, USE_SOFTCAP, ALIBI_MODE)
+        c = 1.0
     if MASKED:
         vis = causal_window_mask(q_pos, k_pos, sliding_window, IS_CAUSAL)
         if USE_PREFIX:
             vis = vis | prefix_visible(prefix_ranges_ptr, seq, stride_pr_s, stride_pr_r, num_prefix_ranges,
                                        q_pos, k_pos)
         vis = vis & key_ok[None, :] & row_ok[:, None]
-        p, alpha, m_i, l_i = online_softmax_step(m_i, l_i, tl.where(vis, s, float("-inf")))
+        p, alpha, m_i, l_i = online_softmax_step(m_i, l_i, tl.where(vis, x, float("-inf")), c)
     elif CHECK_KEYS:
-        p, alpha, m_i, l_i = online_softmax_step(m_i, l_i, tl.where(key_ok[None, :], s, float("-inf")))
+        p, alpha, m_i, l_i = online_softmax_step(m_i, l_i, tl.where(key_ok[None, :], x, float("-inf")), c)
     else:  # every key of the tile is visible to every row
-        p, alpha, m_i, l_i = online_softmax_step_finite(m_i, l_i, s)
+        p, alpha, m_i, l_i = online_softmax_step_finite(m_i, l_i, x, c)
     acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
     return m_i, l_i, acc
 
@@ -92,7 +99,8 @@ def _tile_loop(
     stride_pr_s, stride_pr_r, num_prefix_ranges, scale, softcap, sliding_window,
     HEAD_SIZE: tl.constexpr, HEAD_SIZE_PAD: tl.constexpr, HEAD_SIZE_V: tl.constexpr, HEAD_SIZE_V_PAD: tl.constexpr,
     PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
-    IS_CAUSAL: tl.constexpr, USE_SOFTCAP: tl.constexpr, ALIBI_MODE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    IS_CAUSAL: tl.constexpr, USE_SOFTCAP: tl.constexpr, ALIBI_MODE: tl.constexpr, RAW_SCORES: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
     USE_PREFIX: tl.constexpr, KV_FP8: tl.constexpr, PAGED: tl.constexpr, MASKED: tl.constexpr,
     CHECK_PAGES: tl.constexpr, LARGE_CACHE: tl.constexpr,
 ):
@@ -148,7 +156,7 @@ def _tile_loop(
         m_i, l_i, acc = _attend_tile(
             q, k, v, m_i, l_i, acc, q_pos, k_pos, key_ok, row_ok, slope, k_scale, v_scale, prefix_ranges_ptr,
             seq, stride_pr_s, stride_pr_r, num_prefix_ranges, scale, softcap, sliding_window,
-            IS_CAUSAL, USE_SOFTCAP, ALIBI_MODE, DOT_PRECISION, USE_PREFIX, KV_FP8, MASKED, CHECK_PAGES,
+            IS_CAUSAL, USE_SOFTCAP, ALIBI_MODE, RAW_SCORES, DOT_PRECISION, USE_PREFIX, KV_FP8, MASKED, CHECK_PAGES,
         )
     return m_i, l_i, acc
 
@@ -159,7 +167,8 @@ def _tile_loop_tma(
     seq, kv_head, tile_lo, tile_hi, kv_lo, kv_hi,
     stride_pr_s, stride_pr_r, num_prefix_ranges, scale, softcap, sliding_window,
     HEAD_SIZE: tl.constexpr, HEAD_SIZE_V: tl.constexpr, BLOCK_N: tl.constexpr,
-    IS_CAUSAL: tl.constexpr, USE_SOFTCAP: tl.constexpr, ALIBI_MODE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    IS_CAUSAL: tl.constexpr, USE_SOFTCAP: tl.constexpr, ALIBI_MODE: tl.constexpr, RAW_SCORES: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
     USE_PREFIX: tl.constexpr, KV_FP8: tl.constexpr, MASKED: tl.constexpr,
 ):
     """``_tile_loop`` for contiguous K/V through tensor descriptors (sm90 TMA: no per-thread
@@ -176,7 +185,7 @@ def _tile_loop_tma(
         m_i, l_i, acc = _attend_tile(
             q, k, v, m_i, l_i, acc, q_pos, k_pos, key_ok, row_ok, slope, k_scale, v_scale, prefix_ranges_ptr,
             seq, stride_pr_s, stride_pr_r, num_prefix_ranges, scale, softcap, sliding_window,
-            IS_CAUSAL, USE_SOFTCAP, ALIBI_MODE, DOT_PRECISION, USE_PREFIX, KV_FP8, MASKED, False,
+            IS_CAUSAL, USE_SOFTCAP, ALIBI_MODE, RAW_SCORES, DOT_PRECISION, USE_PREFIX, KV_FP8, MASKED, False,
         )
     return m_i, l_i, acc
 
@@ -190,7 +199,8 @@ def _key_tiles(
     stride_pr_s, stride_pr_r, num_prefix_ranges, scale, softcap, sliding_window,
     HEAD_SIZE: tl.constexpr, HEAD_SIZE_PAD: tl.constexpr, HEAD_SIZE_V: tl.constexpr, HEAD_SIZE_V_PAD: tl.constexpr,
     PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
-    IS_CAUSAL: tl.constexpr, USE_SOFTCAP: tl.constexpr, ALIBI_MODE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    IS_CAUSAL: tl.constexpr, USE_SOFTCAP: tl.constexpr, ALIBI_MODE: tl.constexpr, RAW_SCORES: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
     USE_PREFIX: tl.constexpr, KV_FP8: tl.constexpr, PAGED: tl.constexpr, MASKED: tl.constexpr,
     USE_TMA: tl.constexpr, LARGE_CACHE: tl.constexpr,
 ):
@@ -231,7 +241,7 @@ def _key_tiles(
                     q, m_i, l_i, acc, q_pos, row_ok, slope, k_scale, v_scale, k_desc, v_desc, k_row_start,
                     prefix_ranges_ptr, seq, kv_head, tile_lo, tile_hi, kv_lo, kv_hi,
                     stride_pr_s, stride_pr_r, num_prefix_ranges, scale, softcap, sliding_window,
-                    HEAD_SIZE, HEAD_SIZE_V, BLOCK_N, IS_CAUSAL, USE_SOFTCAP, ALIBI_MODE, DOT_PRECISION,
+                    HEAD_SIZE, HEAD_SIZE_V, BLOCK_N, IS_CAUSAL, USE_SOFTCAP, ALIBI_MODE, RAW_SCORES, DOT_PRECISION,
                     USE_PREFIX, KV_FP8, MASKED,
                 )
             else:
@@ -241,7 +251,7 @@ def _key_tiles(
                     num_blocks, stride_k_b, stride_k_s, stride_k_h, stride_v_b, stride_v_s, stride_v_h,
                     stride_pr_s, stride_pr_r, num_prefix_ranges, scale, softcap, sliding_window,
                     HEAD_SIZE, HEAD_SIZE_PAD, HEAD_SIZE_V, HEAD_SIZE_V_PAD, PAGE_SIZE, BLOCK_N, IS_CAUSAL,
-                    USE_SOFTCAP, ALIBI_MODE, DOT_PRECISION, USE_PREFIX, KV_FP8, PAGED, MASKED,
+                    USE_SOFTCAP, ALIBI_MODE, RAW_SCORES, DOT_PRECISION, USE_PREFIX, KV_FP8, PAGED, MASKED,
                     PAGED and (loop == 1 or not SPLIT_CHECKS), LARGE_CACHE,  # the checked loop
                 )
     return m_i, l_i, acc
@@ -255,6 +265,7 @@ def _key_tiles(
         "RETURN_LSE": lambda args: args["lse_ptr"] is not None,
         "PAGED": lambda args: args["block_table_ptr"] is not None,
         "USE_TMA": lambda args: args["k_desc"] is not None,
+        "POSITIVE_SCALE": lambda args: args["scale"] > 0,
         "LARGE_CACHE": lambda args: needs_int64_offsets(args["k_ptr"], args["v_ptr"]),
     }
 )
@@ -307,6 +318,7 @@ def prefill_attention_kernel(
     PAGED: tl.constexpr,
     USE_TMA: tl.constexpr,
     LARGE_CACHE: tl.constexpr,
+    POSITIVE_SCALE: tl.constexpr,
 ):
     """out = softmax(mods(scale * q k^T) + mask) v for one BLOCK_M tile of one query head."""
     # Programs start in launch order, x fastest: every head's and sequence's heaviest Q tile (the
@@ -373,13 +385,14 @@ def prefill_attention_kernel(
         block_row = block_table_ptr + seq.to(tl.int64) * stride_bt_s
     else:
         block_row = block_table_ptr
+    RAW_SCORES: tl.constexpr = POSITIVE_SCALE and not USE_SOFTCAP and ALIBI_MODE == 0
 
     m_i, l_i, acc = _key_tiles(
         q, m_i, l_i, acc, q_pos, row_ok, slope, k_scale, v_scale, k_ptr, v_ptr, k_desc, v_desc, block_row, k_row_start,
         prefix_ranges_ptr, seq, kv_head, first_tile, full_lo, kv_lo, kv_hi, num_blocks, max_blocks_per_seq,
         stride_k_b, stride_k_s, stride_k_h, stride_v_b, stride_v_s, stride_v_h,
         stride_pr_s, stride_pr_r, num_prefix_ranges, scale, softcap, sliding_window,
-        HEAD_SIZE, HEAD_SIZE_PAD, HEAD_SIZE_V, HEAD_SIZE_V_PAD, PAGE_SIZE, BLOCK_N, IS_CAUSAL, USE_SOFTCAP, ALIBI_MODE, DOT_PRECISION,
+        HEAD_SIZE, HEAD_SIZE_PAD, HEAD_SIZE_V, HEAD_SIZE_V_PAD, PAGE_SIZE, BLOCK_N, IS_CAUSAL, USE_SOFTCAP, ALIBI_MODE, RAW_SCORES, DOT_PRECISION,
         USE_PREFIX, KV_FP8, PAGED, True, USE_TMA, LARGE_CACHE,
     )
     m_i, l_i, acc = _key_tiles(
@@ -387,7 +400,7 @@ def prefill_attention_kernel(
         prefix_ranges_ptr, seq, kv_head, full_lo, full_hi, kv_lo, kv_hi, num_blocks, max_blocks_per_seq,
         stride_k_b, stride_k_s, stride_k_h, stride_v_b, stride_v_s, stride_v_h,
         stride_pr_s, stride_pr_r, num_prefix_ranges, scale, softcap, sliding_window,
-        HEAD_SIZE, HEAD_SIZE_PAD, HEAD_SIZE_V, HEAD_SIZE_V_PAD, PAGE_SIZE, BLOCK_N, IS_CAUSAL, USE_SOFTCAP, ALIBI_MODE, DOT_PRECISION,
+        HEAD_SIZE, HEAD_SIZE_PAD, HEAD_SIZE_V, HEAD_SIZE_V_PAD, PAGE_SIZE, BLOCK_N, IS_CAUSAL, USE_SOFTCAP, ALIBI_MODE, RAW_SCORES, DOT_PRECISION,
         USE_PREFIX, KV_FP8, PAGED, False, USE_TMA, LARGE_CACHE,
     )
     m_i, l_i, acc = _key_tiles(
@@ -395,7 +408,7 @@ def prefill_attention_kernel(
         prefix_ranges_ptr, seq, kv_head, full_hi, kv_hi, kv_lo, kv_hi, num_blocks, max_blocks_per_seq,
         stride_k_b, stride_k_s, stride_k_h, stride_v_b, stride_v_s, stride_v_h,
         stride_pr_s, stride_pr_r, num_prefix_ranges, scale, softcap, sliding_window,
-        HEAD_SIZE, HEAD_SIZE_PAD, HEAD_SIZE_V, HEAD_SIZE_V_PAD, PAGE_SIZE, BLOCK_N, IS_CAUSAL, USE_SOFTCAP, ALIBI_MODE, DOT_PRECISION,
+        HEAD_SIZE, HEAD_SIZE_PAD, HEAD_SIZE_V, HEAD_SIZE_V_PAD, PAGE_SIZE, BLOCK_N, IS_CAUSAL, USE_SOFTCAP, ALIBI_MODE, RAW_SCORES, DOT_PRECISION,
         USE_PREFIX, KV_FP8, PAGED, True, USE_TMA, LARGE_CACHE,
     )
     out, lse = finalize_softmax(acc, m_i, l_i)

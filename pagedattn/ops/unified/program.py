@@ -328,7 +328,7 @@ def attend_kv_range(
             vis = vis & k_ok[None, :] & row_ok[:, None]
             s = tl.where(vis, s, float("-inf"))
 
-            p, alpha, m_i, l_i = online_softmax_step(m_i, l_i, s)
+            p, alpha, m_i, l_i = online_softmax_step(m_i, l_i, s, 1.0)
             acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
     return m_i, l_i, acc
 
