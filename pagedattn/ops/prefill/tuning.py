@@ -13,7 +13,9 @@ registers) are skipped, so the same list serves every GPU Triton targets.
 Measured on the H200 (session 6, run B): it found faster tiles at S=2048 (107 against 118 us)
 and slower ones at S=8192 (1449 against 1375) and for an extend (which shared a key with a short
 prefill then). Since then the key holds the grid's size and the table's tiles, and the options
-are timed in interleaved rounds (``choose_tiles``); not yet measured on a GPU. It stays opt-in.
+are timed in interleaved rounds (``choose_tiles``). Session 7 run D: as fast as the table on
+S=2048, the extend and the mixed batch, slower at S=512 (20.0 against 16.5 us; the events timed
+the host's launch too, mended in ``time_call``) and S=8192 (1351 against 1291 us). It stays opt-in.
 
 Candidate lists come from the H200 sweeps (docs/perf-notes.md, experiments 11 and 20): the
 winners and runners-up per head size, in the fallback's neighbourhood.
@@ -87,11 +89,20 @@ TUNE_MAX_ROUNDS = 25
 TUNE_TARGET_SECONDS = 0.02  # per candidate: short calls get more rounds, up to TUNE_MAX_ROUNDS
 
 
+TUNE_QUEUE_CYCLES = 1_000_000  # GPU clock cycles (~0.5 ms) queued ahead of each timed call
+
+
 def time_call(fn: Callable[[], None], device: torch.device) -> float:
     """Seconds of one call: CUDA events around it on a GPU, wall clock on the CPU (the caller
-    warms up first and takes the median over rounds)."""
+    warms up first and takes the median over rounds).
+
+    On a GPU a sleep kernel is queued first, so the host has launched the call before the GPU
+    reaches the start event: the events time the kernels, not the host's launch work (session 7
+    run D: without it, an S=512 prefill, 16.5 us of kernel behind tens of microseconds of launch,
+    was tuned to tiles that run 20 us)."""
     if device.type == "cuda":
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(TUNE_QUEUE_CYCLES)
         start.record()
         fn()
         end.record()
