@@ -90,18 +90,26 @@ TUNE_TARGET_SECONDS = 0.02  # per candidate: short calls get more rounds, up to 
 
 
 TUNE_QUEUE_CYCLES = 1_000_000  # GPU clock cycles (~0.5 ms) queued ahead of each timed call
+_flush_buffers: dict[torch.device, torch.Tensor] = {}  # while tuning: twice the L2, zeroed before each timed call
 
 
 def time_call(fn: Callable[[], None], device: torch.device) -> float:
     """Seconds of one call: CUDA events around it on a GPU, wall clock on the CPU (the caller
     warms up first and takes the median over rounds).
 
-    On a GPU a sleep kernel is queued first, so the host has launched the call before the GPU
-    reaches the start event: the events time the kernels, not the host's launch work (session 7
-    run D: without it, an S=512 prefill, 16.5 us of kernel behind tens of microseconds of launch,
-    was tuned to tiles that run 20 us)."""
+    On a GPU the L2 is flushed first (a buffer of twice its size is zeroed): K/V tiles read
+    from a cold L2, as in an engine's layer after the others' weights, and as in the benchmarks
+    (session 7 run E: with a warm L2 the tuner took 64-row tiles at S=8192 and 32768, which the
+    benchmark times 3-5% slower). Then a sleep kernel is queued, so the host has launched the call
+    before the GPU reaches the start event: the events time the kernels, not the host's launch
+    work (run D: without it, an S=512 prefill, 16.5 us of kernel behind tens of microseconds of
+    launch, was tuned to tiles that run 20 us)."""
     if device.type == "cuda":
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        if device not in _flush_buffers:
+            l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) or 64 * 2**20
+            _flush_buffers[device] = torch.empty(2 * l2, dtype=torch.uint8, device=device)
+        _flush_buffers[device].zero_()
         torch.cuda._sleep(TUNE_QUEUE_CYCLES)
         start.record()
         fn()
@@ -144,6 +152,7 @@ def choose_tiles(key: tuple, fallback: Tiles, options: list[Tiles], run: Callabl
         for tiles in usable:
             times[tiles].append(timer(lambda: run(tiles), device))
         rounds += 1
+    _flush_buffers.pop(device, None)  # the L2 flush buffer lives only while tuning
     best = min(usable, key=lambda t: statistics.median(times[t])) if usable else fallback
     _chosen[key] = best
     return best
