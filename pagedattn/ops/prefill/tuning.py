@@ -14,8 +14,11 @@ Measured on the H200 (session 6, run B): it found faster tiles at S=2048 (107 ag
 and slower ones at S=8192 (1449 against 1375) and for an extend (which shared a key with a short
 prefill then). Since then the key holds the grid's size and the table's tiles, and the options
 are timed in interleaved rounds (``choose_tiles``). Session 7 run D: as fast as the table on
-S=2048, the extend and the mixed batch, slower at S=512 (20.0 against 16.5 us; the events timed
-the host's launch too, mended in ``time_call``) and S=8192 (1351 against 1291 us). It stays opt-in.
+S=2048, the extend and the mixed batch, slower at S=512 (20.0 against 16.5 us: the events timed
+the host's launch too, mended in ``time_call``) and S=8192 (1351 against 1291 us). Run E, with
+the mend: S=512 16.4 us, as the table; at S=8192 and 32768 it still takes 64-row tiles, which
+the benchmark times 1-5% slower (1331 against 1291 us, 20.6 against 19.7 ms; run F, with the L2
+flushed before each timed call, chose the same). It stays opt-in.
 
 Candidate lists come from the H200 sweeps (docs/perf-notes.md, experiments 11 and 20): the
 winners and runners-up per head size, in the fallback's neighbourhood.
@@ -90,26 +93,18 @@ TUNE_TARGET_SECONDS = 0.02  # per candidate: short calls get more rounds, up to 
 
 
 TUNE_QUEUE_CYCLES = 1_000_000  # GPU clock cycles (~0.5 ms) queued ahead of each timed call
-_flush_buffers: dict[torch.device, torch.Tensor] = {}  # while tuning: twice the L2, zeroed before each timed call
 
 
 def time_call(fn: Callable[[], None], device: torch.device) -> float:
     """Seconds of one call: CUDA events around it on a GPU, wall clock on the CPU (the caller
     warms up first and takes the median over rounds).
 
-    On a GPU the L2 is flushed first (a buffer of twice its size is zeroed): K/V tiles read
-    from a cold L2, as in an engine's layer after the others' weights, and as in the benchmarks
-    (session 7 run E: with a warm L2 the tuner took 64-row tiles at S=8192 and 32768, which the
-    benchmark times 3-5% slower). Then a sleep kernel is queued, so the host has launched the call
-    before the GPU reaches the start event: the events time the kernels, not the host's launch
-    work (run D: without it, an S=512 prefill, 16.5 us of kernel behind tens of microseconds of
-    launch, was tuned to tiles that run 20 us)."""
+    On a GPU a sleep kernel is queued first, so the host has launched the call before the GPU
+    reaches the start event: the events time the kernels, not the host's launch work (session 7
+    run D: without it, an S=512 prefill, 16.5 us of kernel behind tens of microseconds of launch,
+    was tuned to tiles that run 20 us)."""
     if device.type == "cuda":
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        if device not in _flush_buffers:
-            l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) or 64 * 2**20
-            _flush_buffers[device] = torch.empty(2 * l2, dtype=torch.uint8, device=device)
-        _flush_buffers[device].zero_()
         torch.cuda._sleep(TUNE_QUEUE_CYCLES)
         start.record()
         fn()
@@ -152,7 +147,6 @@ def choose_tiles(key: tuple, fallback: Tiles, options: list[Tiles], run: Callabl
         for tiles in usable:
             times[tiles].append(timer(lambda: run(tiles), device))
         rounds += 1
-    _flush_buffers.pop(device, None)  # the L2 flush buffer lives only while tuning
     best = min(usable, key=lambda t: statistics.median(times[t])) if usable else fallback
     _chosen[key] = best
     return best
