@@ -394,24 +394,24 @@ def prefill_attention_kernel(
         prefix_ranges_ptr, seq, kv_head, first_tile, full_lo, kv_lo, kv_hi, num_blocks, max_blocks_per_seq,
         stride_k_b, stride_k_s, stride_k_h, stride_v_b, stride_v_s, stride_v_h,
         stride_pr_s, stride_pr_r, num_prefix_ranges, scale, softcap, sliding_window,
-        HEAD_SIZE, HEAD_SIZE_PAD, HEAD_SIZE_V, HEAD_SIZE_V_PAD, PAGE_SIZE, BLOCK_N, IS_CAUSAL, USE_SOFTCAP, ALIBI_MODE, RAW_SCORES, DOT_PRECISION,
-        USE_PREFIX, KV_FP8, PAGED, True, USE_TMA, LARGE_CACHE,
+        HEAD_SIZE, HEAD_SIZE_PAD, HEAD_SIZE_V, HEAD_SIZE_V_PAD, PAGE_SIZE, BLOCK_N, IS_CAUSAL, USE_SOFTCAP, ALIBI_MODE,
+        RAW_SCORES, DOT_PRECISION, USE_PREFIX, KV_FP8, PAGED, True, USE_TMA, LARGE_CACHE,
     )
     m_i, l_i, acc = _key_tiles(
         q, m_i, l_i, acc, q_pos, row_ok, slope, k_scale, v_scale, k_ptr, v_ptr, k_desc, v_desc, block_row, k_row_start,
         prefix_ranges_ptr, seq, kv_head, full_lo, full_hi, kv_lo, kv_hi, num_blocks, max_blocks_per_seq,
         stride_k_b, stride_k_s, stride_k_h, stride_v_b, stride_v_s, stride_v_h,
         stride_pr_s, stride_pr_r, num_prefix_ranges, scale, softcap, sliding_window,
-        HEAD_SIZE, HEAD_SIZE_PAD, HEAD_SIZE_V, HEAD_SIZE_V_PAD, PAGE_SIZE, BLOCK_N, IS_CAUSAL, USE_SOFTCAP, ALIBI_MODE, RAW_SCORES, DOT_PRECISION,
-        USE_PREFIX, KV_FP8, PAGED, False, USE_TMA, LARGE_CACHE,
+        HEAD_SIZE, HEAD_SIZE_PAD, HEAD_SIZE_V, HEAD_SIZE_V_PAD, PAGE_SIZE, BLOCK_N, IS_CAUSAL, USE_SOFTCAP, ALIBI_MODE,
+        RAW_SCORES, DOT_PRECISION, USE_PREFIX, KV_FP8, PAGED, False, USE_TMA, LARGE_CACHE,
     )
     m_i, l_i, acc = _key_tiles(
         q, m_i, l_i, acc, q_pos, row_ok, slope, k_scale, v_scale, k_ptr, v_ptr, k_desc, v_desc, block_row, k_row_start,
         prefix_ranges_ptr, seq, kv_head, full_hi, kv_hi, kv_lo, kv_hi, num_blocks, max_blocks_per_seq,
         stride_k_b, stride_k_s, stride_k_h, stride_v_b, stride_v_s, stride_v_h,
         stride_pr_s, stride_pr_r, num_prefix_ranges, scale, softcap, sliding_window,
-        HEAD_SIZE, HEAD_SIZE_PAD, HEAD_SIZE_V, HEAD_SIZE_V_PAD, PAGE_SIZE, BLOCK_N, IS_CAUSAL, USE_SOFTCAP, ALIBI_MODE, RAW_SCORES, DOT_PRECISION,
-        USE_PREFIX, KV_FP8, PAGED, True, USE_TMA, LARGE_CACHE,
+        HEAD_SIZE, HEAD_SIZE_PAD, HEAD_SIZE_V, HEAD_SIZE_V_PAD, PAGE_SIZE, BLOCK_N, IS_CAUSAL, USE_SOFTCAP, ALIBI_MODE,
+        RAW_SCORES, DOT_PRECISION, USE_PREFIX, KV_FP8, PAGED, True, USE_TMA, LARGE_CACHE,
     )
     out, lse = finalize_softmax(acc, m_i, l_i)
     offs_dv = tl.arange(0, HEAD_SIZE_V_PAD)
