@@ -33,15 +33,21 @@ def tma_layout_ok(t: torch.Tensor) -> bool:
                 or (t.stride(0) * t.element_size()) % 16 or t.data_ptr() % 16)
 
 
+def tma_usable(k: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether contiguous K/V load through tensor descriptors (``tma_descriptors``): wanted on
+    their device (``tma_wanted``), not empty, and a descriptor over each is exact (``tma_layout_ok``)."""
+    return k.shape[0] > 0 and tma_wanted(k) and tma_layout_ok(k) and tma_layout_ok(v)
+
+
 def tma_descriptors(k: torch.Tensor, v: torch.Tensor, block_n: int):
     """(k_desc, v_desc) over contiguous ``[total_k, num_kv_heads, head_size]`` K/V, or (None, None).
 
     On by default on sm90+ CUDA: 3-10% faster than the pointer loads at S = 512-32768 (graph
     replays) with no added eager time (docs/perf-notes.md, experiments 18 and 21);
     ``PAGEDATTN_TMA=0`` turns it off, ``=1`` also turns it on in the interpreter. Taken only
-    where a descriptor is exact (``tma_layout_ok``).
+    where usable (``tma_usable``).
     """
-    if k.shape[0] == 0 or not tma_wanted(k) or not (tma_layout_ok(k) and tma_layout_ok(v)):
+    if not tma_usable(k, v):
         return None, None
     from triton.tools.tensor_descriptor import TensorDescriptor
 
@@ -52,6 +58,11 @@ def tma_descriptors(k: torch.Tensor, v: torch.Tensor, block_n: int):
 MAX_GRID_YZ = 65535  # CUDA's limit on a grid's y and z sizes: the sequences and the Q tiles
 
 
+def q_tiles_fit(max_query_len: int, block_m: int) -> bool:
+    """Whether the grid's Q-tile dimension (z) stays within MAX_GRID_YZ for ``block_m``-row tiles."""
+    return cdiv(max_query_len, block_m) <= MAX_GRID_YZ
+
+
 def check_prefill_grid(max_query_len: int, num_seqs: int, tiles: Tiles) -> None:
     """ValueError, naming the argument, when the prefill grid (heads, sequences, Q tiles) would
     exceed CUDA's limits; called before any launch of the call (the same limits everywhere, the
@@ -59,7 +70,7 @@ def check_prefill_grid(max_query_len: int, num_seqs: int, tiles: Tiles) -> None:
     if num_seqs > MAX_GRID_YZ:
         raise ValueError(f"query_start_loc describes {num_seqs} sequences; the prefill kernel's grid holds at "
                          f"most {MAX_GRID_YZ} (split the batch across calls)")
-    if cdiv(max_query_len, tiles.block_m) > MAX_GRID_YZ:
+    if not q_tiles_fit(max_query_len, tiles.block_m):
         raise ValueError(f"max_query_len {max_query_len} needs more than {MAX_GRID_YZ} Q tiles of {tiles.block_m} "
                          f"rows in the prefill grid (split the sequence's queries across calls)")
 
@@ -89,7 +100,7 @@ def launch_prefill(
     q = a.q
     if autotune_enabled(q.device):
         paged = cu_seqlens_k is None
-        tma = not paged and tma_wanted(a.k_cache) and tma_layout_ok(a.k_cache) and tma_layout_ok(a.v_cache)
+        tma = not paged and tma_usable(a.k_cache, a.v_cache)
         key = (str(q.device), torch.cuda.get_device_name(q.device) if q.is_cuda else "interpreter", q.dtype,
                a.k_cache.dtype, q.shape[2], a.v_cache.shape[-1], q.shape[1] // a.k_cache.shape[-2], paged,
                a.k_cache.shape[1] if paged else 0, tma, a.causal, query_bucket(max_query_len),
@@ -100,7 +111,7 @@ def launch_prefill(
             tiles = remembered(key, tiles)
         else:
             head = max(16, next_power_of_2(max(q.shape[2], a.v_cache.shape[-1])))
-            options = [t for t in candidates(head, q.dtype, tiles) if cdiv(max_query_len, t.block_m) <= MAX_GRID_YZ]
+            options = [t for t in candidates(head, q.dtype, tiles) if q_tiles_fit(max_query_len, t.block_m)]
             tiles = choose_tiles(key, tiles, options, run, q.device)
     run(tiles)
 
