@@ -32,7 +32,9 @@ from dataclasses import dataclass, field
 import torch
 
 from pagedattn._streams import side_stream
+from pagedattn.ops.common.device import interpreter_on
 from pagedattn.ops.common.host_math import cdiv, next_power_of_2
+from pagedattn.ops.common.tiles import Tiles
 
 SPLIT_KV_MAX_QUERY_LEN = 8
 RESIDENT_PROGRAMS_PER_SM = 3  # decode tiles (16 x 64 keys, 4 warps, 3 stages): 146 regs, 72 KB smem
@@ -57,13 +59,6 @@ SCHEDULES = ("auto", "static", "atomic")
 ATOMIC_MIN_ITEMS_PER_PROGRAM = 2.0
 
 
-@dataclass(frozen=True)
-class Tiles:
-    block_m: int  # rows of a Q block: block_q tokens x the query heads of one KV head
-    block_q: int
-    tile_n: int  # keys per step of the inner loop
-    num_warps: int
-    num_stages: int = 2
 
 
 @dataclass
@@ -166,14 +161,6 @@ def _long_sequences(q_lens: list[int], min_q_len: int) -> tuple[int, int]:
     """[first, end): the smallest range of sequences that holds every one with >= min_q_len queries."""
     long = [i for i, n in enumerate(q_lens) if n >= min_q_len]
     return (long[0], long[-1] + 1) if long else (0, 0)
-
-
-def interpreter_on() -> bool:
-    """Whether Triton runs its interpreter (``TRITON_INTERPRET=1``), read at each call (the tests
-    and the CPU fallbacks set it after import)."""
-    import os
-
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 def num_sms(device) -> int:

@@ -7,7 +7,7 @@ import torch
 
 from pagedattn._checks import head_size_supported
 from pagedattn.backends.base import AttentionBackend, BackendConfig, BatchMetadata
-from pagedattn.plan import interpreter_on
+from pagedattn.ops.common.device import interpreter_on
 
 
 def triton_device_reason(device: torch.device, dtype: torch.dtype) -> str | None:

@@ -9,7 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
-from pagedattn.plan import interpreter_on
+from pagedattn.ops.common.device import interpreter_on
 
 
 @triton.jit

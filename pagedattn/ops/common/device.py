@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 
@@ -17,3 +18,9 @@ def cuda_sm90_or_newer(device: torch.device) -> bool:
     if device.type != "cuda":
         return False
     return _sm90_or_newer(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def interpreter_on() -> bool:
+    """Whether Triton runs its interpreter (``TRITON_INTERPRET=1``), read at each call (the tests
+    and the CPU fallbacks set it after import)."""
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"

@@ -13,8 +13,7 @@ import os
 
 import torch
 
-from pagedattn.ops.common.device import cuda_sm90_or_newer
-from pagedattn.plan import interpreter_on
+from pagedattn.ops.common.device import cuda_sm90_or_newer, interpreter_on
 
 
 # a CUDA runtime of 12.3 or later keeps dependent launches inside captured graphs

@@ -26,7 +26,7 @@ from pagedattn.ops.common.attention_math import (
     online_softmax_step_finite,
     round_to_fp8e4m3,
 )
-from pagedattn.ops.unified.program import (
+from pagedattn.ops.common.program import (
     chunk_keys,
     chunk_pages,
     chunk_pages_in_cache,

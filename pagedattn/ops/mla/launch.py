@@ -33,7 +33,7 @@ from pagedattn.ops.common.offsets import needs_int64_offsets
 from pagedattn.ops.common.pdl import use_pdl
 from pagedattn.ops.mla.kernel import mla_decode_kernel, write_mla_kv_kernel
 from pagedattn.ops.split_kv.launch import launch_merge_splits
-from pagedattn.plan import interpreter_on
+from pagedattn.ops.common.device import interpreter_on
 
 MLA_MAX_QUERY_LEN = 8
 MLA_FILL_PER_SM = 1  # resident programs per SM the split rule aims for (times mla_programs_per_sm)

@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 
 from pagedattn.ops.merge.partials import merge_row
-from pagedattn.ops.unified.program import attend_segment, store_partial, store_rows
+from pagedattn.ops.common.program import attend_segment, store_partial, store_rows
 
 ITEM_FIELDS = tl.constexpr(5)  # seq, q_block_local, kv_head, split, num_splits
 

@@ -21,7 +21,7 @@ from pagedattn.ops.common.attention_math import (
     LOG2E,
 )
 from pagedattn.ops.common.offsets import needs_int64_offsets
-from pagedattn.ops.unified.program import (
+from pagedattn.ops.common.program import (
     chunk_keys,
     chunk_pages,
     chunk_pages_in_cache,

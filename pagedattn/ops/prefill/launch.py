@@ -11,7 +11,8 @@ from pagedattn.ops.common.host_math import cdiv, next_power_of_2
 from pagedattn.ops.prefill.kernel import prefill_attention_kernel
 from pagedattn.ops.prefill.tuning import autotune_enabled, candidates, choose_tiles, query_bucket, remembered
 from pagedattn.ops.unified.launch import AttentionArgs
-from pagedattn.plan import Tiles, interpreter_on
+from pagedattn.ops.common.device import interpreter_on
+from pagedattn.ops.common.tiles import Tiles
 
 
 def tma_wanted(k: torch.Tensor) -> bool:

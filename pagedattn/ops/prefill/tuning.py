@@ -34,7 +34,8 @@ from typing import Callable
 import torch
 from triton.runtime.errors import OutOfResources, PTXASError
 
-from pagedattn.plan import Tiles, interpreter_on
+from pagedattn.ops.common.device import interpreter_on
+from pagedattn.ops.common.tiles import Tiles
 
 # head size (padded to a power of 2) -> (block_m, tile_n, num_warps, num_stages)
 CANDIDATES = {

@@ -10,7 +10,7 @@ import triton
 import triton.language as tl
 
 from pagedattn.ops.merge.partials import merge_row
-from pagedattn.ops.unified.program import attend_segment, locate_q_block, store_partial
+from pagedattn.ops.common.program import attend_segment, locate_q_block, store_partial
 
 
 @triton.heuristics(

@@ -8,7 +8,7 @@ from pagedattn.ops.common.host_math import next_power_of_2
 from pagedattn.ops.common.pdl import use_pdl
 from pagedattn.ops.split_kv.kernel import reduce_splits_kernel, split_kv_attention_kernel
 from pagedattn.ops.unified.launch import AttentionArgs, common_kernel_args, q_block_grid_size
-from pagedattn.plan import Tiles
+from pagedattn.ops.common.tiles import Tiles
 
 
 def launch_split_kv(

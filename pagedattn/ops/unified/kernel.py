@@ -11,7 +11,7 @@ num_seqs`` entries, enough for every sequence's blocks without a host sync; extr
 import triton
 import triton.language as tl
 
-from pagedattn.ops.unified.program import attend_segment, locate_q_block, store_rows
+from pagedattn.ops.common.program import attend_segment, locate_q_block, store_rows
 
 
 @triton.heuristics(

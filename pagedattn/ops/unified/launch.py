@@ -9,7 +9,7 @@ import torch
 from pagedattn.ops.common.host_math import next_power_of_2
 from pagedattn.ops.common.offsets import needs_int64_offsets
 from pagedattn.ops.unified.kernel import unified_attention_kernel
-from pagedattn.plan import Tiles
+from pagedattn.ops.common.tiles import Tiles
 
 
 @dataclass
