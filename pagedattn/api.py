@@ -21,6 +21,7 @@ from pagedattn._checks import (
 from pagedattn._streams import side_stream
 from pagedattn.ops.common.attention_math import ALIBI_LINEAR, ALIBI_NONE, ALIBI_SQRT
 from pagedattn.ops.common.host_math import next_power_of_2
+from pagedattn.ops.common.launching import launch
 from pagedattn.ops.kv_write.kernel import write_kv_kernel
 from pagedattn.ops.merge.kernel import merge_states_kernel
 from pagedattn.ops.persistent.launch import launch_persistent
@@ -491,7 +492,7 @@ def merge_attention_states(
     lse = _lse_buffer(lse_out, True, num_tokens, num_heads, device)
     if num_tokens == 0 or num_heads == 0:
         return out, lse
-    merge_states_kernel[(num_tokens, num_heads)](
+    launch(merge_states_kernel, (num_tokens, num_heads),
         out_ptr=out, lse_ptr=lse, out_a_ptr=out_a, lse_a_ptr=lse_a, out_b_ptr=out_b, lse_b_ptr=lse_b,
         stride_o_t=out.stride(0), stride_o_h=out.stride(1),
         stride_l_t=lse.stride(0), stride_l_h=lse.stride(1),
@@ -555,7 +556,7 @@ def write_kv(
     if num_tokens == 0:
         return
     fp8 = k_cache.dtype in FP8_DTYPES
-    write_kv_kernel[(num_tokens, num_kv_heads)](
+    launch(write_kv_kernel, (num_tokens, num_kv_heads),
         key_ptr=key,
         value_ptr=value,
         k_cache_ptr=k_cache,

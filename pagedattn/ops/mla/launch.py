@@ -34,6 +34,7 @@ from pagedattn.ops.common.pdl import use_pdl
 from pagedattn.ops.mla.kernel import mla_decode_kernel, write_mla_kv_kernel
 from pagedattn.ops.split_kv.launch import launch_merge_splits
 from pagedattn.ops.common.device import interpreter_on
+from pagedattn.ops.common.launching import launch
 
 MLA_MAX_QUERY_LEN = 8
 MLA_FILL_PER_SM = 1  # resident programs per SM the split rule aims for (times mla_programs_per_sm)
@@ -218,7 +219,7 @@ def launch_mla_decode(
     head_groups = -(-num_heads // config.block_h)
     grid = (mla_grid_q_blocks(num_tokens, num_seqs, config) * num_splits * head_groups * config.value_split,)
     pdl = num_splits > 1 and use_pdl(q_nope.device)
-    mla_decode_kernel[grid](
+    launch(mla_decode_kernel, grid,
         out_ptr=dst,
         lse_ptr=dst_lse,
         q_nope_ptr=q_nope,
@@ -274,7 +275,7 @@ def launch_write_mla_kv(
     rope_dim = k_pe.shape[1]
     if num_tokens == 0:
         return
-    write_mla_kv_kernel[(num_tokens,)](
+    launch(write_mla_kv_kernel, (num_tokens,),
         c_kv_ptr=c_kv,
         k_pe_ptr=k_pe,
         kv_cache_ptr=kv_cache,

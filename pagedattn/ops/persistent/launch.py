@@ -6,6 +6,7 @@ import torch
 
 from pagedattn.ops.common.host_math import next_power_of_2
 from pagedattn.ops.common.pdl import use_pdl
+from pagedattn.ops.common.launching import launch
 from pagedattn.ops.persistent.kernel import persistent_attention_kernel, persistent_reduce_kernel
 from pagedattn.ops.unified.launch import AttentionArgs, common_kernel_args
 
@@ -28,11 +29,11 @@ def launch_persistent(out: torch.Tensor, lse: torch.Tensor | None, a: AttentionA
         stride_pl_t=pl.stride(0), stride_pl_h=pl.stride(1),
         USE_PDL=pdl,
     )
-    persistent_attention_kernel[(plan.num_programs,)](
+    launch(persistent_attention_kernel, (plan.num_programs,),
         work_items_ptr=plan.work_items, **shared, **common_kernel_args(a, plan.tiles),
     )
     head_size = a.q.shape[2]
-    persistent_reduce_kernel[(max(1, plan.num_programs // 4),)](
+    launch(persistent_reduce_kernel, (max(1, plan.num_programs // 4),),
         reduce_rows_ptr=plan.reduce_rows,
         **shared,
         NUM_Q_HEADS=a.q.shape[1],

@@ -13,6 +13,7 @@ from pagedattn.ops.prefill.tuning import autotune_enabled, candidates, choose_ti
 from pagedattn.ops.unified.launch import AttentionArgs
 from pagedattn.ops.common.device import interpreter_on
 from pagedattn.ops.common.tiles import Tiles
+from pagedattn.ops.common.launching import launch
 
 
 def tma_wanted(k: torch.Tensor) -> bool:
@@ -141,7 +142,7 @@ def _launch_prefill_kernel(out, lse, a: AttentionArgs, tiles: Tiles, *, max_quer
     k_desc, v_desc = (None, None) if paged else tma_descriptors(k, v, tiles.tile_n)
     pr = a.prefix_ranges
     grid = (num_q_heads, num_seqs, cdiv(max_query_len, tiles.block_m))  # the kernel's launch order
-    prefill_attention_kernel[grid](
+    launch(prefill_attention_kernel, grid,
         out_ptr=out,
         lse_ptr=lse,
         q_ptr=q,

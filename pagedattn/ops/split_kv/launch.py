@@ -9,6 +9,7 @@ from pagedattn.ops.common.pdl import use_pdl
 from pagedattn.ops.split_kv.kernel import reduce_splits_kernel, split_kv_attention_kernel
 from pagedattn.ops.unified.launch import AttentionArgs, common_kernel_args, q_block_grid_size
 from pagedattn.ops.common.tiles import Tiles
+from pagedattn.ops.common.launching import launch
 
 
 def launch_split_kv(
@@ -27,7 +28,7 @@ def launch_split_kv(
         return
     grid = (q_block_grid_size(a, tiles), a.k_cache.shape[2], num_splits)
     pdl = use_pdl(a.q.device)
-    split_kv_attention_kernel[grid](
+    launch(split_kv_attention_kernel, grid,
         partial_out_ptr=partial_out,
         partial_lse_ptr=partial_lse,
         stride_po_t=partial_out.stride(0), stride_po_h=partial_out.stride(1), stride_po_s=partial_out.stride(2),
@@ -45,7 +46,7 @@ def launch_merge_splits(out, lse, partial_out, partial_lse, num_splits: int, *, 
     out / lse, one program per (token, head) row; ``pdl``: the kernel before it was launched with
     USE_PDL (split-KV, MLA decode)."""
     num_tokens, num_heads, head_size = out.shape
-    reduce_splits_kernel[(num_tokens, num_heads)](
+    launch(reduce_splits_kernel, (num_tokens, num_heads),
         out_ptr=out,
         lse_ptr=lse,
         partial_out_ptr=partial_out,

@@ -10,6 +10,7 @@ from pagedattn.ops.common.host_math import next_power_of_2
 from pagedattn.ops.common.offsets import needs_int64_offsets
 from pagedattn.ops.unified.kernel import unified_attention_kernel
 from pagedattn.ops.common.tiles import Tiles
+from pagedattn.ops.common.launching import launch
 
 
 @dataclass
@@ -92,7 +93,7 @@ def launch_unified(out: torch.Tensor, lse: torch.Tensor | None, a: AttentionArgs
     if a.q.shape[0] == 0 or a.seq_lens.shape[0] == 0:
         return
     grid = (q_block_grid_size(a, tiles), a.k_cache.shape[2])
-    unified_attention_kernel[grid](
+    launch(unified_attention_kernel, grid,
         out_ptr=out,
         lse_ptr=lse,
         stride_o_t=out.stride(0), stride_o_h=out.stride(1),
