@@ -198,10 +198,11 @@ def test_sampler_temperature():
     from pagedattn.engine.sampler import Sampler
 
     logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(0))
-    a = Sampler("cpu", seed=1)(logits, [0.0, 1.0, 0.7])
-    b = Sampler("cpu", seed=1)(logits, [0.0, 1.0, 0.7])
+    temps = [SamplingParams(temperature=t) for t in (0.0, 1.0, 0.7)]
+    a = Sampler("cpu", seed=1)(logits, _seqs(temps))
+    b = Sampler("cpu", seed=1)(logits, _seqs(temps))
     assert a == b and a[0] == int(logits[0].argmax())
-    draws = Sampler("cpu", seed=2)(logits[1:2].expand(4000, 50).contiguous(), [1.0] * 4000)
+    draws = Sampler("cpu", seed=2)(logits[1:2].expand(4000, 50).contiguous(), _seqs([temps[1]] * 4000))
     freq = torch.bincount(torch.tensor(draws), minlength=50).float() / 4000
     assert torch.allclose(freq, torch.softmax(logits[1], -1), atol=0.03)
 
@@ -318,3 +319,141 @@ def test_fused_model_matches_torch(llama):
     atol, rtol = TOLERANCES[torch.float32]
     torch.testing.assert_close(llm.prompt_logits(ids), ref, atol=atol, rtol=rtol)
     assert llm.generate([ids], max_tokens=2)[0].token_ids == ref_tokens
+
+
+# ---- sampling ---------------------------------------------------------------------------------
+def _seqs(params, token_ids=((1, 2),)):
+    return [Sequence(list(token_ids[i % len(token_ids)]), p) for i, p in enumerate(params)]
+
+
+def _draws(logits_row, params, n=3000, seed=0):
+    """n draws from one row of logits with ``params`` (one sequence per draw, the engine's generator)."""
+    from pagedattn.engine.sampler import Sampler
+
+    return torch.tensor(Sampler("cpu", seed=seed)(logits_row.expand(n, -1).contiguous(), _seqs([params] * n)))
+
+
+def test_sampler_filters():
+    from pagedattn.engine.sampler import Sampler
+
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(4, 40, generator=g) * 2
+    greedy = logits.argmax(-1).tolist()
+    top1 = [SamplingParams(temperature=t, top_k=1) for t in (0.5, 1.0, 2.0, 5.0)]
+    assert Sampler("cpu", seed=3)(logits, _seqs(top1)) == greedy  # top_k=1 is greedy at any temperature
+    assert Sampler("cpu")(logits, _seqs([SamplingParams(temperature=1.0, top_p=1e-6)] * 4)) == greedy
+    assert Sampler("cpu")(logits, _seqs([SamplingParams(temperature=1.0, min_p=1.0)] * 4)) == greedy
+
+    probs = torch.softmax(logits[0], -1)
+    order = probs.argsort(descending=True)
+    draws = _draws(logits[0], SamplingParams(temperature=1.0, top_k=5))
+    assert set(draws.tolist()) == set(order[:5].tolist())  # only, and all of, the 5 most likely
+    nucleus = int((probs[order].cumsum(0) < 0.6).sum()) + 1  # smallest set of mass >= 0.6
+    draws = _draws(logits[0], SamplingParams(temperature=1.0, top_p=0.6))
+    assert set(draws.tolist()) == set(order[:nucleus].tolist())
+    freq = torch.bincount(draws, minlength=40).float() / len(draws)
+    kept = torch.zeros(40).index_fill_(0, order[:nucleus], 1.0) * probs
+    assert torch.allclose(freq, kept / kept.sum(), atol=0.03)  # renormalized over the nucleus
+    draws = _draws(logits[0], SamplingParams(temperature=1.0, min_p=0.3))
+    assert set(draws.tolist()) == set(torch.nonzero(probs >= 0.3 * probs.max()).flatten().tolist())
+    hot = _draws(logits[0], SamplingParams(temperature=50.0))  # high temperature: close to uniform
+    assert len(set(hot.tolist())) > 35
+
+
+def test_sampler_repetition_penalty():
+    from pagedattn.engine.sampler import Sampler
+
+    logits = torch.tensor([[3.0, -1.0, 2.5, 0.5, -2.0]])
+    seq = Sequence([0, 1, 1], SamplingParams(repetition_penalty=2.0))
+    penalized = Sampler.penalize(logits, [seq])
+    assert penalized.tolist() == [[1.5, -2.0, 2.5, 0.5, -2.0]]  # positive / r, negative * r, others unchanged
+    assert Sampler("cpu")(logits, [seq]) == [2]  # greedy moves off the repeated token
+    assert Sampler("cpu")(logits, [Sequence([0, 1, 1], SamplingParams())]) == [0]
+
+
+def test_seed_reproducible_in_any_batch():
+    llm = LLM("tiny", device="cpu", attention="sdpa", max_model_len=32, max_num_seqs=4)
+    p = prompt(5, seed=30)
+    alone = llm.generate([p], max_tokens=6, temperature=1.0, seed=11)[0].token_ids
+    batch = llm.generate([prompt(7, seed=31), p, prompt(3, seed=32)], sampling_params=[
+        SamplingParams(max_tokens=6, temperature=1.0, seed=5), SamplingParams(max_tokens=6, temperature=1.0, seed=11),
+        SamplingParams(max_tokens=6, temperature=1.0)])
+    assert batch[1].token_ids == alone  # its own generator: the other requests do not change it
+    other = llm.generate([p], max_tokens=6, temperature=1.0, seed=12)[0].token_ids
+    assert other != alone
+
+
+def test_top_k_one_equals_greedy_in_engine():
+    llm = LLM("tiny", device="cpu", max_model_len=32)
+    p = prompt(6, seed=33)
+    greedy = llm.generate([p], max_tokens=5)[0].token_ids
+    assert llm.generate([p], max_tokens=5, temperature=1.3, top_k=1, seed=2)[0].token_ids == greedy
+
+
+def test_stop_strings_and_stop_tokens():
+    llm = LLM("tiny", device="cpu", attention="sdpa", max_model_len=48)
+    p = prompt(6, seed=34)
+    full = llm.generate([p], max_tokens=12, ignore_eos=True)[0]
+    text = full.text
+    decode = llm.tokenizer.decode
+    stop = text[5:7]
+    cut = text.find(stop)
+    n = next(m for m in range(1, 13) if stop in decode(full.token_ids[:m]))  # the step where it appears
+    out = llm.generate([p], max_tokens=12, stop=[stop, "never-in-bytes\x00\x01"])[0]
+    assert out.finish_reason == "stop" and out.text == text[:cut] and out.token_ids == full.token_ids[:n]
+    tok = full.token_ids[4]
+    out = llm.generate([p], max_tokens=12, stop_token_ids=[tok])[0]
+    assert out.finish_reason == "stop" and out.token_ids == full.token_ids[:full.token_ids.index(tok) + 1]
+    with pytest.raises(ValueError, match="top_p must lie in"):
+        llm.generate([p], top_p=0.0)
+    with pytest.raises(ValueError, match="stop must be non-empty strings"):
+        llm.generate([p], stop=[""])
+
+
+def test_cli_generate_several_prompts_json(tmp_path, capsys):
+    import json
+
+    from pagedattn.cli import main
+
+    lines = tmp_path / "prompts.jsonl"
+    lines.write_text('{"prompt": "abc", "seed": 7, "max_tokens": 3}\nplain line\n')
+    assert main(["generate", "--model", "tiny", "--prompt", "hello", "--prompts-file", str(lines), "--max-tokens",
+                 "4", "--temperature", "0.9", "--top-k", "20", "--request-seed", "1", "--json"]) == 0
+    captured = capsys.readouterr()
+    doc = json.loads(captured.out)
+    assert doc["random_weights"] is True and "RANDOM weights" in captured.err and "gibberish" in captured.err
+    outs = doc["outputs"]
+    assert [o["prompt"] for o in outs] == ["hello", "abc", "plain line"]
+    assert [len(o["token_ids"]) for o in outs] == [4, 3, 4]
+    assert [o["sampling"]["seed"] for o in outs] == [1, 7, 3]
+    assert main(["generate", "--model", "tiny", "--prompt", "abc", "--max-tokens", "3", "--temperature", "0.9",
+                 "--top-k", "20", "--request-seed", "7", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["outputs"][0]["token_ids"] == outs[1]["token_ids"]  # seeded
+    assert main(["generate", "--model", "tiny"]) == 2
+    assert "no prompt" in capsys.readouterr().err
+
+
+def test_chat_template(tmp_path, capsys):
+    """A folder with a tokenizer that has a chat template: prompts are wrapped in it (CLI default)."""
+    tokenizers = pytest.importorskip("tokenizers")
+    from pagedattn.cli import main
+
+    save_checkpoint(tmp_path)
+    vocab = {w: i for i, w in enumerate(["<unk>", "<eos>", "<user>", "<bot>", "hello", "world"])}
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.WhitespaceSplit()
+    template = "{% for m in messages %}<user> {{ m['content'] }} {% endfor %}{% if add_generation_prompt %}<bot>{% endif %}"
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", eos_token="<eos>",
+                                                chat_template=template)
+    fast.save_pretrained(str(tmp_path))
+    llm = LLM(str(tmp_path), device="cpu", attention="sdpa", max_model_len=32)
+    assert llm.has_chat_template
+    assert llm.encode("hello world", chat=True) == [2, 4, 5, 3]
+    assert llm.encode([{"role": "user", "content": "world"}]) == [2, 5, 3]
+    assert llm.encode("hello world") == [4, 5]
+    assert main(["generate", "--model", str(tmp_path), "--prompt", "hello", "--max-tokens", "2", "--json",
+                 "--attention", "sdpa"]) == 0
+    doc = __import__("json").loads(capsys.readouterr().out)
+    assert doc["chat_template"] is True and doc["random_weights"] is False
+    with pytest.raises(ValueError, match="chat template"):
+        LLM("tiny", device="cpu", attention="sdpa", max_model_len=32).encode("hi", chat=True)

@@ -1,8 +1,8 @@
-"""The user-facing engine: ``LLM(model).generate(prompts, max_tokens, temperature)``.
+"""The user-facing engine: ``LLM(model).generate(prompts, max_tokens, temperature, ...)``.
 
 >>> llm = LLM("tiny")                        # a preset with random weights, or a Hugging Face folder
->>> out = llm.generate(["hello"], max_tokens=16)
->>> out[0].text, out[0].token_ids
+>>> out = llm.generate(["hello"], max_tokens=16, temperature=0.8, top_p=0.9, seed=1)
+>>> out[0].text, out[0].token_ids, out[0].finish_reason
 """
 
 from __future__ import annotations
@@ -70,19 +70,39 @@ class RequestOutput:
 class Engine:
     """Scheduler + block manager + model runner over an already built model."""
 
-    def __init__(self, model, mcfg: ModelConfig, ecfg: EngineConfig, *, eos_token_ids=None):
+    def __init__(self, model, mcfg: ModelConfig, ecfg: EngineConfig, *, eos_token_ids=None, tokenizer=None):
         self.mcfg, self.ecfg = mcfg, ecfg
+        self.tokenizer = tokenizer
         self.blocks = BlockManager(ecfg.num_blocks, ecfg.block_size)
         eos = mcfg.eos_token_ids if eos_token_ids is None else eos_token_ids
-        self.scheduler = Scheduler(ecfg, self.blocks, eos)
+        self.scheduler = Scheduler(ecfg, self.blocks, eos, stop_checker=self._stop_string)
         with torch.inference_mode():
             self.runner = ModelRunner(model, mcfg, ecfg)
         self.step_records: list | None = None  # a list: record every step's timing
+
+    def _stop_string(self, seq: Sequence) -> bool:
+        """Whether the output text holds one of the request's stop strings; sets ``seq.stop_index``
+        to where the text ends (the first match)."""
+        text = self.tokenizer.decode(seq.output_ids)
+        hits = [i for i in (text.find(s) for s in seq.params.stop) if i >= 0]
+        if not hits:
+            return False
+        seq.stop_index = min(hits)
+        return True
+
+    def output_text(self, seq: Sequence) -> str:
+        """The output's text, cut before the stop string that ended it."""
+        text = self.tokenizer.decode(seq.output_ids)
+        return text if seq.stop_index is None else text[:seq.stop_index]
 
     def _new_sequence(self, token_ids, params: SamplingParams) -> Sequence:
         seq = Sequence(token_ids, params)
         if any(not 0 <= t < self.mcfg.vocab_size for t in seq.token_ids):
             raise ValueError(f"prompt token ids must lie in [0, {self.mcfg.vocab_size})")
+        if params.stop and self.tokenizer is None:
+            raise ValueError("stop strings need a tokenizer: pass tokenizer= to Engine (LLM does)")
+        if any(not 0 <= t < self.mcfg.vocab_size for t in params.stop_token_ids):
+            raise ValueError(f"stop_token_ids must lie in [0, {self.mcfg.vocab_size})")
         self.scheduler.check(seq)
         return seq
 
@@ -194,31 +214,61 @@ class LLM:
             dtype=str(dtype).removeprefix("torch."), enforce_eager=enforce_eager,
             cuda_graph_sizes=list(cuda_graph_sizes or []), seed=seed,
         )
+        self.random_weights = folder is None  # a preset: random weights, so the text is gibberish
         self.model = load_model(self.model_config, folder, device=device, dtype=dtype, seed=seed)
         self.tokenizer = load_tokenizer(folder, self.model_config.vocab_size)
         eos = set(self.model_config.eos_token_ids)
         if getattr(self.tokenizer, "eos_token_id", None) is not None:
             eos.add(self.tokenizer.eos_token_id)
-        self.engine = Engine(self.model, self.model_config, self.config, eos_token_ids=eos)
+        self.engine = Engine(self.model, self.model_config, self.config, eos_token_ids=eos, tokenizer=self.tokenizer)
 
-    def encode(self, prompt) -> list[int]:
-        return self.tokenizer.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
+    @property
+    def has_chat_template(self) -> bool:
+        return getattr(self.tokenizer, "chat_template", None) is not None
 
-    def generate(self, prompts, max_tokens: int = 16, temperature: float = 0.0, *, ignore_eos: bool = False,
-                 progress: bool = False) -> list[RequestOutput]:
-        """Generate for each prompt (a string or a list of token ids); outputs in prompt order."""
-        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+    def encode(self, prompt, *, chat: bool = False) -> list[int]:
+        """Token ids of a prompt: a string (``chat``: a user message in the folder's chat template,
+        with the generation prompt), a list of chat messages (``{"role", "content"}`` dicts; the
+        template), or token ids as they are."""
+        if isinstance(prompt, str) and not chat:
+            return self.tokenizer.encode(prompt)
+        if isinstance(prompt, str) or (prompt and isinstance(prompt[0], dict)):
+            if not self.has_chat_template:
+                raise ValueError("chat needs a tokenizer with a chat template (the model folder has none)")
+            messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+            return self.tokenizer.apply_chat_template(messages)
+        return [int(t) for t in prompt]
+
+    def generate(self, prompts, max_tokens: int = 16, temperature: float = 0.0, *, top_k: int = 0,
+                 top_p: float = 1.0, min_p: float = 0.0, repetition_penalty: float = 1.0, stop=(),
+                 stop_token_ids=(), seed: int | None = None, ignore_eos: bool = False, sampling_params=None,
+                 chat: bool = False, progress: bool = False) -> list[RequestOutput]:
+        """Generate for each prompt (a string, a list of chat messages or a list of token ids);
+        outputs in prompt order.
+
+        The keyword arguments are :class:`SamplingParams` fields for every prompt; or
+        ``sampling_params``: one :class:`SamplingParams`, or one per prompt. ``chat``: string
+        prompts become user messages in the folder's chat template.
+        """
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], (int, dict))):
             prompts = [prompts]
-        params = SamplingParams(max_tokens=max_tokens, temperature=temperature, ignore_eos=ignore_eos)
-        ids = [self.encode(p) for p in prompts]
-        bar = _progress_bar(len(ids) * max_tokens) if progress else None
+        if sampling_params is None:
+            sampling_params = SamplingParams(
+                max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                repetition_penalty=repetition_penalty, stop=stop, stop_token_ids=stop_token_ids, seed=seed,
+                ignore_eos=ignore_eos)
+        params = [sampling_params] * len(prompts) if isinstance(sampling_params, SamplingParams) else list(sampling_params)
+        if len(params) != len(prompts):
+            raise ValueError(f"sampling_params has {len(params)} entries for {len(prompts)} prompts")
+        ids = [self.encode(p, chat=chat) for p in prompts]
+        bar = _progress_bar(sum(p.max_tokens for p in params)) if progress else None
         try:
-            seqs = self.engine.generate(ids, [params] * len(ids), progress=bar.update if bar else None)
+            seqs = self.engine.generate(ids, params, progress=bar.update if bar else None)
         finally:
             if bar is not None:
                 bar.close()
         return [RequestOutput(prompt_token_ids=s.token_ids[:s.num_prompt_tokens], token_ids=s.output_ids,
-                              text=self.tokenizer.decode(s.output_ids), finish_reason=s.finish_reason,
+                              text=self.engine.output_text(s), finish_reason=s.finish_reason,
                               ttft_s=s.first_token_time - s.arrival_time, latency_s=s.finish_time - s.arrival_time)
                 for s in seqs]
 

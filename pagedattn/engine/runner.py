@@ -228,11 +228,11 @@ class ModelRunner:
 
     def execute(self, batch: ScheduledBatch) -> list[int]:
         """Run one step and return the sampled token of each sequence that samples, in batch order."""
-        temps = [seq.params.temperature for i, seq in enumerate(batch.seqs) if batch.samples(i)]
-        if not temps:
+        seqs = [seq for i, seq in enumerate(batch.seqs) if batch.samples(i)]
+        if not seqs:
             self.forward(batch)
             return []
-        return self.sampler(self.forward(batch), temps)
+        return self.sampler(self.forward(batch), seqs)
 
     # ---- CUDA graphs ----------------------------------------------------------------------
     def _graph_forward(self, size: int) -> torch.Tensor:

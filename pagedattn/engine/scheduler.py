@@ -46,10 +46,11 @@ class ScheduledBatch:
 
 
 class Scheduler:
-    def __init__(self, config: EngineConfig, blocks: BlockManager, eos_token_ids=()):
+    def __init__(self, config: EngineConfig, blocks: BlockManager, eos_token_ids=(), stop_checker=None):
         self.config = config
         self.blocks = blocks
         self.eos_token_ids = set(eos_token_ids)
+        self.stop_checker = stop_checker  # seq -> True when its text holds a stop string (sets seq.stop_index)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self._free_slots = list(range(config.max_num_seqs))
@@ -153,10 +154,13 @@ class Scheduler:
             seq.token_ids.append(token)
             if seq.first_token_time is None:
                 seq.first_token_time = now
-            if len(seq.output_ids) >= seq.params.max_tokens:
-                seq.finish_reason = "length"
-            elif token in self.eos_token_ids and not seq.params.ignore_eos:
+            params = seq.params
+            if token in self.eos_token_ids and not params.ignore_eos:
                 seq.finish_reason = "eos"
+            elif token in params.stop_token_ids or (params.stop and self.stop_checker(seq)):
+                seq.finish_reason = "stop"
+            elif len(seq.output_ids) >= params.max_tokens:
+                seq.finish_reason = "length"
             else:
                 continue
             seq.status = Status.FINISHED

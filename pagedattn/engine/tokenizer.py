@@ -13,6 +13,7 @@ class ByteTokenizer:
     def __init__(self, vocab_size: int):
         self.vocab_size = vocab_size
         self.eos_token_id = None
+        self.chat_template = None
 
     def encode(self, text: str) -> list[int]:
         return [b % self.vocab_size for b in text.encode("utf-8")]
@@ -29,9 +30,16 @@ class HFTokenizer:
 
         self._tok = AutoTokenizer.from_pretrained(folder)
         self.eos_token_id = self._tok.eos_token_id
+        self.chat_template = getattr(self._tok, "chat_template", None) or None
 
     def encode(self, text: str) -> list[int]:
         return list(self._tok.encode(text))
+
+    def apply_chat_template(self, messages: list[dict]) -> list[int]:
+        """Token ids of ``messages`` in the folder's chat template, ending with the assistant's
+        generation prompt (the template adds its own special tokens, so none are added again)."""
+        text = self._tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        return list(self._tok.encode(text, add_special_tokens=False))
 
     def decode(self, ids) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=True)
