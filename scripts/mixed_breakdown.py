@@ -1,8 +1,8 @@
-"""Where the mixed case's time goes (docs/perf-notes.md, experiment 25), on a GPU:
+"""Where the mixed case's time goes, on a GPU:
 
     PYTHONPATH=. python scripts/mixed_breakdown.py [--json FILE]
 
-The SPEC mixed batch (one 2048-token prefill + 63 decodes at 2049 keys, Llama shape, bf16) timed
+The mixed batch (one 2048-token prefill + 63 decodes at 2049 keys, Llama shape, bf16) timed
 as one planned call, and its parts alone: the prefill (sequence 0's metadata), the 63 decodes on
 each decode path, and the two parts on two streams (the decodes forked to a side stream inside
 one graph). Every variant is a CUDA-graph replay (bench.timing with prefer_graph), checked
