@@ -1,36 +1,223 @@
-"""The ``pagedattn`` command: ``pagedattn check``, ``pagedattn bench`` and ``pagedattn generate``."""
+"""The pagedattn command: check, bench (kernels, e2e, serve, mla, host, plot, tune, waves) and generate.
+
+Also the small terminal helpers every command shares: a progress display that redraws one line
+on a terminal and prints plain lines otherwise (logs get one line per finished step, never a
+stream of carriage returns), and the banner a benchmark prints when it runs in Triton's
+interpreter.
+"""
 
 from __future__ import annotations
 
+import importlib
+import os
+import re
 import sys
+import time
 
 USAGE = """usage: pagedattn <command> [options]
+       pagedattn --version
 
 commands:
-  check     run every path and feature against the reference on this machine
-  bench     time the reference workloads (see `pagedattn bench --help`);
-            `pagedattn bench e2e`: the engine end to end (see `pagedattn bench e2e --help`)
-  generate  generate text with the engine (see `pagedattn generate --help`)
+  check            check every kernel family and feature against the float64 reference
+                   on this machine (about a minute on a GPU, two on a CPU)
+  bench            benchmarks; "pagedattn bench --help" lists them:
+                     kernels (the default), e2e, serve, mla, host, plot, tune, waves
+  generate         generate text with the built-in engine
+
+"pagedattn <command> --help" shows a command's options.
 """
+
+BENCH_USAGE = """usage: pagedattn bench [<benchmark>] [options]
+
+benchmarks:
+  kernels   time the reference workloads per provider, each checked first (the default:
+            "pagedattn bench --quick" is "pagedattn bench kernels --quick")
+  e2e       the engine end to end (prefill, decode TPOT) with pagedattn and SDPA attention
+  serve     a synthetic serving trace through the engine (tokens/s, TTFT, TPOT)
+  mla       MLA decode beside a torch implementation
+  host      host time and GPU time of one call per path (the per-layer overhead)
+  plot      plots from a kernels or waves results file
+  tune      sweep the decode tiles and split counts (GPU)
+  waves     one CUDA graph captured at the maximum batch, replayed at smaller ones (GPU)
+
+"pagedattn bench <benchmark> --help" shows its options. Without a GPU every benchmark runs in
+Triton's interpreter on small shapes: a correctness run, whose timings mean nothing.
+"""
+
+# name -> (module, whether it needs a GPU)
+BENCHMARKS = {
+    "kernels": ("pagedattn.bench.cli", False),
+    "e2e": ("pagedattn.bench.e2e", False),
+    "serve": ("pagedattn.bench.serve", False),
+    "mla": ("pagedattn.bench.mla", False),
+    "host": ("pagedattn.bench.host", False),
+    "plot": ("pagedattn.bench.plot", False),
+    "tune": ("pagedattn.bench.tune_decode", True),
+    "waves": ("pagedattn.bench.waves", True),
+}
+# benchmarks that print their own interpreter banner and pass/fail columns
+_OWN_BANNER = {"kernels", "host", "plot", "tune", "waves"}
+
+
+def plain(text: str) -> str:
+    """Help text without reStructuredText markup: ``x`` and :role:`x` become x."""
+    text = re.sub(r":[a-z]+:`~?([^`]+)`", r"\1", text)
+    return text.replace("``", "").replace("`", "")
+
+
+def package_version() -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version("pagedattn")
+    except metadata.PackageNotFoundError:  # a plain checkout on PYTHONPATH
+        import pagedattn
+
+        return pagedattn.__version__
+
+
+def version_line() -> str:
+    from importlib import metadata
+
+    parts = []
+    for dist in ("torch", "triton"):
+        try:
+            parts.append(f"{dist} {metadata.version(dist)}")
+        except metadata.PackageNotFoundError:
+            parts.append(f"{dist} not installed")
+    return f"pagedattn {package_version()} ({', '.join(parts)}, python {sys.version.split()[0]})"
+
+
+def gpu_present() -> bool:
+    """A CUDA/ROCm GPU that the kernels will use (not forced into the interpreter)."""
+    import torch
+
+    return torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0") != "1"
+
+
+INTERPRETER_BANNER = (
+    "No GPU: this is a correctness run in Triton's interpreter on small shapes. Each case is checked "
+    "against the reference (pass/fail); timings are interpreter timings and mean nothing about speed."
+)
+
+
+def interpreter_banner(stream=None) -> None:
+    print(INTERPRETER_BANNER, file=stream or sys.stderr, flush=True)
+
+
+class Progress:
+    """Rows printed as they finish, with the count and the elapsed time.
+
+    On a terminal a status line (the running step, elapsed time, estimated time left) is redrawn
+    below the rows; elsewhere (a log file, CI) only the finished rows are printed, one line each.
+    ``weights``: relative cost of each step, for the time-left estimate.
+    """
+
+    def __init__(self, total: int, *, weights=None, stream=None, live: bool | None = None):
+        self.stream = stream or sys.stdout
+        self.live = bool(getattr(self.stream, "isatty", lambda: False)()) if live is None else live
+        self.total = total
+        self.weights = list(weights) if weights is not None else [1.0] * total
+        self.count = 0
+        self._t0 = time.perf_counter()
+        self._drawn = False
+
+    @property
+    def elapsed(self) -> float:
+        return time.perf_counter() - self._t0
+
+    def _left(self) -> str:
+        done = sum(self.weights[: self.count])
+        if self.count == 0 or done <= 0:
+            return ""
+        left = self.elapsed * sum(self.weights[self.count:]) / done
+        return f", about {left:.0f} s left"
+
+    def _clear(self) -> None:
+        if self._drawn:
+            self.stream.write("\r\x1b[K")
+            self._drawn = False
+
+    def start(self, label: str) -> None:
+        """A step begins (shown only on a terminal)."""
+        if not self.live:
+            return
+        self._clear()
+        width = 100
+        line = f"[{self.count + 1}/{self.total}] {self.elapsed:.0f} s{self._left()}: {label}"
+        self.stream.write(line[:width])
+        self.stream.flush()
+        self._drawn = True
+
+    def done(self, text: str) -> None:
+        """A step finished: print its row."""
+        self.count += 1
+        self._clear()
+        self.stream.write(text + "\n")
+        self.stream.flush()
+
+    def step(self, label: str) -> None:
+        """A step finished, with a short label: ``[i/n] label (elapsed)``."""
+        self.done(f"[{self.count + 1}/{self.total}] {label} ({self.elapsed:.0f} s)")
+
+    def close(self) -> None:
+        self._clear()
+        self.stream.flush()
+
+
+def _run_bench(name: str, rest: list[str]) -> int:
+    module_name, needs_gpu = BENCHMARKS[name]
+    prog = f"pagedattn bench {name}"
+    if needs_gpu and not any(a in ("-h", "--help") for a in rest) and not gpu_present():
+        print(f"{prog} needs a GPU (CUDA or ROCm): it times CUDA-graph replays. No GPU is available here.",
+              file=sys.stderr)
+        return 2
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as e:
+        if e.name != module_name:
+            raise
+        print(f"{prog} is not available in this version of pagedattn ({module_name} is not installed).",
+              file=sys.stderr)
+        return 2
+    if name not in _OWN_BANNER and not any(a in ("-h", "--help") for a in rest) and not gpu_present():
+        interpreter_banner()
+    if hasattr(module, "add_arguments"):  # parser built here, options added by the module
+        import argparse
+
+        doc = plain((module.__doc__ or "").strip().splitlines()[0]) if module.__doc__ else None
+        parser = argparse.ArgumentParser(prog=prog, description=doc)
+        module.add_arguments(parser)
+        return int(module.main(parser.parse_args(rest)) or 0)
+    return int(module.main(rest) or 0)
+
+
+def bench_main(argv: list[str]) -> int:
+    if argv and argv[0] in ("-h", "--help"):
+        print(BENCH_USAGE)
+        return 0
+    if argv and argv[0] in BENCHMARKS:
+        return _run_bench(argv[0], argv[1:])
+    if argv and not argv[0].startswith("-"):
+        print(f"pagedattn bench: unknown benchmark {argv[0]!r}\n\n{BENCH_USAGE}", file=sys.stderr)
+        return 2
+    return _run_bench("kernels", argv)
 
 
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] in ("-h", "--help"):
+    if not argv or argv[0] in ("-h", "--help", "help"):
         print(USAGE)
         return 0 if argv else 2
+    if argv[0] in ("-V", "--version"):
+        print(version_line())
+        return 0
     command, rest = argv[0], argv[1:]
     if command == "check":
         from pagedattn.check import main as check_main
 
         return check_main(rest)
-    if command == "bench" and rest and rest[0] == "e2e":
-        from pagedattn.bench.e2e import main as e2e_main
-
-        return e2e_main(rest[1:])
     if command == "bench":
-        from pagedattn.bench.cli import main as bench_main
-
         return bench_main(rest)
     if command == "generate":
         from pagedattn.engine.cli import main as generate_main
