@@ -21,7 +21,7 @@ import time
 
 import torch
 
-from pagedattn.bench.cli import select_device
+from pagedattn.bench.serve import select_device
 
 ATTENTIONS = ("pagedattn", "pagedattn-2d", "sdpa")
 FULL = dict(model="llama-3.1-8b", prompt_len=500, output_lens=(128, 1024), batch=64, batch_context=2048,

@@ -79,6 +79,7 @@ class Engine:
         with torch.inference_mode():
             self.runner = ModelRunner(model, mcfg, ecfg)
         self.step_records: list | None = None  # a list: record every step's timing
+        self.time_gpu = True  # with step_records: also CUDA events around the forward (one more sync)
 
     def _stop_string(self, seq: Sequence) -> bool:
         """Whether the output text holds one of the request's stop strings; sets ``seq.stop_index``
@@ -106,9 +107,11 @@ class Engine:
         self.scheduler.check(seq)
         return seq
 
-    def add(self, token_ids, params: SamplingParams) -> Sequence:
-        """Queue one request (ValueError for bad input); :meth:`step` runs it."""
+    def add(self, token_ids, params: SamplingParams, *, arrival_time: float | None = None) -> Sequence:
+        """Queue one request (ValueError for bad input); :meth:`step` runs it. ``arrival_time``
+        (``time.perf_counter()`` clock; default now) is what its TTFT counts from."""
         seq = self._new_sequence(token_ids, params)
+        seq.arrival_time = arrival_time
         self.scheduler.add(seq)
         return seq
 
@@ -116,11 +119,15 @@ class Engine:
     def step(self) -> tuple[list[Sequence], int]:
         """Schedule and run one step; returns (finished sequences, tokens sampled).
 
-        With ``step_records`` on, the step is timed from before scheduling to after sampling.
+        With ``step_records`` on, the step is timed from before scheduling to after sampling
+        (``step_ms``: CUDA events on a GPU, else wall time; ``wall_ms``: wall time) and
+        ``host_ms`` is the wall time the host did not spend waiting for the device (from the
+        step's start until its forward was queued, plus the bookkeeping after the sampled tokens
+        reached the host).
         """
         timed = self.step_records is not None
         cuda = self.runner.device.type == "cuda"
-        self.runner.time_forward = timed
+        self.runner.time_forward = timed and self.time_gpu
         if timed:
             t0 = time.perf_counter()
             if cuda:
@@ -132,15 +139,19 @@ class Engine:
         sampled = self.runner.execute(batch)
         finished = self.scheduler.postprocess(batch, sampled)
         if timed:
+            t1 = time.perf_counter()
+            wall_ms = (t1 - t0) * 1e3
+            wait_ms = (self.runner.last_sampled - self.runner.last_enqueued) * 1e3
             if cuda:
                 end.record()
                 end.synchronize()
                 step_ms = start.elapsed_time(end)
             else:
-                step_ms = (time.perf_counter() - t0) * 1e3
+                step_ms = wall_ms
             self.step_records.append(dict(
                 decode=batch.is_decode, num_seqs=len(batch.seqs), num_tokens=batch.num_tokens, step_ms=step_ms,
                 forward_ms=self.runner.last_forward_ms if cuda else None, graph=self.runner.last_used_graph,
+                wall_ms=wall_ms, host_ms=wall_ms - wait_ms, sampled=len(sampled),
             ))
         return finished, len(sampled)
 

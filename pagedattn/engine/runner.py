@@ -12,6 +12,8 @@ replays. Everything else (prefill, extend, mixed batches, the CPU) runs eagerly 
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from pagedattn.engine.attention import StepMetadata, make_backend
@@ -114,6 +116,7 @@ class ModelRunner:
         self.time_forward = False
         self.last_forward_ms = None
         self.last_used_graph = False
+        self.last_enqueued = self.last_sampled = None
         if self.device.type == "cuda" and not ecfg.enforce_eager and ecfg.cuda_graph_sizes:
             self.capture_graphs()
 
@@ -229,10 +232,13 @@ class ModelRunner:
     def execute(self, batch: ScheduledBatch) -> list[int]:
         """Run one step and return the sampled token of each sequence that samples, in batch order."""
         seqs = [seq for i, seq in enumerate(batch.seqs) if batch.samples(i)]
-        if not seqs:
-            self.forward(batch)
-            return []
-        return self.sampler(self.forward(batch), seqs)
+        logits = self.forward(batch)
+        self.last_enqueued = time.perf_counter()  # the host has queued the step's forward
+        tokens = self.sampler(logits, seqs) if seqs else []
+        if not seqs and self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()
+        self.last_sampled = time.perf_counter()  # the tokens are on the host: the device work is done
+        return tokens
 
     # ---- CUDA graphs ----------------------------------------------------------------------
     def _graph_forward(self, size: int) -> torch.Tensor:
