@@ -30,8 +30,55 @@ def test_bench_quick_decode_mixed(tmp_path, capsys):
         for key in ("gbps", "tflops", "pct_of_ceiling", "ratio_to_best_anchor"):
             assert key in r
     table = md.read_text()
-    assert "| decode B=1 L=64 |" in table
-    assert table in capsys.readouterr().out
+    assert "| decode B=1 L=64 | PASS, err " in table
+    captured = capsys.readouterr()
+    assert table in captured.out
+    # the interpreter is a correctness run: said up front, no GPU-style figures in the table
+    assert "correctness run" in captured.err and "correctness run" in table
+    assert "GB/s" not in table and "TF/s" not in table
+    assert "\r" not in captured.err  # not a terminal: plain progress lines
+    assert "[1/" in captured.err and "PASS" in captured.err
+
+
+def test_hetero_suite_cases_and_floor():
+    import torch
+
+    from pagedattn.bench.workloads import SUITES, bytes_floor_us, make_cases, work
+
+    cases = {c.name: c for c in make_cases(SUITES["hetero"])}
+    assert set(cases) == {"hetero 2x16384 + 126x512", "hetero 8x8192 + 56x256", "specdecode 16x6@8192"}
+    long_short = cases["hetero 2x16384 + 126x512"]
+    assert long_short.num_seqs == 128 and long_short.kind == "decode"
+    kv = work(long_short, torch.bfloat16)["kv_bytes"]
+    assert kv == (2 * 16384 + 126 * 512) * 8 * 128 * 2 * 2
+    assert bytes_floor_us(kv) == pytest.approx(86.6, abs=0.1)  # 87 us at 4.6 TB/s
+    spec = cases["specdecode 16x6@8192"]
+    assert spec.num_tokens == 96 and spec.seq_lens == [8192] * 16
+    assert {c.workload for c in make_cases(SUITES["all"])} >= {"decode", "hetero", "specdecode"}
+
+
+def test_bench_quick_hetero_suite(tmp_path):
+    out = tmp_path / "hetero.json"
+    assert main(["--quick", "--suite", "hetero", "--provider", "pagedattn", "--json", str(out)]) == 0
+    records = json.loads(out.read_text())["records"]
+    assert {r["workload"] for r in records} == {"hetero", "specdecode"}
+    for r in records:
+        assert r["status"] == "ok" and r["ok"] is True, r
+        assert r["bytes_floor_us"] > 0
+
+
+def test_report_gpu_table_shows_bytes_floor():
+    from pagedattn.bench.report import markdown_table
+
+    rec = dict(case="hetero 2x16384 + 126x512", provider="pagedattn", kind="decode", status="ok", time_us=100.0,
+               tflops=1.0, gbps=3984.0, pct_of_ceiling=None, anchor=False, ratio_to_best_anchor=None,
+               method="cudagraph", bytes_floor_us=86.6, x_bytes_floor=100.0 / 86.6)
+    results = dict(machine=dict(device="cuda:0", gpu="H200", sm_count=132, torch="t", triton="t", date="d",
+                                triton_interpret=False),
+                   config=dict(dtype="bf16"), ceilings={}, records=[rec])
+    table = markdown_table(results)
+    assert "| case | bytes floor | pagedattn |" in table
+    assert "| hetero 2x16384 + 126x512 | 86.6 us | 100.0 us, 3984 GB/s, 1.15x floor |" in table
 
 
 def test_bench_rejects_unknown_names(tmp_path):

@@ -1,8 +1,9 @@
-"""``python -m pagedattn.bench``: check, then time, every (case, provider); write JSON and a table.
+"""pagedattn bench kernels: check, then time, every (case, provider); write JSON and a table.
 
-Without a CUDA GPU the suite runs on the CPU through the Triton interpreter (``TRITON_INTERPRET``
-is set here before anything imports a kernel), with fp16 and tiny heads; those timings only
-show that the suite runs.
+Without a CUDA GPU the suite runs on the CPU through the Triton interpreter (TRITON_INTERPRET
+is set here before anything imports a kernel), with fp16 and tiny heads: a correctness run. Its
+table then shows pass/fail and the error per case; the JSON keeps the interpreter's time of the
+checked call, which says nothing about speed.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import traceback
 
 import torch
 
-from pagedattn.bench.workloads import WORKLOADS
+from pagedattn.bench.workloads import ALL_WORKLOADS, SUITES
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -37,10 +38,19 @@ def _split(values, default):
     return out
 
 
+EPILOG = """other benchmarks: pagedattn bench e2e | serve | mla | host | plot | tune | waves
+(pagedattn bench --help lists them)"""
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="pagedattn bench", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="pagedattn bench kernels", description=__doc__.splitlines()[0].split(": ", 1)[1],
+                                epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--suite", choices=sorted(SUITES), default="reference",
+                   help="reference: the reference workloads (decode grid, prefill, extend, mixed, feature shapes); "
+                        "hetero: batches of unequal lengths and speculative decode, beside their bytes floor; "
+                        "all: both (default: %(default)s)")
     p.add_argument("--workload", action="append",
-                   help=f"repeatable or comma list of {', '.join(WORKLOADS)} (default: all)")
+                   help=f"repeatable or comma list of {', '.join(ALL_WORKLOADS)} (default: the suite's)")
     p.add_argument("--provider", action="append", help="comma list (default: every available one)")
     p.add_argument("--case", action="append",
                    help="keep only cases whose name contains this text (repeatable: any of them)")
@@ -54,32 +64,11 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-class _Progress:
-    """tqdm when it is installed, else one line per step on stderr."""
-
-    def __init__(self, total: int):
-        try:
-            from tqdm import tqdm
-
-            self._bar = tqdm(total=total, unit="run", file=sys.stderr)
-        except ImportError:
-            self._bar = None
-        self.total, self.done = total, 0
-
-    def step(self, label: str):
-        self.done += 1
-        if self._bar is not None:
-            self._bar.set_description(label[:48])
-            self._bar.update(1)
-        else:
-            print(f"[{self.done}/{self.total}] {label}", file=sys.stderr, flush=True)
-
-    def close(self):
-        if self._bar is not None:
-            self._bar.close()
-
-
 def _metrics(rec: dict, ceilings: dict) -> None:
+    from pagedattn.bench.workloads import bytes_floor_us
+
+    rec["bytes_floor_us"] = bytes_floor_us(rec["kv_bytes"])
+    rec["x_bytes_floor"] = rec["time_us"] / rec["bytes_floor_us"] if rec["bytes_floor_us"] else None
     t = rec["time_us"] * 1e-6
     rec["gbps"] = rec["kv_bytes"] / t / 1e9
     rec["tflops"] = rec["flops"] / t / 1e12
@@ -96,18 +85,24 @@ def run_case(case, providers, device, dtype, *, seed, ceilings, progress) -> lis
     from pagedattn.bench.timing import bench, copies_for
     from pagedattn.bench.workloads import build_inputs, describe, work
 
+    import time
+
+    from pagedattn.bench.workloads import bytes_floor_us
+
     inputs = build_inputs(case, device, dtype, seed=seed)
     counts = work(case, dtype)
     touched = counts["kv_bytes"] + 2 * inputs.q.numel() * inputs.q.element_size()  # K/V read, Q in, O out
     n_copies = copies_for(touched, device)
     copies = [inputs] + [build_inputs(case, device, dtype, seed=seed + i) for i in range(1, n_copies)]
+    interpreter = device.type == "cpu"
     ref = reference(inputs)
     records = []
     for prov in providers:
         rec = dict(case=case.name, workload=case.workload, kind=case.kind, provider=prov.name,
                    anchor=prov.anchor, dtype=str(dtype).removeprefix("torch."), params=describe(case),
                    status="skip", ok=None, reason="", max_err=None, time_us=None, gbps=None,
-                   tflops=None, pct_of_ceiling=None, **counts)
+                   tflops=None, pct_of_ceiling=None, bytes_floor_us=bytes_floor_us(counts["kv_bytes"]),
+                   x_bytes_floor=None, **counts)
         supported, why = prov.supports(case)
         prepared = []
         if not supported:
@@ -115,11 +110,15 @@ def run_case(case, providers, device, dtype, *, seed, ceilings, progress) -> lis
         else:
             try:
                 prepared = [prov.prepare(inputs)]
+                t0 = time.perf_counter()
                 out = prepared[0].to_tokens(prepared[0]())
+                call_us = (time.perf_counter() - t0) * 1e6
                 err, ok, tol = compare(out, ref)
                 rec.update(max_err=err, ok=ok, tolerance=tol, checked=ref.what, note=prepared[0].note)
                 if not ok:
                     rec.update(status="fail", reason=f"max abs error {err:.3g} > {tol:g}")
+                elif interpreter:  # a correctness run: the checked call's time, no bandwidth figures
+                    rec.update(status="ok", time_us=call_us, method="interpreter, one call (not a speed)")
                 else:
                     prepared += [prov.prepare(x) for x in copies[1:]]
                     rec.update(bench(prepared, device), status="ok", n_copies=len(prepared))
@@ -134,7 +133,7 @@ def run_case(case, providers, device, dtype, *, seed, ceilings, progress) -> lis
                     torch.cuda.synchronize()
                     torch.cuda.empty_cache()
         records.append(rec)
-        progress.step(f"{case.name} / {prov.name}")
+        progress.step(_progress_label(rec, interpreter))
 
     anchor_times = [r["time_us"] for r in records if r["anchor"] and r["status"] == "ok"]
     best = min(anchor_times) if anchor_times else None
@@ -144,7 +143,16 @@ def run_case(case, providers, device, dtype, *, seed, ceilings, progress) -> lis
     return records
 
 
+def _progress_label(rec: dict, interpreter: bool) -> str:
+    label = f"{rec['case']} / {rec['provider']}: "
+    if rec["status"] == "ok":
+        return label + ("PASS" if interpreter else f"{rec['time_us']:.1f} us")
+    return label + {"fail": "FAIL", "error": "ERROR", "skip": "skipped"}[rec["status"]]
+
+
 def main(argv=None) -> int:
+    from pagedattn.cli import Progress, interpreter_banner
+
     args = build_parser().parse_args(argv)
     device = select_device()  # before anything imports a Triton kernel
     from pagedattn.bench.ceilings import measure_ceilings
@@ -158,10 +166,10 @@ def main(argv=None) -> int:
         build_parser().error("bf16 does not run on the Triton interpreter; use --dtype fp16 or fp32")
     dtype = DTYPES[dtype_name]
 
-    workloads = _split(args.workload, WORKLOADS)
-    unknown = [w for w in workloads if w not in WORKLOADS]
+    workloads = _split(args.workload, SUITES[args.suite])
+    unknown = [w for w in workloads if w not in ALL_WORKLOADS]
     if unknown:
-        build_parser().error(f"unknown workload(s) {unknown}; choose from {', '.join(WORKLOADS)}")
+        build_parser().error(f"unknown workload(s) {unknown}; choose from {', '.join(ALL_WORKLOADS)}")
     names = _split(args.provider, PROVIDERS)
     unknown = [n for n in names if n not in PROVIDERS]
     if unknown:
@@ -185,18 +193,20 @@ def main(argv=None) -> int:
         print("no requested provider is available", file=sys.stderr)
         return 2
 
+    if on_cpu:
+        interpreter_banner()
     ceilings = {} if args.no_ceilings else measure_ceilings(device)
     results = dict(
         machine=machine_info(device),
         config=dict(argv=list(sys.argv[1:] if argv is None else argv), dtype=dtype_name,
-                    quick=args.quick, workloads=workloads, seed=args.seed),
+                    quick=args.quick, suite=args.suite, workloads=workloads, seed=args.seed),
         ceilings=ceilings,
         providers={n: dict(available=ok, reason=why, anchor=PROVIDERS[n].anchor,
                            description=PROVIDERS[n].description)
                    for n, (ok, why) in availability.items()},
         records=[],
     )
-    progress = _Progress(len(cases) * len(providers))
+    progress = Progress(len(cases) * len(providers), stream=sys.stderr)
     try:
         for case in cases:
             results["records"] += run_case(case, providers, device, dtype, seed=args.seed,

@@ -7,7 +7,7 @@ waves.png, from what ``python -m pagedattn.bench.waves`` writes (its JSON, or th
 prints, e.g. docs/bench/run8/waves.log): one panel per replayed batch (1 x 500, 8 x 4096,
 64 x 2048), bars for the variable grid captured at the maximum, the persistent kernel
 captured at the maximum (static and atomic schedules) and the best plan at the true size, with
-the issue's target (persistent within 10% of the true-size time) dashed.
+the target (persistent within 10% of the true-size time) dashed.
 
 Needs matplotlib (``pip install pagedattn[bench]``); without it, says so and exits 0.
 """

@@ -81,6 +81,23 @@ def _capture_failed(rec: dict) -> bool:
     return "graph capture failed" in (rec.get("method") or "")
 
 
+def interpreted(results: dict) -> bool:
+    """Whether the results come from Triton's interpreter (a correctness run, no speed)."""
+    m = results["machine"]
+    return bool(m.get("triton_interpret")) or m.get("device") == "cpu"
+
+
+def _check_cell(rec: dict | None) -> str:
+    """Interpreter runs: pass/fail and the error instead of speed figures."""
+    if rec is None:
+        return ""
+    status = rec["status"]
+    if status in ("ok", "fail"):
+        verdict = "PASS" if status == "ok" else "FAIL"
+        return f"{verdict}, err {rec['max_err']:.1e}" if rec.get("max_err") is not None else verdict
+    return {"error": "ERROR", "skip": "-"}.get(status, status)
+
+
 def _cell(rec: dict | None) -> str:
     if rec is None:
         return ""
@@ -89,6 +106,8 @@ def _cell(rec: dict | None) -> str:
         cell = f"{_time(rec['time_us'])}, {_metric(rec)}"
         if rec.get("ratio_to_best_anchor") is not None and not rec.get("anchor"):
             cell += f", x{rec['ratio_to_best_anchor']:.2f}"
+        if rec["kind"] == "decode" and rec.get("x_bytes_floor") is not None:
+            cell += f", {rec['x_bytes_floor']:.2f}x floor"
         if _capture_failed(rec):
             cell += " (eager: no graph)"
         return cell
@@ -96,25 +115,43 @@ def _cell(rec: dict | None) -> str:
 
 
 def markdown_table(results: dict) -> str:
-    """One row per case, one column per provider: ``time, metric[, xR vs best anchor]``."""
+    """One row per case, one column per provider: ``time, metric[, xR vs best anchor][, Nx floor]``.
+
+    Decode cases also show their bytes floor (KV bytes read at the floor bandwidth). From the
+    interpreter the cells are pass/fail and the error, with no speed figures.
+    """
+    from pagedattn.bench.workloads import BYTES_FLOOR_TBPS
+
     records = results["records"]
     providers = list(dict.fromkeys(r["provider"] for r in records))
     cases = list(dict.fromkeys(r["case"] for r in records))
     by_key = {(r["case"], r["provider"]): r for r in records}
+    first = {r["case"]: r for r in reversed(records)}
     m = results["machine"]
     c = results.get("ceilings") or {}
-    lines = [
-        f"**{m.get('gpu') or m['device']}** (SMs {m.get('sm_count')}), torch {m['torch']}, "
-        f"triton {m['triton']}, {results['config']['dtype']}, {m['date']}",
-        "",
-    ]
-    if c:
+    check_only = interpreted(results)
+    where = f"**{m['gpu']}** (SMs {m.get('sm_count')})" if m.get("gpu") else f"**{m['device']}**"
+    lines = [f"{where}, torch {m['torch']}, triton {m['triton']}, {results['config']['dtype']}, {m['date']}", ""]
+    if check_only:
+        lines += ["Triton interpreter on the CPU: a correctness run on small shapes. Each cell is the check "
+                  "against the reference (max abs error); the interpreter's times mean nothing about speed "
+                  "and are not shown.", ""]
+    elif c:
         lines += [f"Ceilings: read {c['read_gbps']:.0f} GB/s, bf16 matmul {c['matmul_tflops']:.0f} TFLOP/s. "
                   "xR = best anchor's time / this time (> 1: faster).", ""]
-    lines.append("| case | " + " | ".join(providers) + " |")
-    lines.append("|---|" + "---|" * len(providers))
+    with_floor = not check_only and any(r["kind"] == "decode" for r in records)
+    if with_floor:
+        lines += [f"Bytes floor: KV bytes read at {BYTES_FLOOR_TBPS:g} TB/s; Nx floor = time / floor.", ""]
+    floor_col = " bytes floor |" if with_floor else ""
+    lines.append("| case |" + floor_col + " " + " | ".join(providers) + " |")
+    lines.append("|---|" + ("---|" if with_floor else "") + "---|" * len(providers))
+    cell = _check_cell if check_only else _cell
     for case in cases:
-        lines.append(f"| {case} | " + " | ".join(_cell(by_key.get((case, p))) for p in providers) + " |")
+        floor = ""
+        if with_floor:
+            rec = first[case]
+            floor = f" {_time(rec['bytes_floor_us'])} |" if rec["kind"] == "decode" and rec.get("bytes_floor_us") else " |"
+        lines.append(f"| {case} |{floor} " + " | ".join(cell(by_key.get((case, p))) for p in providers) + " |")
     problems = [r for r in records if r["status"] in ("fail", "error")]
     eager = [r for r in records if r["status"] == "ok" and _capture_failed(r)]
     if problems or eager:

@@ -3,8 +3,8 @@
 "Short" means under GRAPH_BELOW_US when replayed: the eager time of a call can be mostly host
 overhead (Python checks, torch.compile guards), so a graph is tried whenever eager is under
 GRAPH_TRY_US. A longer call whose eager time exceeds HOST_BOUND_RATIO x its replay time is
-host-bound (do_bench would time the host: prefill S=2048 read 351 us eager-paced against 211 us
-replayed, session 4 run E), so it reports the replay too.
+host-bound (do_bench would time the host: on the H200, prefill S=2048 took 351 us eager-paced against
+211 us replayed), so it reports the replay too.
 
 Short calls are captured once per input copy into one graph (the runner passes several copies
 of small inputs, so replays rotate through more data than the L2 holds) and the median replay

@@ -4,7 +4,7 @@ A case is a batch written as segments ``(count, query_len, seq_len)``: ``count``
 sequences with the same query and KV length. Decode B=8 L=4096 is ``[(8, 1, 4096)]``; the mixed
 batch is ``[(1, 2048, 2048), (63, 1, 2049)]``.
 
-The router comparison (issue 7) adds two mixes beside SPEC.md's ``mixed``, each with prefill,
+The router comparison adds two mixes beside SPEC.md's ``mixed``, each with prefill,
 extend and decode sequences (SPEC.md names no such mixes; these are this suite's choice):
 
 * ``prefill-heavy``: 2 prefills of 4096 tokens, 2 extends of 512 tokens on 4096 cached, 16
@@ -12,6 +12,14 @@ extend and decode sequences (SPEC.md names no such mixes; these are this suite's
 * ``decode-heavy``: 1 prefill of 256, 1 extend of 512 on 3584 cached, 32 decodes at 8192
   (bandwidth-bound: the decodes read 1 GB of KV at bf16; their 2D grid, 32 x 8 programs,
   is below the split rule's threshold on an H200, so the router's decode part is split-KV).
+
+The heterogeneous suite (``--suite hetero``) holds batches whose sequences differ in length, where
+balancing the work decides the time; each is reported beside its bytes floor (KV bytes read at
+BYTES_FLOOR_TBPS):
+
+* ``hetero``: a few long contexts among many short decodes, 2 x 16384 + 126 x 512 (floor 87 us
+  at bf16) and 8 x 8192 + 56 x 256;
+* ``specdecode``: speculative decode, 16 sequences x 6 new tokens at 8192 context.
 """
 
 from __future__ import annotations
@@ -22,10 +30,18 @@ import torch
 
 __all__ = [
     "WORKLOADS", "Case", "CaseInputs", "ContiguousGroup", "make_cases", "build_inputs", "work",
-    "describe",
+    "describe", "ALL_WORKLOADS", "SUITES", "HETERO_WORKLOADS", "BYTES_FLOOR_TBPS", "bytes_floor_us",
 ]
 
 WORKLOADS = ("decode", "prefill", "extend", "mixed", "prefill-heavy", "decode-heavy", "gptoss", "gemma")
+HETERO_WORKLOADS = ("hetero", "specdecode")
+ALL_WORKLOADS = WORKLOADS + HETERO_WORKLOADS
+# named sets of workloads: the reference workloads, the heterogeneous batches, or both
+SUITES = {"reference": WORKLOADS, "hetero": HETERO_WORKLOADS, "all": ALL_WORKLOADS}
+
+# Bandwidth of the bytes floor: the H200's decode read ceiling (cuDNN's paged decode reads at up
+# to 4.6 TB/s on it, above a device copy's 4.25 TB/s of read + write).
+BYTES_FLOOR_TBPS = 4.6
 
 LLAMA = dict(num_q_heads=32, num_kv_heads=8, head_size=128)
 GPTOSS = dict(num_q_heads=64, num_kv_heads=8, head_size=64, sliding_window=128, sinks=True)
@@ -133,6 +149,8 @@ def make_cases(workloads=WORKLOADS, *, quick: bool = False, tiny_heads: bool = F
         heavy = {"prefill-heavy": [(1, 48, 48), (1, 16, 80), (2, 1, 64)],
                  "decode-heavy": [(1, 16, 16), (1, 8, 72), (4, 1, 128)]}
         feat_b, feat_l, feat_s = 2, 64, 64
+        hetero = ([(2, 1, 256), (6, 1, 16)], [(2, 1, 128), (4, 1, 8)])
+        specdecode = (4, 6, 128)  # sequences, new tokens, context
     else:
         decode_b, decode_l, prefill_s = (1, 8, 32, 128), (512, 4096, 32768), (512, 2048, 8192, 32768)
         extend = (4, 512, 4096)
@@ -140,6 +158,8 @@ def make_cases(workloads=WORKLOADS, *, quick: bool = False, tiny_heads: bool = F
         heavy = {"prefill-heavy": [(2, 4096, 4096), (2, 512, 4608), (16, 1, 4096)],
                  "decode-heavy": [(1, 256, 256), (1, 512, 4096), (32, 1, 8192)]}
         feat_b, feat_l, feat_s = 32, 4096, 4096
+        hetero = ([(2, 1, 16384), (126, 1, 512)], [(8, 1, 8192), (56, 1, 256)])
+        specdecode = (16, 6, 8192)
 
     cases: list[Case] = []
     for w in workloads:
@@ -160,8 +180,15 @@ def make_cases(workloads=WORKLOADS, *, quick: bool = False, tiny_heads: bool = F
             shape = gptoss if w == "gptoss" else gemma
             cases += _decode_cases(w, f"{w} ", shape, (feat_b,), (feat_l,))
             cases += _prefill_cases(w, f"{w} ", shape, (feat_s,))
+        elif w == "hetero":
+            for segs in hetero:
+                name = " + ".join(f"{n}x{kv}" for n, _, kv in segs)
+                cases.append(_case(f"hetero {name}", "hetero", "decode", segs, llama))
+        elif w == "specdecode":
+            n, new, ctx = specdecode
+            cases.append(_case(f"specdecode {n}x{new}@{ctx}", "specdecode", "decode", [(n, new, ctx)], llama))
         else:
-            raise ValueError(f"unknown workload {w!r}; choose from {', '.join(WORKLOADS)}")
+            raise ValueError(f"unknown workload {w!r}; choose from {', '.join(ALL_WORKLOADS)}")
     return cases
 
 
@@ -197,6 +224,11 @@ def work(case: Case, dtype: torch.dtype) -> dict:
         flops += n * 4.0 * p["num_q_heads"] * p["head_size"] * pairs
         keys += n * read
     return {"flops": flops, "kv_bytes": float(keys * p["num_kv_heads"] * p["head_size"] * 2 * elt)}
+
+
+def bytes_floor_us(kv_bytes: float, tbps: float = BYTES_FLOOR_TBPS) -> float:
+    """Time to read ``kv_bytes`` at ``tbps`` TB/s, in microseconds: a decode call's lower bound."""
+    return kv_bytes / (tbps * 1e12) * 1e6
 
 
 # ---------------------------------------------------------------------------------------------
