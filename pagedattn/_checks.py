@@ -98,3 +98,17 @@ def check_attention_features(
     if prefix_ranges is not None:
         check_tensor("prefix_ranges", prefix_ranges, ndim=3, dtypes=(torch.int32,), device=device)
         check_shape("prefix_ranges", prefix_ranges, (num_seqs, None, 2))
+
+
+def refuse_autograd(fn: str, **tensors) -> None:
+    """Raise if autograd would record through ``fn``: the kernels have no backward pass, so a
+    gradient through them would be silently missing or wrong."""
+    if not torch.is_grad_enabled():
+        return
+    for name, x in tensors.items():
+        if isinstance(x, torch.Tensor) and x.requires_grad:
+            raise RuntimeError(
+                f"{fn}: {name} requires grad, but pagedattn's kernels are inference-only (no backward pass). "
+                f"Call it under torch.no_grad() or torch.inference_mode(), or detach the inputs; for training "
+                f"use an attention with a backward pass (e.g. torch's scaled_dot_product_attention)."
+            )

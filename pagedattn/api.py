@@ -17,29 +17,28 @@ from pagedattn._checks import (
     check_scale_arg,
     check_shape,
     check_tensor,
+    refuse_autograd,
 )
 from pagedattn._streams import side_stream
 from pagedattn.ops.common.attention_math import ALIBI_LINEAR, ALIBI_NONE, ALIBI_SQRT
 from pagedattn.ops.common.host_math import next_power_of_2
-from pagedattn.ops.common.launching import launch
+from pagedattn.ops.common.device import interpreter_on
+from pagedattn.ops.common.launching import Tape, launch, wait_stream
 from pagedattn.ops.kv_write.kernel import write_kv_kernel
 from pagedattn.ops.merge.kernel import merge_states_kernel
 from pagedattn.ops.persistent.launch import launch_persistent
 from pagedattn.ops.prefill.launch import check_prefill_grid, launch_prefill
 from pagedattn.ops.split_kv.launch import launch_split_kv
 from pagedattn.ops.unified.launch import AttentionArgs, launch_unified
-from pagedattn.plan import (
-    PREFILL_MIN_QUERY_LEN,
-    AttentionPlan,
-    choose_num_splits,
-    num_sms,
-    pick_prefill_tiles,
-    pick_tiles,
-    short_prefill,
-)
+from pagedattn.ops.prefill.tuning import autotune_enabled
+from pagedattn.plan import AttentionPlan, num_sms, pick_prefill_tiles, pick_tiles, plan_for_call, short_prefill
 from pagedattn.validate import validate_metadata, validation_requested
 
 __all__ = ["paged_attention", "varlen_attention", "write_kv", "merge_attention_states"]
+
+
+def _current_stream(index: int) -> int:
+    return torch._C._cuda_getCurrentRawStream(index)
 
 
 def _scale_tensor(x, device: torch.device) -> torch.Tensor:
@@ -182,10 +181,36 @@ def paged_attention(
     >>> out = paged_attention(q, k_cache, v_cache, block_table, seq_lens, query_start_loc,
     ...                       max_query_len=1, max_seq_len=4096)
     """
+    plan_given = plan is not None
+    key = None
+    if (isinstance(q, torch.Tensor) and q.is_cuda and (isinstance(plan, AttentionPlan) or (
+            plan is None and max_query_len is not None and max_seq_len is not None))
+            and not validation_requested(validate)):
+        # The thin path: a call whose layout matches one that passed every check below replays
+        # that call's launches (pagedattn.ops.common.launching), skipping checks and launchers.
+        try:
+            key = _layout_key(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, out, lse_out, return_lse,
+                              max_query_len, max_seq_len, scale, causal, sliding_window, softcap, alibi_slopes,
+                              alibi_sqrt, sinks, prefix_ranges, k_scale, v_scale)
+        except AttributeError:  # not tensors: the checks below name the argument
+            key = None
+        tape = None if key is None else (plan._tapes if plan_given else _CALL_TAPES).get(key)
+        if tape is not None:
+            if out is None:
+                out = torch.empty_like(q)
+            lse = lse_out
+            if lse is None and return_lse:
+                lse = torch.empty(q.shape[0], q.shape[1], dtype=torch.float32, device=q.device)
+            if tape.replay((q, k_cache, v_cache, block_table, seq_lens, query_start_loc, out, lse, alibi_slopes,
+                            sinks, prefix_ranges, k_scale if isinstance(k_scale, torch.Tensor) else None,
+                            v_scale if isinstance(v_scale, torch.Tensor) else None)):
+                return out if lse is None else (out, lse)
+
     check_tensor("q", q, ndim=3, dtypes=FLOAT_DTYPES)
     device = q.device
     num_tokens, num_q_heads, head_size = q.shape
     _check_cache_pair(k_cache, v_cache, q.dtype, device)
+    refuse_autograd("paged_attention", q=q, k_cache=k_cache, v_cache=v_cache)
     num_blocks, block_size, num_kv_heads, cache_head_size = k_cache.shape
     check_head_size("q", head_size)
     if cache_head_size != head_size:
@@ -219,15 +244,31 @@ def paged_attention(
             block_table, seq_lens, query_start_loc, num_tokens=num_tokens, num_blocks=num_blocks,
             block_size=block_size, causal=causal, allow_shared_blocks=allow_shared_blocks,
         )
+    if q.dtype == torch.bfloat16 and interpreter_on():
+        # The interpreter's bf16 tl.dot multiplies bit patterns: compute in fp32 and round once.
+        up = {"q": q.float(), "k_cache": k_cache if k_cache.dtype in FP8_DTYPES else k_cache.float(),
+              "v_cache": v_cache if v_cache.dtype in FP8_DTYPES else v_cache.float()}
+        res = paged_attention(
+            up["q"], up["k_cache"], up["v_cache"], block_table, seq_lens, query_start_loc,
+            max_query_len=max_query_len, max_seq_len=max_seq_len, scale=scale, causal=causal,
+            sliding_window=sliding_window, softcap=softcap, alibi_slopes=alibi_slopes, alibi_sqrt=alibi_sqrt,
+            sinks=sinks, prefix_ranges=prefix_ranges, k_scale=k_scale, v_scale=v_scale, lse_out=lse_out,
+            return_lse=return_lse, plan=plan,
+        )
+        return _rounded_into(res, out, q)
     if plan is not None:
-        _check_plan(plan, q, k_cache)
-    elif max_query_len is None or max_seq_len is None:
-        # One host sync, documented: pass both maxima (or a plan) to avoid it.
-        if max_query_len is None:
-            lens = query_start_loc[1:] - query_start_loc[:-1]
-            max_query_len = int(lens.max().item()) if num_seqs > 0 else 0
-        if max_seq_len is None:
-            max_seq_len = int(seq_lens.max().item()) if num_seqs > 0 else 0
+        _check_plan(plan, q, k_cache, seq_lens)
+    else:
+        if max_query_len is None or max_seq_len is None:
+            # One host sync, documented: pass both maxima (or a plan) to avoid it.
+            if max_query_len is None:
+                lens = query_start_loc[1:] - query_start_loc[:-1]
+                max_query_len = int(lens.max().item()) if num_seqs > 0 else 0
+            if max_seq_len is None:
+                max_seq_len = int(seq_lens.max().item()) if num_seqs > 0 else 0
+        plan = plan_for_call(num_seqs, num_tokens, max_query_len, max_seq_len, num_q_heads=num_q_heads,
+                             num_kv_heads=num_kv_heads, head_size=head_size, dtype=q.dtype, device=device,
+                             sliding_window=sliding_window)
     if scale is None:
         scale = 1.0 / math.sqrt(head_size)
     if out is None:
@@ -235,7 +276,8 @@ def paged_attention(
     lse = _lse_buffer(lse_out, return_lse, num_tokens, num_q_heads, device)
     return_lse = lse is not None
     fp8 = k_cache.dtype in FP8_DTYPES
-    alibi_mode = _alibi_mode(alibi_slopes, alibi_sqrt)
+    k_scale_t = _scale_tensor(k_scale, device) if fp8 else None
+    v_scale_t = _scale_tensor(v_scale, device) if fp8 else None
     args = AttentionArgs(
         q=q, k_cache=k_cache, v_cache=v_cache, block_table=block_table, seq_lens=seq_lens,
         query_start_loc=query_start_loc,
@@ -243,43 +285,81 @@ def paged_attention(
         causal=bool(causal),
         sliding_window=int(sliding_window or 0),
         softcap=float(softcap or 0.0),
-        alibi_mode=alibi_mode,
+        alibi_mode=_alibi_mode(alibi_slopes, alibi_sqrt),
         alibi_slopes=alibi_slopes,
         sinks=sinks,
         prefix_ranges=prefix_ranges,
-        k_scale=_scale_tensor(k_scale, device) if fp8 else None,
-        v_scale=_scale_tensor(v_scale, device) if fp8 else None,
+        k_scale=k_scale_t,
+        v_scale=v_scale_t,
+    )
+    if key is None or (plan.path == "prefill" and autotune_enabled()):
+        _RUN_PATH[plan.path](out, lse, args, plan)
+    else:  # recorded, so that the next call with this layout replays it (see _replayed)
+        binds = (q, k_cache, v_cache, block_table, seq_lens, query_start_loc, out, lse, alibi_slopes, sinks,
+                 prefix_ranges, k_scale if isinstance(k_scale, torch.Tensor) else None,
+                 v_scale if isinstance(v_scale, torch.Tensor) else None)
+        with Tape(binds) as tape:
+            _RUN_PATH[plan.path](out, lse, args, plan)
+        if tape.usable:
+            tapes = plan._tapes if plan_given else _CALL_TAPES
+            if len(tapes) >= TAPES_KEPT:
+                tapes.pop(next(iter(tapes)))
+            tapes[key] = tape
+    return (out, lse) if return_lse else out
+
+
+TAPES_KEPT = 64  # recorded layouts per plan (and for calls without a plan)
+_CALL_TAPES: dict = {}
+
+
+def _layout_key(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, out, lse_out, return_lse,
+                max_query_len, max_seq_len, scale, causal, sliding_window, softcap, alibi_slopes, alibi_sqrt,
+                sinks, prefix_ranges, k_scale, v_scale):
+    """Everything a call's launches depend on but its tensors' addresses: two calls with equal keys
+    launch the same kernels with the same grids and arguments up to those addresses (and pass or
+    fail the same checks)."""
+    return (
+        q.shape, q.stride(), q.dtype, q.device.index, q.requires_grad and torch.is_grad_enabled(),
+        k_cache.shape, k_cache.stride(), k_cache.dtype, k_cache.device,
+        v_cache.shape, v_cache.stride(), v_cache.dtype, v_cache.device,
+        block_table.shape, block_table.stride(), block_table.dtype, block_table.device,
+        seq_lens.shape, seq_lens.stride(), seq_lens.dtype, seq_lens.device,
+        query_start_loc.shape, query_start_loc.stride(), query_start_loc.dtype, query_start_loc.device,
+        None if out is None else (out.shape, out.stride(), out.dtype, out.device),
+        None if lse_out is None else (lse_out.shape, lse_out.stride(), lse_out.dtype, lse_out.device),
+        return_lse, max_query_len, max_seq_len, scale, causal, sliding_window, softcap,
+        None if alibi_slopes is None else (alibi_slopes.shape, alibi_slopes.stride(), alibi_slopes.dtype,
+                                           alibi_slopes.device),
+        alibi_sqrt,
+        None if sinks is None else (sinks.shape, sinks.stride(), sinks.dtype, sinks.device),
+        None if prefix_ranges is None else (prefix_ranges.shape, prefix_ranges.stride(), prefix_ranges.dtype,
+                                            prefix_ranges.device),
+        k_scale if not isinstance(k_scale, torch.Tensor) else (k_scale.shape, k_scale.dtype, k_scale.device),
+        v_scale if not isinstance(v_scale, torch.Tensor) else (v_scale.shape, v_scale.dtype, v_scale.device),
+        _current_stream(q.device.index),
     )
 
-    if plan is None and max_query_len >= PREFILL_MIN_QUERY_LEN:
-        short = short_prefill(max_query_len, num_seqs, num_q_heads, num_sms(device),
-                              diagonal=max_seq_len <= 2 * max_query_len)
-        _launch_prefill_and_rest(out, lse, args, pick_prefill_tiles(head_size, q.dtype, short=short), max_query_len,
-                                 PREFILL_MIN_QUERY_LEN)
-    elif plan is None:
-        group = num_q_heads // num_kv_heads
-        tiles = pick_tiles(max_query_len, group, head_size)
-        q_blocks = num_seqs * -(-max_query_len // tiles.block_q)
-        splits = choose_num_splits(q_blocks, num_kv_heads, max_query_len, max_seq_len, num_sms(device),
-                                   sliding_window)
-        if splits == 1:
-            launch_unified(out, lse, args, tiles)
-        else:
-            partial_out = torch.empty(num_tokens, num_q_heads, splits, head_size, dtype=torch.float32, device=device)
-            partial_lse = torch.empty(num_tokens, num_q_heads, splits, dtype=torch.float32, device=device)
-            launch_split_kv(out, lse, args, tiles, num_splits=splits, segment_size=0,
-                            partial_out=partial_out, partial_lse=partial_lse)
-    elif plan.path == "unified":
-        launch_unified(out, lse, args, plan.tiles)
-    elif plan.path == "persistent":
-        launch_persistent(out, lse, args, plan)
-    elif plan.path == "prefill":
-        _launch_prefill_and_rest(out, lse, args, plan.prefill_tiles, plan.max_query_len, plan.prefill_min_q_len,
-                                 plan.rest_max_query_len, plan.prefill_seqs)
-    else:
-        launch_split_kv(out, lse, args, plan.tiles, num_splits=plan.num_splits, segment_size=plan.segment_size,
-                        partial_out=plan.partial_out, partial_lse=plan.partial_lse)
-    return (out, lse) if return_lse else out
+
+def _run_unified(out, lse, args: AttentionArgs, plan: AttentionPlan) -> None:
+    launch_unified(out, lse, args, plan.tiles)
+
+
+def _run_split_kv(out, lse, args: AttentionArgs, plan: AttentionPlan) -> None:
+    launch_split_kv(out, lse, args, plan.tiles, num_splits=plan.num_splits, segment_size=plan.segment_size,
+                    partial_out=plan.partial_out, partial_lse=plan.partial_lse)
+
+
+def _run_persistent(out, lse, args: AttentionArgs, plan: AttentionPlan) -> None:
+    launch_persistent(out, lse, args, plan)
+
+
+def _run_prefill(out, lse, args: AttentionArgs, plan: AttentionPlan) -> None:
+    _launch_prefill_and_rest(out, lse, args, plan.prefill_tiles, plan.max_query_len, plan.prefill_min_q_len,
+                             plan.rest_max_query_len, plan.prefill_seqs)
+
+
+_RUN_PATH = {"unified": _run_unified, "split_kv": _run_split_kv, "persistent": _run_persistent,
+             "prefill": _run_prefill}
 
 
 def _launch_prefill_and_rest(out, lse, args: AttentionArgs, prefill_tiles, max_query_len: int, min_q_len: int,
@@ -322,13 +402,13 @@ def _launch_prefill_and_rest(out, lse, args: AttentionArgs, prefill_tiles, max_q
         launch_unified(out, lse, rest_args, rest_tiles)
         return
     caller = torch.cuda.current_stream(args.q.device)
-    side.wait_stream(caller)
+    wait_stream(side, caller)
     try:  # joined even if a launch raises: no kernel left writing into buffers the caller frees
         with torch.cuda.stream(side):
             launch_unified(out, lse, rest_args, rest_tiles)
         prefill()
     finally:
-        caller.wait_stream(side)
+        wait_stream(caller, side)
 
 
 def varlen_attention(
@@ -384,6 +464,7 @@ def varlen_attention(
     num_tokens, num_q_heads, head_size = q.shape
     check_tensor("k", k, ndim=3, dtypes=(q.dtype,), device=device)
     check_tensor("v", v, ndim=3, dtypes=(q.dtype,), device=device)
+    refuse_autograd("varlen_attention", q=q, k=k, v=v)
     check_head_size("q", head_size)
     if k.shape[2] != head_size:
         raise ValueError(f"k head_size {k.shape[2]} differs from q head_size {head_size}")
@@ -405,11 +486,19 @@ def varlen_attention(
     if out is not None:
         check_tensor("out", out, dtypes=(q.dtype,), device=device)
         check_shape("out", out, (num_tokens, num_q_heads, head_size_v))
-    else:
-        out = q.new_empty(num_tokens, num_q_heads, head_size_v)
     if max_query_len is None:
         lens = cu_seqlens_q[1:] - cu_seqlens_q[:-1]
         max_query_len = int(lens.max().item()) if num_seqs > 0 else 0
+    if q.dtype == torch.bfloat16 and interpreter_on():
+        # The interpreter's bf16 tl.dot multiplies bit patterns: compute in fp32 and round once.
+        res = varlen_attention(
+            q.float(), k.float(), v.float(), cu_seqlens_q, cu_seqlens_k, max_query_len=max_query_len, scale=scale,
+            causal=causal, sliding_window=sliding_window, softcap=softcap, alibi_slopes=alibi_slopes,
+            alibi_sqrt=alibi_sqrt, sinks=sinks, prefix_ranges=prefix_ranges, lse_out=lse_out, return_lse=return_lse,
+        )
+        return _rounded_into(res, out, q)
+    if out is None:
+        out = q.new_empty(num_tokens, num_q_heads, head_size_v)
     lse = _lse_buffer(lse_out, return_lse, num_tokens, num_q_heads, device)
     return_lse = lse is not None
     alibi_mode = _alibi_mode(alibi_slopes, alibi_sqrt)
@@ -428,7 +517,16 @@ def varlen_attention(
     return (out, lse) if return_lse else out
 
 
-def _check_plan(plan, q: torch.Tensor, k_cache: torch.Tensor) -> None:
+def _rounded_into(res, out, like: torch.Tensor):
+    """An fp32 result (out, or (out, lse)) of an interpreter call rounded to ``like``'s dtype, into ``out``."""
+    res_out, lse = (res, None) if isinstance(res, torch.Tensor) else res
+    if out is None:
+        out = torch.empty(res_out.shape, dtype=like.dtype, device=like.device)
+    out.copy_(res_out)
+    return out if lse is None else (out, lse)
+
+
+def _check_plan(plan, q: torch.Tensor, k_cache: torch.Tensor, seq_lens: torch.Tensor) -> None:
     if not isinstance(plan, AttentionPlan):
         raise TypeError(f"plan must be an AttentionPlan from plan_attention, got {type(plan).__name__}")
     num_tokens, num_q_heads, head_size = q.shape
@@ -440,6 +538,15 @@ def _check_plan(plan, q: torch.Tensor, k_cache: torch.Tensor) -> None:
         )
     if num_tokens > plan.max_num_tokens:
         raise ValueError(f"plan holds workspaces for {plan.max_num_tokens} tokens; q has {num_tokens}")
+    # The plan's grid and work list address the tokens and sequences it was made (or last
+    # updated) for: a call with fewer would have the kernels write rows it does not have.
+    if num_tokens < plan.num_tokens:
+        raise ValueError(f"q has {num_tokens} tokens, but the plan was made (or last updated) for a batch of "
+                         f"{plan.num_tokens}: plan this call's batch, or plan.update() it")
+    num_seqs = seq_lens.shape[0]
+    if num_seqs < plan.num_seqs or (plan.path != "persistent" and num_seqs != plan.num_seqs):
+        raise ValueError(f"seq_lens has {num_seqs} sequences, but the plan was made (or last updated) for "
+                         f"{plan.num_seqs}: plan this call's batch, or plan.update() it")
     if plan.partial_out is not None and plan.partial_out.device != q.device:
         raise ValueError(f"plan workspaces are on {plan.partial_out.device} but q is on {q.device}")
 
@@ -480,15 +587,20 @@ def merge_attention_states(
     device = out_a.device
     check_tensor("out_b", out_b, ndim=3, dtypes=(out_a.dtype,), device=device)
     check_shape("out_b", out_b, tuple(out_a.shape))
+    refuse_autograd("merge_attention_states", out_a=out_a, lse_a=lse_a, out_b=out_b, lse_b=lse_b)
     for name, x in (("lse_a", lse_a), ("lse_b", lse_b)):
         check_tensor(name, x, ndim=2, dtypes=(torch.float32,), device=device, last_dim_contiguous=False)
         check_shape(name, x, tuple(out_a.shape[:2]))
     if out is not None:
         check_tensor("out", out, dtypes=(out_a.dtype,), device=device)
         check_shape("out", out, tuple(out_a.shape))
-    else:
-        out = torch.empty_like(out_a)
     num_tokens, num_heads, head_size = out_a.shape
+    if out_a.dtype == torch.bfloat16 and interpreter_on():
+        # The interpreter's bf16 arithmetic is not IEEE bf16: merge in fp32 and round once.
+        res = merge_attention_states(out_a.float(), lse_a, out_b.float(), lse_b, lse_out=lse_out)
+        return _rounded_into(res, out, out_a)
+    if out is None:
+        out = torch.empty_like(out_a)
     lse = _lse_buffer(lse_out, True, num_tokens, num_heads, device)
     if num_tokens == 0 or num_heads == 0:
         return out, lse

@@ -7,6 +7,8 @@ decompresses the latent and takes the ordinary attention path.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from pagedattn._checks import (
@@ -16,6 +18,7 @@ from pagedattn._checks import (
     check_scale_arg,
     check_shape,
     check_tensor,
+    refuse_autograd,
 )
 from pagedattn.ops.mla.launch import (
     MLA_MAX_QUERY_LEN,
@@ -25,7 +28,9 @@ from pagedattn.ops.mla.launch import (
     launch_write_mla_kv,
     resolve_mla_config,
 )
-from pagedattn.api import _scale_tensor
+from pagedattn.api import _current_stream, _rounded_into, _scale_tensor
+from pagedattn.ops.common.device import interpreter_on
+from pagedattn.ops.common.launching import Tape
 from pagedattn.plan import num_sms
 
 __all__ = ["mla_decode", "write_mla_kv"]
@@ -124,6 +129,28 @@ def _mla_decode(q_nope, q_pe, kv_cache, block_table, seq_lens, query_start_loc, 
 
     Split count: ``num_splits`` if given, else ``config.num_splits``, else the split rule.
     """
+    key = None
+    if (config is None and isinstance(q_nope, torch.Tensor) and q_nope.is_cuda and max_query_len is not None
+            and (max_seq_len is not None or num_splits is not None)):
+        # The thin path: a call whose layout matches an earlier, checked one replays its launches.
+        try:
+            key = (tuple((t.shape, t.stride(), t.dtype, t.device) for t in (
+                q_nope, q_pe, kv_cache, block_table, seq_lens, query_start_loc)),
+                None if out is None else (out.shape, out.stride(), out.dtype, out.device),
+                q_nope.requires_grad and torch.is_grad_enabled(), scale, max_query_len, max_seq_len,
+                kv_scale if not isinstance(kv_scale, torch.Tensor) else (kv_scale.shape, kv_scale.dtype),
+                num_splits, return_lse, _current_stream(q_nope.device.index))
+        except AttributeError:  # not tensors: the checks below name the argument
+            key = None
+        tape = None if key is None else _TAPES.get(key)
+        if tape is not None:
+            if out is None:
+                out = torch.empty(q_nope.shape, dtype=q_nope.dtype, device=q_nope.device)
+            lse = torch.empty(q_nope.shape[:2], dtype=torch.float32, device=q_nope.device) if return_lse else None
+            binds = (q_nope, q_pe, kv_cache, block_table, seq_lens, query_start_loc, out, lse,
+                     kv_scale if isinstance(kv_scale, torch.Tensor) else None)
+            if tape.replay(binds):
+                return (out, lse) if return_lse else out
     check_tensor("q_nope", q_nope, ndim=3, dtypes=FLOAT_DTYPES)
     device = q_nope.device
     num_tokens, num_heads, latent_dim = q_nope.shape
@@ -135,6 +162,7 @@ def _mla_decode(q_nope, q_pe, kv_cache, block_table, seq_lens, query_start_loc, 
         raise ValueError("q_nope must have at least one head (dim 1)")
     check_tensor("kv_cache", kv_cache, ndim=3, dtypes=(q_nope.dtype, *FP8_DTYPES), device=device)
     check_shape("kv_cache", kv_cache, (None, None, latent_dim + rope_dim))
+    refuse_autograd("mla_decode", q_nope=q_nope, q_pe=q_pe, kv_cache=kv_cache)
     if kv_cache.shape[1] < 1:
         raise ValueError("kv_cache block_size (dim 1) must be >= 1")
     check_tensor("block_table", block_table, ndim=2, dtypes=(torch.int32,), device=device)
@@ -164,6 +192,12 @@ def _mla_decode(q_nope, q_pe, kv_cache, block_table, seq_lens, query_start_loc, 
             raise ValueError(f"query_start_loc gives a query of {max_query_len} tokens; mla_decode takes at most "
                              f"{MLA_MAX_QUERY_LEN} (prefill takes the decompressed attention path)")
     fp8 = kv_cache.dtype in FP8_DTYPES
+    if q_nope.dtype == torch.bfloat16 and interpreter_on():
+        # The interpreter's bf16 tl.dot multiplies bit patterns: compute in fp32 and round once.
+        res = _mla_decode(q_nope.float(), q_pe.float(), kv_cache if fp8 else kv_cache.float(), block_table, seq_lens,
+                          query_start_loc, scale=scale, max_query_len=max_query_len, max_seq_len=max_seq_len,
+                          kv_scale=kv_scale, num_splits=num_splits, return_lse=return_lse, config=config)
+        return _rounded_into(res, out, q_nope)
     config = resolve_mla_config(config, num_heads, max_query_len, (latent_dim + rope_dim) * q_nope.element_size(),
                                 fp8, num_seqs=num_seqs, sms=num_sms(device))
     if num_splits is None:
@@ -179,12 +213,26 @@ def _mla_decode(q_nope, q_pe, kv_cache, block_table, seq_lens, query_start_loc, 
     partial_out = partial_lse = None
     if num_splits > 1 and num_tokens > 0:
         partial_out, partial_lse = _workspace(num_tokens, num_heads, num_splits, latent_dim, device)
-    launch_mla_decode(
-        out, lse, q_nope, q_pe, kv_cache, block_table, seq_lens, query_start_loc,
+    run = functools.partial(
+        launch_mla_decode, out, lse, q_nope, q_pe, kv_cache, block_table, seq_lens, query_start_loc,
         scale=float(scale), kv_scale=_scale_tensor(kv_scale, device) if fp8 else None, config=config,
         num_splits=num_splits, partial_out=partial_out, partial_lse=partial_lse,
     )
+    if key is None:
+        run()
+    else:  # recorded, so that the next call with this layout replays it
+        with Tape((q_nope, q_pe, kv_cache, block_table, seq_lens, query_start_loc, out, lse,
+                   kv_scale if isinstance(kv_scale, torch.Tensor) else None)) as tape:
+            run()
+        if tape.usable:
+            if len(_TAPES) >= TAPES_KEPT:
+                _TAPES.pop(next(iter(_TAPES)))
+            _TAPES[key] = tape
     return (out, lse) if return_lse else out
+
+
+TAPES_KEPT = 32  # recorded layouts of mla_decode calls (each keeps its split workspace)
+_TAPES: dict = {}
 
 
 def write_mla_kv(

@@ -99,9 +99,15 @@ class AttentionPlan:
     prefill_min_q_len: int = 0
     rest_max_query_len: int | None = None
     prefill_seqs: tuple[int, int] | None = None  # [first, end): the sequences holding every long one
+    # the batch the plan was made or last updated for: a call with fewer tokens or sequences
+    # raises (its work list or grid would address rows the call does not have)
+    num_tokens: int = 0
+    num_seqs: int = 0
     # persistent path on CUDA: update()'s pinned staging buffers and the event after their copies
     _staging: list | None = field(default=None, repr=False, compare=False)
     _staged: object = field(default=None, repr=False, compare=False)
+    # recorded launches of the per-layer call, by input layout (pagedattn.ops.common.launching)
+    _tapes: dict = field(default_factory=dict, repr=False, compare=False)
 
     def update(self, query_start_loc, seq_lens) -> None:
         """Re-plan a persistent plan for a new batch in place (same buffers, same grid).
@@ -131,6 +137,9 @@ class AttentionPlan:
         q_lens = [b - a for a, b in zip(qsl[:-1], qsl[1:])]
         self.max_query_len = max(q_lens + [0])
         self.max_seq_len = max(lens + [0])
+        self.num_tokens = qsl[-1] if qsl else 0
+        self.num_seqs = len(lens)
+        self._tapes.clear()
 
     def _upload(self, items: torch.Tensor, rows: torch.Tensor, counts: torch.Tensor) -> None:
         """Write the host work list into the device buffers without waiting for the device.
@@ -253,6 +262,62 @@ def choose_num_splits(num_q_blocks: int, num_kv_heads: int, max_query_len: int, 
         splits = -(-max_seq_len // MANY_WAVES_SEGMENT_TOKENS)
     by_length = -(-max_seq_len // MIN_SEGMENT_TOKENS)
     return max(1, min(splits, by_length, MAX_SPLITS))
+
+
+def auto_path(max_query_len: int, num_splits: int) -> str:
+    """The module docstring's rule, once the split count is known."""
+    if max_query_len >= PREFILL_MIN_QUERY_LEN:
+        return "prefill"
+    return "split_kv" if num_splits > 1 else "unified"
+
+
+def plan_for_call(num_seqs: int, num_tokens: int, max_query_len: int, max_seq_len: int, *, num_q_heads: int,
+                  num_kv_heads: int, head_size: int, dtype: torch.dtype, device: torch.device,
+                  sliding_window: int | None) -> AttentionPlan:
+    """The plan a call without ``plan=`` runs: the ``"auto"`` rule of :func:`plan_attention` from
+    the host maxima alone (no per-sequence lengths: every sequence counted at ``max_query_len``,
+    and the prefill kernel's grid covering every sequence). Cached per shape and stream, so that
+    repeated calls reuse the split-KV workspaces and the recorded launches."""
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    key = (num_seqs, num_tokens, max_query_len, max_seq_len, num_q_heads, num_kv_heads, head_size, dtype, device,
+           sliding_window, stream)
+    plan = _CALL_PLANS.pop(key, None)
+    if plan is None:
+        plan = _plan_for_call(num_seqs, num_tokens, max_query_len, max_seq_len, num_q_heads=num_q_heads,
+                              num_kv_heads=num_kv_heads, head_size=head_size, dtype=dtype, device=device,
+                              sliding_window=sliding_window)
+        if len(_CALL_PLANS) >= CALL_PLANS_KEPT:
+            _CALL_PLANS.pop(next(iter(_CALL_PLANS)))
+    _CALL_PLANS[key] = plan  # most recently used last
+    return plan
+
+
+CALL_PLANS_KEPT = 8  # plans (and their split-KV workspaces) kept for calls without a plan
+_CALL_PLANS: dict = {}
+
+
+def _plan_for_call(num_seqs, num_tokens, max_query_len, max_seq_len, *, num_q_heads, num_kv_heads, head_size,
+                   dtype, device, sliding_window) -> AttentionPlan:
+    group = num_q_heads // num_kv_heads
+    tiles = pick_tiles(max_query_len, group, head_size)
+    sms = num_sms(device)
+    q_blocks = num_seqs * cdiv(max_query_len, tiles.block_q)
+    splits = choose_num_splits(q_blocks, num_kv_heads, max_query_len, max_seq_len, sms, sliding_window)
+    path = auto_path(max_query_len, splits)
+    common = dict(tiles=tiles, segment_size=0, max_query_len=max_query_len, max_seq_len=max_seq_len,
+                  max_num_tokens=num_tokens, num_q_heads=num_q_heads, num_kv_heads=num_kv_heads,
+                  head_size=head_size, batch_invariant=False, num_tokens=num_tokens, num_seqs=num_seqs,
+                  sliding_window=sliding_window)
+    if path == "prefill":
+        short = short_prefill(max_query_len, num_seqs, num_q_heads, sms, diagonal=max_seq_len <= 2 * max_query_len)
+        return AttentionPlan(path=path, num_splits=1, partial_out=None, partial_lse=None,
+                             prefill_tiles=pick_prefill_tiles(head_size, dtype, short=short),
+                             prefill_min_q_len=PREFILL_MIN_QUERY_LEN, **common)
+    partial_out = partial_lse = None
+    if path == "split_kv":
+        partial_out = torch.empty(num_tokens, num_q_heads, splits, head_size, dtype=torch.float32, device=device)
+        partial_lse = torch.empty(num_tokens, num_q_heads, splits, dtype=torch.float32, device=device)
+    return AttentionPlan(path=path, num_splits=splits, partial_out=partial_out, partial_lse=partial_lse, **common)
 
 
 def _host_list(x) -> list[int]:
@@ -423,7 +488,7 @@ def plan_attention(
     num_q_heads: int,
     num_kv_heads: int,
     head_size: int,
-    device="cuda",
+    device=None,
     path: str = "auto",
     num_splits: int | None = None,
     batch_invariant: bool = False,
@@ -443,7 +508,8 @@ def plan_attention(
     query_start_loc : ``[num_seqs + 1]`` ints (list or host tensor; a device tensor costs a sync)
     seq_lens : ``[num_seqs]`` ints
     num_q_heads, num_kv_heads, head_size : the attention shape of every layer of the step.
-    device : where the workspaces live (the kernels' device).
+    device : where the workspaces live (the kernels' device); default ``"cuda"`` when CUDA is
+        available, else ``"cpu"`` (Triton's interpreter).
     path : ``"auto"`` (the module docstring's rule), ``"unified"``, ``"split_kv"``,
         ``"persistent"`` or ``"prefill"`` (every sequence through the large-tile kernel; under
         ``"auto"`` sequences with >= PREFILL_MIN_QUERY_LEN queries take it and the rest the
@@ -472,6 +538,11 @@ def plan_attention(
     """
     if path not in PATHS:
         raise ValueError(f"path must be one of {PATHS}, got {path!r}")
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device={device} was asked for, but CUDA is not available (use device='cpu' for the interpreter)")
     path_requested = path
     if num_q_heads % num_kv_heads != 0:
         raise ValueError(f"num_q_heads {num_q_heads} is not a multiple of num_kv_heads {num_kv_heads}")
@@ -505,10 +576,8 @@ def plan_attention(
             num_q_blocks = sum(-(-n // tiles.block_q) for n in q_lens)
             splits = choose_num_splits(num_q_blocks, num_kv_heads, max_query_len, max_seq_len, num_sms(device),
                                        sliding_window)
-        if path == "auto" and max_query_len >= PREFILL_MIN_QUERY_LEN:
-            path = "prefill"
-        elif path == "auto":
-            path = "split_kv" if splits > 1 else "unified"
+        if path == "auto":
+            path = auto_path(max_query_len, splits)
     if path == "persistent":
         return _plan_persistent(
             qsl, lens, tiles=tiles, num_q_heads=num_q_heads, num_kv_heads=num_kv_heads, head_size=head_size,
@@ -528,7 +597,7 @@ def plan_attention(
             num_kv_heads=num_kv_heads, head_size=head_size, batch_invariant=False, partial_out=None,
             partial_lse=None, prefill_tiles=_plan_prefill_tiles(q_lens, lens, prefill_seqs, num_q_heads, head_size, dtype, device),
             prefill_min_q_len=min_q_len, rest_max_query_len=rest_max,
-            prefill_seqs=prefill_seqs,
+            prefill_seqs=prefill_seqs, num_tokens=num_tokens, num_seqs=len(lens),
         )
     if path == "unified":
         splits = 1
@@ -542,6 +611,7 @@ def plan_attention(
         max_query_len=max_query_len, max_seq_len=max_seq_len, max_num_tokens=max_num_tokens,
         num_q_heads=num_q_heads, num_kv_heads=num_kv_heads, head_size=head_size,
         batch_invariant=batch_invariant, partial_out=partial_out, partial_lse=partial_lse,
+        num_tokens=num_tokens, num_seqs=len(lens),
     )
 
 
