@@ -90,6 +90,34 @@ def register(name: str = NAME, *, continuous_batching: bool = True) -> str:
     return name
 
 
+def _hint_when_unregistered() -> None:
+    """Add to transformers' "not supported" error for ``attn_implementation="pagedattn"`` that
+    :func:`register` was not called (only reachable once this module is imported)."""
+    try:
+        from transformers.modeling_utils import PreTrainedModel
+    except ImportError:
+        return
+    original = getattr(PreTrainedModel, "get_correct_attn_implementation", None)
+    if original is None or getattr(original, "_pagedattn_wrapped", False):
+        return
+
+    def get_correct_attn_implementation(self, requested_attention, *args, **kwargs):
+        try:
+            return original(self, requested_attention, *args, **kwargs)
+        except ValueError as err:
+            if requested_attention == NAME and NAME not in _REGISTERED:
+                raise ValueError(
+                    f'{err} attn_implementation="{NAME}" needs pagedattn.integrations.transformers.register() '
+                    "called once before the model is built or loaded"
+                ) from err
+            raise
+
+    get_correct_attn_implementation._pagedattn_wrapped = True
+    get_correct_attn_implementation.__wrapped__ = original
+    get_correct_attn_implementation.__doc__ = original.__doc__
+    PreTrainedModel.get_correct_attn_implementation = get_correct_attn_implementation
+
+
 def _allow_in_continuous_batching() -> bool:
     """Wrap ``ContinuousBatchingManager.switch_to_cb_friendly_attn`` once so that models using a
     name from :func:`register` keep it; False when this transformers has no continuous batching."""
@@ -128,6 +156,7 @@ class _Layout:
     query_start_loc: torch.Tensor
     max_seq_len: int
     real_rows: torch.Tensor | None  # [batch, q_len] bool: rows to keep (others -> 0); None: all
+    prefix_ranges: torch.Tensor | None = None  # [num_seqs, R, 2] int32 bidirectional ranges, positions
 
 
 _layouts: "OrderedDict[tuple, tuple]" = OrderedDict()
@@ -216,45 +245,131 @@ def _layout_from_mask(mask, batch, q_len, kv_len, causal, window, device) -> _La
     hi = torch.where(key_valid, ar + 1, 0).amax(1)
     contiguous = key_valid.sum(1) == (hi - lo).clamp(min=0)
     row_seen = m.any(2)  # [batch, q_len]
+    zero = torch.zeros((), dtype=torch.long, device=device)
+    num_ranges, segments, ranges = zero, zero, None
     if causal:
-        # query i sits at mask column d + i; its last visible key is min(d + i, hi - 1)
-        last = torch.where(m, ar, -1).amax(2)
-        big = kv_len + q_len + 1
-        d = torch.where(row_seen, last - qi, -big).amax()
-        d = torch.where(d == -big, torch.tensor(kv_len - q_len, device=device), d)
-        col = d + qi  # [q_len]
-        real = (col[None] >= lo[:, None]) & (col[None] < hi[:, None])
-        expect = key_valid[:, None, :] & (ar[None, None, :] <= col[None, :, None])
-        if window:
-            expect = expect & (ar[None, None, :] > col[None, :, None] - window)
-        seq_lens = (d + q_len - lo).clamp(min=0)
+        col, real, expect, ranges, ranges_ok = _causal_expectation(m, row_seen, key_valid, lo, hi, window)
+        seq_lens = (col[-1] + 1 - lo).clamp(min=0) if q_len else (hi - lo).clamp(min=0)
+        ok_rows = real
+        if ranges is not None:
+            num_ranges = ranges[1]
     else:
-        real = row_seen
         expect = key_valid[:, None, :].expand(batch, q_len, kv_len)
         seq_lens = (hi - lo).clamp(min=0)
+        ok_rows = row_seen
+        ranges_ok = torch.ones((), dtype=torch.bool, device=device)
         if window:
-            # paged_attention places query i at hi - q_len + i (bottom-right in the row's keys)
-            pos = (hi[:, None] - q_len + qi[None])[..., None]
-            expect = expect & (ar > pos - window) & (ar < pos + window)
-        d = torch.zeros((), dtype=torch.long, device=device)
-    ok = contiguous.all() & ((m == expect) | ~real[..., None]).all()
-    ok, max_seq_len = torch.stack([ok.long(), seq_lens.amax() if batch else d * 0]).tolist()  # one host sync
+            # A bidirectional window needs each query at its own column: the row's real queries
+            # (its unpadded tokens) become one sequence of the call, placed bottom-right on the
+            # row's keys, and the padding queries before and after become sequences without keys.
+            off = kv_len - q_len
+            q_lo = (lo - off).clamp(0, q_len)
+            q_hi = (hi - off).clamp(0, q_len).maximum(q_lo)
+            real = (qi[None] >= q_lo[:, None]) & (qi[None] < q_hi[:, None])
+            pos = (hi - q_hi)[:, None] + qi[None]  # [batch, q_len] mask column of each placed query
+            expect = expect & (ar > pos[..., None] - window) & (ar < pos[..., None] + window)
+            ok_rows = real
+            segments = ((q_lo > 0) | (q_hi < q_len)).any().long()
+    ok = contiguous.all() & ranges_ok & ((m == expect) | ~ok_rows[..., None]).all()
+    max_seq_len = seq_lens.amax() if batch else zero
+    ok, max_seq_len, num_ranges, segments = torch.stack(
+        [ok.long(), max_seq_len.long(), num_ranges.long(), segments]).tolist()  # one host sync
     if not ok:
         raise ValueError(
             "attention_mask: this mask is not expressible as one paged_attention call per batch row "
             f"(causal={causal}, sliding_window={window}): pagedattn handles padding on either side, causal "
-            "or bidirectional attention and a sliding window, not masks that hide keys inside a row, "
-            "packed sequences, block or chunked patterns; use attn_implementation='sdpa' or 'eager'"
+            "or bidirectional attention, a sliding window and bidirectional blocks inside a causal mask (image "
+            "tokens: visible = (causal and window) or same block), not masks that hide keys inside a row, "
+            "packed sequences or chunked patterns; use attn_implementation='sdpa' or 'eager'"
         )
     padded, block_table, qsl = _pages_meta(batch, q_len, max_seq_len, device)
     index = (lo[:, None] + torch.arange(padded, device=device)[None]).clamp(0, max(kv_len - 1, 0))
+    prefix = None
+    if num_ranges:
+        prefix = _compact_ranges(ranges[0], lo, num_ranges)
+    seq_lens = seq_lens.to(torch.int32)
+    if segments:
+        base = torch.arange(batch, device=device) * q_len
+        qsl = torch.cat([torch.stack([base, base + q_lo, base + q_hi], 1).flatten(),
+                         base.new_full((1,), batch * q_len)]).to(torch.int32)
+        seq_lens = torch.stack([torch.zeros_like(seq_lens), seq_lens, torch.zeros_like(seq_lens)], 1).flatten()
+        block_table = block_table.repeat_interleave(3, dim=0)
     layout = _Layout(
         causal=causal, window=window, key_index=index, padded_len=padded, block_table=block_table,
-        seq_lens=seq_lens.to(torch.int32), query_start_loc=qsl, max_seq_len=max_seq_len,
-        real_rows=None if bool(real.all()) else real,
+        seq_lens=seq_lens, query_start_loc=qsl, max_seq_len=max_seq_len,
+        real_rows=None if bool(ok_rows.all()) else ok_rows, prefix_ranges=prefix,
     )
     _remember(key, layout, mask)
     return layout
+
+
+def _causal_expectation(m, row_seen, key_valid, lo, hi, window):
+    """Query columns, real rows, the mask a paged call would apply, and bidirectional ranges for a
+    causal mask ``m`` ``[batch, q_len, kv_len]``.
+
+    Query i sits at column d + i. The last query of a row that sees a key sees its own column and
+    nothing after it (a bidirectional block ends at the latest at the last token), so d is read
+    there. A query that sees a key after its own column belongs to a bidirectional block that ends
+    after that key; the queries that share the block's end give its start (the earliest of them,
+    or, with a window, a visible key further back than the window reaches).
+
+    Returns ``(col [q_len], real [batch, q_len], expect [batch, q_len, kv_len], ranges, ok)``;
+    ranges is None or ``(starts [batch, kv_len + 2], count)``: ``starts[b, e]`` is the start column
+    of the block of row b that ends before column e (``kv_len + 1`` where there is none).
+    """
+    batch, q_len, kv_len = m.shape
+    device = m.device
+    ar = torch.arange(kv_len, device=device)
+    qi = torch.arange(q_len, device=device)
+    last = torch.where(m, ar, -1).amax(2)  # [batch, q_len]
+    big = kv_len + q_len + 1
+    d_last = torch.where(row_seen[:, -1], last[:, -1] - (q_len - 1), -big).amax()
+    d_any = torch.where(row_seen, last - qi, -big).amax()
+    d = torch.where(d_last > -big, d_last, d_any)
+    d = torch.where(d == -big, torch.tensor(kv_len - q_len, device=device), d)
+    col = d + qi  # [q_len]
+    real = (col[None] >= lo[:, None]) & (col[None] < hi[:, None])
+    expect = key_valid[:, None, :] & (ar[None, None, :] <= col[None, :, None])
+    if window:
+        expect = expect & (ar[None, None, :] > col[None, :, None] - window)
+
+    in_block = real & (last > col[None])
+    none = kv_len + 1
+    start = col[None].expand(batch, q_len)
+    if window:
+        first = torch.where(m, ar, kv_len).amin(2)
+        start = torch.where(first <= col[None] - window, first, start)
+    starts = torch.full((batch, kv_len + 2), none, dtype=torch.long, device=device)
+    end = torch.where(in_block, last + 1, kv_len + 1)
+    starts.scatter_reduce_(1, end, torch.where(in_block, start, none), reduce="amin")
+    starts[:, kv_len + 1] = none
+    has = starts[:, : kv_len + 1] < none  # [batch, kv_len + 1]: a block ends before column e
+    count = has.sum(1).amax() if batch else torch.zeros((), dtype=torch.long, device=device)
+    # the block of each column: the first block end after it, if that block starts at or before it
+    ends = torch.where(has, torch.arange(kv_len + 1, device=device), none)[:, 1:]
+    next_end = ends.flip(1).cummin(1).values.flip(1)  # [batch, kv_len]
+    block_start = starts.gather(1, next_end)
+    label = torch.where((next_end < none) & (block_start <= ar), next_end, -1)  # [batch, kv_len]
+    cover = torch.zeros((batch, kv_len + 2), dtype=torch.long, device=device)
+    cover.scatter_add_(1, starts[:, : kv_len + 1].clamp(max=kv_len + 1), has.long())
+    cover[:, 1: kv_len + 1] -= has[:, 1:].long()
+    ok = cover[:, :kv_len].cumsum(1).le(1).all()  # blocks do not overlap
+    q_label = label.gather(1, col.clamp(0, max(kv_len - 1, 0))[None].expand(batch, q_len))
+    same = (q_label[..., None] == label[:, None, :]) & (label[:, None, :] >= 0)
+    expect = expect | (same & key_valid[:, None, :])
+    return col, real, expect, (starts, count), ok
+
+
+def _compact_ranges(starts: torch.Tensor, lo: torch.Tensor, count: int) -> torch.Tensor:
+    """``[batch, count, 2]`` int32 ranges (positions from each row's first key; (0, 0) pads)."""
+    batch, width = starts.shape
+    none = width - 1
+    ends = torch.where(starts[:, : width - 1] < none, torch.arange(width - 1, device=starts.device), none)
+    ends = ends.sort(1).values[:, :count]
+    valid = ends < none
+    begin = starts.gather(1, ends)
+    return torch.stack([torch.where(valid, begin - lo[:, None], 0), torch.where(valid, ends - lo[:, None], 0)],
+                       -1).to(torch.int32)
 
 
 def _paged(x: torch.Tensor, layout: _Layout) -> torch.Tensor:
@@ -297,8 +412,7 @@ def paged_attention_forward(
     """
     from pagedattn.api import paged_attention
 
-    if dropout:
-        raise ValueError(f"pagedattn has no attention dropout (got dropout={dropout}); call model.eval()")
+    _refuse_training_and_weights(module, query, key, value, dropout, kwargs)
     if kwargs.get("position_bias") is not None:
         raise ValueError("pagedattn cannot add a position_bias (T5-style); use attn_implementation='sdpa'")
     if not isinstance(attention_mask, (torch.Tensor, type(None))):
@@ -323,10 +437,51 @@ def paged_attention_forward(
         q, _paged(key, layout), _paged(value, layout), layout.block_table, layout.seq_lens,
         layout.query_start_loc, max_query_len=q_len, max_seq_len=layout.max_seq_len, scale=scaling,
         causal=layout.causal, sliding_window=layout.window, softcap=softcap or None, sinks=sinks,
+        prefix_ranges=layout.prefix_ranges,
     ).view(batch, q_len, num_q_heads, head_dim)
     if layout.real_rows is not None:
         out = out * layout.real_rows[..., None, None].to(out.dtype)
     return out, None
+
+
+def _refuse_training_and_weights(module, query, key, value, dropout, kwargs) -> None:
+    """Raise for what the kernels cannot give: gradients, attention dropout, attention weights."""
+    sinks = kwargs.get("s_aux")
+    _refuse_grad(query, key, value, getattr(module, "sinks", None) if sinks is None else sinks)
+    if dropout:
+        raise ValueError(f"pagedattn has no attention dropout (got dropout={dropout}); call model.eval()")
+    if kwargs.get("output_attentions") or _weights_requested():
+        raise ValueError(
+            "output_attentions=True: attn_implementation='pagedattn' does not form the attention weights; "
+            "use attn_implementation='eager' to get them"
+        )
+
+
+def _refuse_grad(query, key, value, sinks) -> None:
+    """The kernels have no backward pass: with grad mode on, a query, key, value or sinks tensor
+    that requires grad would get a gradient that skips attention, so the call raises instead."""
+    if not torch.is_grad_enabled():
+        return
+    needs = [name for name, t in (("query", query), ("key", key), ("value", value), ("sinks", sinks))
+             if isinstance(t, torch.Tensor) and t.requires_grad]
+    if needs:
+        raise RuntimeError(
+            f"attn_implementation='pagedattn' is an inference kernel with no backward pass, but "
+            f"{', '.join(needs)} require{'s' if len(needs) == 1 else ''} grad: run the model under "
+            "torch.no_grad() or torch.inference_mode() (after model.eval()), or train with "
+            "attn_implementation='sdpa' or 'eager' (model.set_attn_implementation('sdpa'))"
+        )
+
+
+def _weights_requested() -> bool:
+    """Whether transformers' output capture is collecting attention weights for this forward
+    (``output_attentions=True`` as an argument or in the config)."""
+    try:
+        from transformers.utils.output_capturing import _active_collector
+    except ImportError:
+        return False
+    collected = _active_collector.get()
+    return bool(collected) and any(k.endswith("attentions") for k in collected)
 
 
 def _layer_features(module, kwargs: dict, num_q_heads: int, device):
@@ -335,9 +490,12 @@ def _layer_features(module, kwargs: dict, num_q_heads: int, device):
     if causal is None:
         causal = getattr(module, "is_causal", True)
     causal = bool(causal)
+    # transformers hands attention functions flash-attention's window: W keys back (the query's own
+    # included) when causal, |q - k| < W when not (ModernBERT passes its half-width + 1, bidirectional
+    # Gemma 3 its window): the same W as paged_attention's sliding_window, so it passes unchanged.
     window = kwargs.get("sliding_window", getattr(module, "sliding_window", None)) or None
-    if window is not None and not causal:
-        window = int(window) + 1  # transformers' bidirectional window keeps |q - k| <= W
+    if window is not None:
+        window = int(window)
     softcap = kwargs.get("softcap")
     if softcap is None:
         softcap = getattr(getattr(module, "config", None), "attn_logit_softcapping", None)
@@ -369,6 +527,7 @@ def varlen_attention_forward(query, key, value, cu_seq_lens_q, cu_seq_lens_k, *,
     """
     from pagedattn.api import varlen_attention
 
+    _refuse_grad(query, key, value, sinks)
     if query.shape[0] != 1:
         raise ValueError(f"a packed call (cu_seq_lens_q given, no mask) needs batch 1, got query {list(query.shape)}")
     _, num_q_heads, num_tokens, head_dim = query.shape
@@ -387,3 +546,6 @@ def varlen_attention_forward(query, key, value, cu_seq_lens_q, cu_seq_lens_k, *,
         scale=scaling, causal=causal, sliding_window=window, softcap=softcap, sinks=sinks, out=out,
     )
     return out.unsqueeze(0), None
+
+
+_hint_when_unregistered()
