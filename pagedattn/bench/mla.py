@@ -8,7 +8,11 @@ rotating over input copies for short calls, ``do_bench`` otherwise):
 
 * ``pagedattn``: :func:`pagedattn.mla_decode` over the paged cache (host maxima given: no sync);
 * ``torch``: ``einsum`` scores + fp32 softmax + ``einsum`` output over a contiguous
-  ``[B, L, 576]`` copy of the same latents.
+  ``[B, L, 576]`` copy of the same latents;
+* ``flashinfer`` (when installed, on a GPU): ``flashinfer.mla.BatchMLAPagedAttentionWrapper``
+  over the same paged cache, latent and rope parts as two views of it, planned once per case
+  outside the timing (:mod:`pagedattn.bench.peers.flashinfer`). Checked against the fp32
+  torch result before it is timed; a case it cannot run is listed with the reason.
 
 ``--sweep`` times a grid of kernel configs (``SWEEP_CONFIGS``: heads per program, value split,
 keys per tile, warps, stages; plus split counts around the rule's for B=1) on every case,
@@ -84,6 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--time-budget", type=float, default=225.0,
                    help="--sweep: seconds after which the remaining runs are skipped (and listed)")
     p.add_argument("--no-baseline", action="store_true", help="skip the torch provider")
+    p.add_argument("--no-peers", action="store_true", help="skip FlashInfer's MLA wrapper")
     p.add_argument("--quick", action="store_true", help="tiny shapes (the default without a GPU)")
     p.add_argument("--json", help="also write the records to this file (--sweep: default bench_out/mla-sweep.json)")
     p.add_argument("--seed", type=int, default=0)
@@ -183,6 +188,40 @@ class Workload:
                            tiles=[config.block_h, config.block_q, config.tile_n, config.value_split,
                                   config.num_warps, config.num_stages])
 
+    def time_flashinfer(self):
+        """(record or None, message): FlashInfer's MLA wrapper on the same paged latents.
+
+        The output is checked against the fp32 torch result before timing; a mismatch or a
+        case the wrapper cannot plan gives no record and a message saying why.
+        """
+        from pagedattn.bench.peers import flashinfer
+        from pagedattn.bench.peers.common import host_time_us
+        from pagedattn.bench.timing import bench
+
+        label = f"flashinfer B={self.batch} L={self.seq_len}"
+        ok, why = flashinfer.availability()
+        if not ok:
+            return None, f"{label}: skipped ({why})"
+        if self.args.fp8:
+            return None, f"{label}: skipped (fp8 latent cache: FlashInfer's per-tensor scales are not wired)"
+        fns, note = [], ""
+        try:
+            for i, (q, kv, bt, lens, qsl, _) in enumerate(self.sets):
+                run, note = flashinfer.prepare_mla(q, kv, bt, lens, qsl, scale=SCALE, latent_dim=LATENT,
+                                                   out=self.outs[i])
+                fns.append(run)
+            self.outs[0].fill_(float("nan"))
+            err = float((fns[0]().float() - self.check).abs().max())
+        except Exception as e:  # noqa: BLE001 - a peer that cannot run this case is reported, not fatal
+            return None, f"{label}: not run ({type(e).__name__}: {str(e).splitlines()[0][:200]})"
+        if not err <= BF16_TOLERANCE:
+            return None, f"{label}: max error {err:.3g} vs torch > {BF16_TOLERANCE:g}, not timed"
+        host = host_time_us(fns[0]) if self.device.type == "cuda" else None
+        record = self.record("flashinfer", bench(fns, self.device), err, config=note, num_splits=None, tiles=None,
+                             host_us=host)
+        record["ok"] = True
+        return record, ""
+
     def time_torch(self):
         from pagedattn.bench.timing import bench
 
@@ -203,6 +242,12 @@ def run_plain(args, device, dtype, g) -> list[dict]:
         records.append(w.time_paged(config, args.num_splits))
         if not args.no_baseline:
             records.append(w.time_torch())
+        if not args.no_peers:
+            record, message = w.time_flashinfer()
+            if record is not None:
+                records.append(record)
+            elif message:
+                print(message, file=sys.stderr, flush=True)
         del w
         if device.type == "cuda":
             torch.cuda.empty_cache()
@@ -239,6 +284,14 @@ def run_sweep(args, device, dtype, g) -> list[dict]:
             r = records[-1]
             print(f"[{time.perf_counter() - t0:6.1f}s] case {n}/{len(cases)} B={batch} L={seq_len}: torch "
                   f"{r['time_us']:.1f} us", flush=True)
+        if not args.no_peers:
+            r, message = w.time_flashinfer()
+            if r is not None:
+                records.append(r)
+                message = (f"flashinfer {r['time_us']:.1f} us, {r['tflops']:.0f} TFLOP/s, host {r['host_us']:.1f} us, "
+                           f"err {r['max_err_vs_torch']:.2g} ({r['config']})")
+            print(f"[{time.perf_counter() - t0:6.1f}s] case {n}/{len(cases)} B={batch} L={seq_len}: {message}",
+                  flush=True)
         for i, (config, splits) in enumerate(runs, 1):
             if time.perf_counter() - t0 > args.time_budget:
                 print(f"[{time.perf_counter() - t0:6.1f}s] time budget ({args.time_budget:.0f}s) spent: skipping "
@@ -275,16 +328,22 @@ def best_per_case(records) -> list[dict]:
     return [best[k] for k in sorted(best, key=lambda k: (k[1], k[0]))]
 
 
+def _host(record) -> str:
+    host = record.get("host_us")
+    return f"{host:.1f}" if host is not None else "-"
+
+
 def markdown(records) -> str:
     lines = [
-        "| B x L | provider | config | splits | µs | GB/s | % of 4.6 TB/s | TFLOP/s | method | max err vs torch |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| B x L | provider | config | splits | µs | GB/s | % of 4.6 TB/s | TFLOP/s | host µs | method | max err vs torch |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in records:
         lines.append(
             f"| {r['B']} x {r['L']} | {r['provider']}{' (fp8)' if r['fp8'] else ''} | {r['config'] or '-'} | "
             f"{r['num_splits'] or '-'} | {r['time_us']:.1f} | {r['gbps']:.0f} | {r['pct_peak']:.1f} | "
-            f"{r['tflops']:.0f} | {r['method']} | {r['max_err_vs_torch']:.3g}{'' if r.get('ok', True) else ' ✗'} |"
+            f"{r['tflops']:.0f} | {_host(r)} | {r['method']} | {r['max_err_vs_torch']:.3g}"
+            f"{'' if r.get('ok', True) else ' ✗'} |"
         )
     return "\n".join(lines)
 
@@ -322,12 +381,14 @@ def main(argv=None) -> int:
     best = best_per_case(records) if args.sweep else []
     if args.sweep:
         baseline = {(r["B"], r["L"]): r for r in records if r["provider"] == "torch"}
+        peer = {(r["B"], r["L"]): r for r in records if r["provider"] == "flashinfer"}
         print("\nBest config per case:")
         print(markdown(best))
         for r in best:
-            t = baseline.get((r["B"], r["L"]))
-            if t:
-                print(f"B={r['B']} L={r['L']}: {r['config']} {t['time_us'] / r['time_us']:.2f}x torch")
+            t, f = baseline.get((r["B"], r["L"])), peer.get((r["B"], r["L"]))
+            vs = [f"{x['time_us'] / r['time_us']:.2f}x {x['provider']}" for x in (t, f) if x]
+            if vs:
+                print(f"B={r['B']} L={r['L']}: {r['config']} " + ", ".join(vs))
     path = args.json or ("bench_out/mla-sweep.json" if args.sweep else None)
     if path:
         from pagedattn.bench.report import write_json

@@ -327,20 +327,69 @@ class FlexProvider(Provider):
 
 
 # ---------------------------------------------------------------------------------------------
-# FlashInfer: availability gate only
+# Peers on the same paged tensors: FlashInfer's wrappers and cuDNN's paged SDPA graph
+# (adapters in pagedattn.bench.peers; neither package is imported until a provider is asked)
 
 
 HAS_FLASHINFER = importlib.util.find_spec("flashinfer") is not None
+HAS_CUDNN_FRONTEND = importlib.util.find_spec("cudnn") is not None
 
 
 @dataclass
 class FlashInferProvider(Provider):
-    """Placeholder: reports availability; the adapter is written once it can be tested."""
+    """FlashInfer's paged wrappers, planned once per batch outside the timed call.
+
+    ``mode="engine"``: single-token decodes through ``BatchDecodeWithPagedKVCacheWrapper`` and
+    the rest through ``BatchPrefillWithPagedKVCacheWrapper`` (two calls for a mixed batch, as
+    vLLM's FlashInfer backend makes them); ``mode="prefill"``: the whole batch in one
+    prefill-wrapper call.
+    """
+
+    mode: str = "engine"
 
     def available(self):
-        if not HAS_FLASHINFER:
-            return False, "flashinfer is not installed"
-        return False, "flashinfer is installed, but its adapter is not written yet"
+        from pagedattn.bench.peers import flashinfer
+
+        return flashinfer.availability()
+
+    def supports(self, case):
+        from pagedattn.bench.peers import flashinfer
+
+        return flashinfer.supports(case)
+
+    def prepare(self, inputs):
+        from pagedattn.bench.peers import flashinfer
+
+        return flashinfer.prepare(inputs, self.mode)
+
+
+@dataclass
+class CudnnPagedProvider(Provider):
+    """cuDNN's SDPA graph with page tables (cudnn-frontend), one call per batch; ragged Q/O
+    offsets for a batch with different query lengths. Graphs are built once per shape."""
+
+    def available(self):
+        from pagedattn.bench.peers import cudnn
+
+        return cudnn.availability()
+
+    def supports(self, case):
+        from pagedattn.bench.peers import cudnn
+
+        return cudnn.supports(case)
+
+    def prepare(self, inputs):
+        from pagedattn.bench.peers import cudnn
+
+        return cudnn.prepare(inputs)
+
+
+def host_time_us(prepared: Prepared, calls: int = 50) -> float:
+    """Host time of one prepared call: ``calls`` back-to-back calls without synchronizing,
+    wall time / ``calls`` (one warm-up call first)."""
+    from pagedattn.bench.peers.common import host_time_us as _host_time_us
+
+    return _host_time_us(prepared.run, calls)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -362,6 +411,20 @@ PROVIDERS: dict[str, Provider] = {
         SdpaProvider("sdpa-flash", anchor=True, backend="FLASH_ATTENTION",
                      description="torch SDPA, FlashAttention-2 backend, contiguous KV"),
         FlexProvider("flex", anchor=True, description="FlexAttention, torch.compile, contiguous KV"),
-        FlashInferProvider("flashinfer", description="FlashInfer (gate only)"),
+        FlashInferProvider("flashinfer", anchor=True,
+                           description="FlashInfer paged wrappers: decode wrapper on decodes + prefill wrapper "
+                                       "on the rest (as vLLM calls them)"),
+        FlashInferProvider("flashinfer-prefill", anchor=True, mode="prefill",
+                           description="FlashInfer paged prefill wrapper, whole batch in one call"),
+        CudnnPagedProvider("cudnn-paged", anchor=True,
+                           description="cuDNN SDPA graph over the paged cache (page tables), one call"),
     ]
 }
+
+
+if __name__ == "__main__":
+    import sys
+
+    from pagedattn.bench.peers.selftest import main
+
+    sys.exit(main(sys.argv[1:]))

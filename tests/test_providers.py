@@ -1,0 +1,404 @@
+"""Peer providers on the CPU: gating, metadata conversion, and the adapters against fakes.
+
+FlashInfer and cuDNN run only on a GPU. Here each adapter drives a small fake of the peer's API
+that computes attention from exactly what the adapter hands it (page lists, declared dims and
+strides, page tables, ragged offsets) with the reference's math, so a wrong conversion, view or
+offset shows up as a wrong output against the float64 reference. What the fakes cannot check is
+the peers' own numerics and API acceptance: the GPU self-test
+(``python -m pagedattn.bench.providers --selftest``) does that.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import types
+
+import pytest
+import torch
+
+from pagedattn.bench.check import compare, reference
+from pagedattn.bench.peers import common
+from pagedattn.bench.peers.common import NotApplicable, paged_csr, split_decodes, sub_query_start_loc
+from pagedattn.bench.workloads import Case, build_inputs
+from pagedattn.reference import attention_ref, mla_decode_ref
+
+SMALL = dict(num_q_heads=4, num_kv_heads=2, head_size=32)
+
+
+def _case(segments, shape=SMALL, block_size=16, **features) -> Case:
+    params = dict(shape, block_size=block_size, segments=[list(s) for s in segments],
+                  sliding_window=features.get("sliding_window"), softcap=features.get("softcap"),
+                  sinks=bool(features.get("sinks", False)))
+    return Case(name=str(segments), workload="test", kind="mixed", params=params)
+
+
+# ---------------------------------------------------------------------------------------------
+# conversions
+
+
+@pytest.mark.parametrize("lens,block_size", [
+    pytest.param([1, 16, 17, 45], 16, id="edges"),
+    pytest.param([200, 3, 64], 16, id="mixed"),
+    pytest.param([5, 9], 1, id="page1"),
+])
+def test_paged_csr_lists_each_sequences_pages(lens, block_size):
+    g = torch.Generator().manual_seed(0)
+    pages = [-(-n // block_size) for n in lens]
+    table = torch.randint(0, 1000, (len(lens), max(pages) + 2), generator=g, dtype=torch.int32)
+    csr = paged_csr(table, torch.tensor(lens, dtype=torch.int32), block_size)
+    assert csr.indptr.tolist() == [0] + torch.tensor(pages).cumsum(0).tolist()
+    for s, n in enumerate(lens):
+        got = csr.indices[csr.indptr[s]:csr.indptr[s + 1]]
+        assert got.tolist() == table[s, :pages[s]].tolist()
+        assert 1 <= csr.last_page_len[s] <= block_size
+        assert (pages[s] - 1) * block_size + int(csr.last_page_len[s]) == n
+    assert csr.indptr.dtype == csr.indices.dtype == csr.last_page_len.dtype == torch.int32
+
+
+def test_paged_csr_rejects_what_it_cannot_express():
+    table = torch.zeros(2, 2, dtype=torch.int32)
+    with pytest.raises(NotApplicable, match="no keys"):
+        paged_csr(table, torch.tensor([3, 0], dtype=torch.int32), 16)
+    with pytest.raises(ValueError, match="columns"):
+        paged_csr(table, torch.tensor([3, 40], dtype=torch.int32), 16)
+
+
+@pytest.mark.parametrize("q_lens,reorder", [
+    pytest.param([1, 1, 1], False, id="decodes"),
+    pytest.param([32, 1, 1], False, id="prefill-then-decodes"),
+    pytest.param([1, 1, 5, 7], False, id="decodes-then-rest"),
+    pytest.param([1, 9, 1], True, id="interleaved"),
+    pytest.param([4, 1, 6, 1], True, id="alternating"),
+])
+def test_split_decodes_orders_decodes_first(q_lens, reorder):
+    qsl = [0]
+    for n in q_lens:
+        qsl.append(qsl[-1] + n)
+    split = split_decodes(qsl)
+    assert split.decode == [s for s, n in enumerate(q_lens) if n == 1]
+    assert split.rest == [s for s, n in enumerate(q_lens) if n != 1]
+    assert split.reorder is reorder
+    assert sorted(split.token_order) == list(range(qsl[-1]))
+    expect = [t for s in split.order for t in range(qsl[s], qsl[s + 1])]
+    assert split.token_order == expect
+    assert sub_query_start_loc(qsl, split.rest)[-1] == sum(q_lens[s] for s in split.rest)
+
+
+def test_window_left_counts_the_keys_before_the_query():
+    assert common.window_left(None) == -1
+    assert common.window_left(1) == 0  # only the query's own key
+    assert common.window_left(128) == 127
+
+
+# ---------------------------------------------------------------------------------------------
+# gating
+
+
+def test_registry_and_gates_on_the_cpu():
+    from pagedattn.bench.providers import PROVIDERS
+
+    for name in ("flashinfer", "flashinfer-prefill", "cudnn-paged"):
+        ok, why = PROVIDERS[name].available()
+        assert ok is False and why  # no GPU here: unavailable, with the reason
+    fi, cu = PROVIDERS["flashinfer"], PROVIDERS["cudnn-paged"]
+    assert fi.supports(_case([(2, 1, 64)]))[0]
+    ok, why = fi.supports(_case([(2, 1, 64)], sinks=True))
+    assert not ok and "sinks" in why
+    ok, why = cu.supports(_case([(2, 1, 64)], sliding_window=16))
+    assert not ok and "sliding_window" in why
+    assert cu.supports(_case([(1, 32, 32), (3, 1, 33)]))[0]
+
+
+# ---------------------------------------------------------------------------------------------
+# fakes
+
+
+def _attend(q, k_cache, v_cache, pages, kv_len, *, scale, causal, window=None, softcap=None):
+    """Reference attention of one sequence's queries (the last ``len(q)`` positions)."""
+    hk, d = k_cache.shape[2], k_cache.shape[3]
+    k = k_cache[pages.long()].reshape(-1, hk, d)[:kv_len]
+    v = v_cache[pages.long()].reshape(-1, hk, v_cache.shape[3])[:kv_len]
+    q_pos = torch.arange(q.shape[0]) + (kv_len - q.shape[0])
+    out, _ = attention_ref(q, k, v, q_pos=q_pos, scale=scale, causal=causal, sliding_window=window,
+                           softcap=softcap)
+    return out
+
+
+class _FakePaged:
+    """BatchDecode/BatchPrefill wrappers as FlashInfer documents them, computed by the reference."""
+
+    def __init__(self, workspace, kv_layout="NHD", use_tensor_cores=False, backend="auto"):
+        assert kv_layout == "NHD"
+        self._backend = "fake"
+
+    def _store(self, indptr, indices, last_page_len, page_size, sm_scale, window_left, logits_soft_cap):
+        self.indptr, self.indices, self.last = indptr.tolist(), indices.cpu(), last_page_len.tolist()
+        self.page_size, self.scale = page_size, sm_scale
+        self.window = window_left + 1 if window_left >= 0 else None
+        self.softcap = logits_soft_cap
+
+    def _seq(self, s):
+        pages = self.indices[self.indptr[s]:self.indptr[s + 1]]
+        return pages, (len(pages) - 1) * self.page_size + self.last[s]
+
+    def _run_rows(self, q, kv, out, qo_indptr, causal):
+        assert isinstance(kv, tuple) and out is not None and out.shape == q.shape
+        assert q.shape[0] == qo_indptr[-1]
+        for s in range(len(self.last)):
+            a, b = qo_indptr[s], qo_indptr[s + 1]
+            pages, kv_len = self._seq(s)
+            out[a:b] = _attend(q[a:b], *kv, pages, kv_len, scale=self.scale, causal=causal,
+                               window=self.window, softcap=self.softcap).to(out.dtype)
+        return out
+
+
+class FakeDecode(_FakePaged):
+    def plan(self, indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size, *,
+             pos_encoding_mode, q_data_type, kv_data_type, sm_scale, window_left, logits_soft_cap):
+        self._store(indptr, indices, last_page_len, page_size, sm_scale, window_left, logits_soft_cap)
+
+    def run(self, q, kv, out=None):
+        return self._run_rows(q, kv, out, list(range(len(self.last) + 1)), causal=True)
+
+
+class FakePrefill(_FakePaged):
+    def plan(self, qo_indptr, indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size, *,
+             causal, pos_encoding_mode, q_data_type, kv_data_type, sm_scale, window_left, logits_soft_cap):
+        self._store(indptr, indices, last_page_len, page_size, sm_scale, window_left, logits_soft_cap)
+        self.qo_indptr, self.causal = qo_indptr.tolist(), causal
+
+    def run(self, q, kv, out=None):
+        return self._run_rows(q, kv, out, self.qo_indptr, causal=self.causal)
+
+
+class FakeMLA:
+    def __init__(self, workspace, backend="auto"):
+        self._backend = "fake"
+
+    def plan(self, *, metadata, num_heads, head_dim_ckv, head_dim_kpe, page_size, causal, sm_scale, q_data_type,
+             kv_data_type, query_layout, kv_cache_layout):
+        assert query_layout == kv_cache_layout == "split"
+        self.m, self.page_size, self.causal, self.scale = metadata, page_size, causal, sm_scale
+        self.widths = (head_dim_ckv, head_dim_kpe)
+
+    def run(self, *, query, kv_cache, out):
+        (q_nope, q_pe), (ckv, kpe) = query, kv_cache
+        assert (ckv.shape[-1], kpe.shape[-1]) == self.widths == (q_nope.shape[-1], q_pe.shape[-1])
+        qo, kv_ptr, lens = self.m.qo_indptr.tolist(), self.m.kv_indptr.tolist(), self.m.kv_len_arr.tolist()
+        for s in range(len(lens)):
+            pages = self.m.kv_indices[kv_ptr[s]:kv_ptr[s + 1]].long()
+            c = ckv[pages].reshape(-1, ckv.shape[-1])[:lens[s]].double()
+            r = kpe[pages].reshape(-1, kpe.shape[-1])[:lens[s]].double()
+            a, b = qo[s], qo[s + 1]
+            scores = (torch.einsum("qhd,kd->qhk", q_nope[a:b].double(), c)
+                      + torch.einsum("qhd,kd->qhk", q_pe[a:b].double(), r)) * self.scale
+            if self.causal:
+                q_pos = torch.arange(b - a) + lens[s] - (b - a)
+                scores = scores.masked_fill(torch.arange(lens[s])[None, None, :] > q_pos[:, None, None], -math.inf)
+            out[a:b] = torch.einsum("qhk,kd->qhd", scores.softmax(-1), c).to(out.dtype)
+        return out
+
+
+@pytest.fixture
+def fake_flashinfer(monkeypatch):
+    from pagedattn.bench.peers import flashinfer as adapter
+
+    fi = types.ModuleType("flashinfer")
+    fi.BatchDecodeWithPagedKVCacheWrapper = FakeDecode
+    fi.BatchPrefillWithPagedKVCacheWrapper = FakePrefill
+    mla = types.ModuleType("flashinfer.mla")
+    mla.BatchMLAPagedAttentionWrapper = FakeMLA
+    mla.MLAPlanMetadata = types.SimpleNamespace(
+        csr=lambda qo_indptr, kv_indptr, kv_indices, kv_len_arr: types.SimpleNamespace(
+            qo_indptr=qo_indptr, kv_indptr=kv_indptr, kv_indices=kv_indices, kv_len_arr=kv_len_arr))
+    fi.mla = mla
+    monkeypatch.setitem(sys.modules, "flashinfer", fi)
+    monkeypatch.setitem(sys.modules, "flashinfer.mla", mla)
+    monkeypatch.setattr(adapter, "WORKSPACE_BYTES", 16)
+    monkeypatch.setattr(adapter, "_WORKSPACES", {})
+    return adapter
+
+
+BATCHES = [
+    pytest.param([(3, 1, 75)], {}, id="decode"),
+    pytest.param([(1, 40, 40)], {}, id="prefill"),
+    pytest.param([(2, 16, 80)], {}, id="extend"),
+    pytest.param([(1, 32, 32), (3, 1, 33)], {}, id="mixed"),
+    pytest.param([(2, 1, 64), (1, 24, 24), (1, 8, 72), (1, 1, 17)], {}, id="mixed-interleaved"),
+    pytest.param([(1, 1, 50), (1, 20, 20)], dict(sliding_window=8, softcap=30.0), id="window-softcap"),
+]
+
+
+def _check(prepared, inputs):
+    ref = reference(inputs)
+    err, ok, tol = compare(prepared.to_tokens(prepared()), ref)
+    assert ok, (err, tol, prepared.note)
+
+
+@pytest.mark.parametrize("mode", ["engine", "prefill"])
+@pytest.mark.parametrize("segments,features", BATCHES)
+def test_flashinfer_adapter_feeds_the_wrappers_the_batch(fake_flashinfer, segments, features, mode):
+    inputs = build_inputs(_case(segments, **features), torch.device("cpu"), torch.float16, seed=1)
+    prepared = fake_flashinfer.prepare(inputs, mode)
+    _check(prepared, inputs)
+    q_lens = inputs.case.query_lens
+    if mode == "engine" and 1 in q_lens and any(n > 1 for n in q_lens):
+        assert "decodes" in prepared.note and "prefill/extend" in prepared.note
+
+
+def test_flashinfer_adapter_refuses_fp32(fake_flashinfer):
+    inputs = build_inputs(_case([(2, 1, 64)]), torch.device("cpu"), torch.float32)
+    with pytest.raises(NotApplicable, match="fp16/bf16"):
+        fake_flashinfer.prepare(inputs)
+
+
+@pytest.mark.parametrize("seq_lens,query_len", [([70, 5, 33], 1), ([40, 19], 3)])
+def test_flashinfer_mla_adapter_splits_the_latent_cache(fake_flashinfer, seq_lens, query_len):
+    g = torch.Generator().manual_seed(2)
+    heads, block_size, latent, rope = 4, 16, 64, 16
+    pages = [-(-n // block_size) for n in seq_lens]
+    kv = torch.randn(sum(pages) + 2, block_size, latent + rope, generator=g).half()
+    perm = torch.randperm(kv.shape[0], generator=g).to(torch.int32)
+    table = torch.zeros(len(seq_lens), max(pages), dtype=torch.int32)
+    start = 0
+    for s, n in enumerate(pages):
+        table[s, :n] = perm[start:start + n]
+        start += n
+    q = torch.randn(len(seq_lens) * query_len, heads, latent + rope, generator=g).half()
+    lens = torch.tensor(seq_lens, dtype=torch.int32)
+    qsl = torch.arange(len(seq_lens) + 1, dtype=torch.int32) * query_len
+    out = torch.full((q.shape[0], heads, latent), float("nan"), dtype=q.dtype)
+    run, note = fake_flashinfer.prepare_mla(q, kv, table, lens, qsl, scale=0.1, latent_dim=latent, out=out)
+    run()
+    ref, _ = mla_decode_ref(q[..., :latent], q[..., latent:], kv, table, lens, qsl, scale=0.1)
+    err = float((out.double() - ref).abs().max())
+    assert err <= 1e-2, (err, note)
+
+
+class _FakeTensor:
+    def __init__(self, dim=None, stride=None, uid=None, **_):
+        self.dim, self.stride, self.uid, self.ragged = dim, stride, uid, None
+
+    def set_ragged_offset(self, t):
+        self.ragged = t
+        return self
+
+    def set_uid(self, uid):
+        self.uid = uid
+        return self
+
+    def set_dim(self, dim):
+        self.dim = list(dim)
+        return self
+
+    def set_stride(self, stride):
+        self.stride = list(stride)
+        return self
+
+    def set_output(self, _):
+        return self
+
+    def set_data_type(self, _):
+        return self
+
+
+class _FakeGraph:
+    """Declarations recorded; execute reads every buffer through its declared dims and strides
+    (as the backend reads only pointers), page tables, lengths and ragged element offsets."""
+
+    def __init__(self, **_):
+        self.tensors = []
+
+    def tensor(self, name="", dim=None, stride=None, data_type=None, uid=None):
+        t = _FakeTensor(list(dim), list(stride), uid)
+        self.tensors.append(t)
+        return t
+
+    def sdpa(self, *, name, q, k, v, **params):
+        self.q, self.k, self.v, self.params = q, k, v, params
+        self.o = _FakeTensor()
+        return self.o, None
+
+    def build(self, heuristics):
+        pass
+
+    def get_workspace_size(self):
+        return 0
+
+    @staticmethod
+    def _read(buf, dim, stride, offset=0):
+        return torch.as_strided(buf, dim, stride, buf.storage_offset() + offset)
+
+    def execute(self, pack, workspace, handle=None):
+        p = self.params
+        assert p["use_padding_mask"] and p["generate_stats"] is False
+        lens_q = pack[p["seq_len_q"].uid].flatten().tolist()
+        lens_kv = pack[p["seq_len_kv"].uid].flatten().tolist()
+        table = pack[p["paged_attention_k_table"].uid]
+        assert pack[p["paged_attention_v_table"].uid] is table
+        k_all = self._read(pack[self.k.uid], self.k.dim, self.k.stride)  # [blocks, heads, block_size, d]
+        v_all = self._read(pack[self.v.uid], self.v.dim, self.v.stride)
+        bs = self.k.dim[2]
+        for b, (sq, skv) in enumerate(zip(lens_q, lens_kv)):
+            assert skv <= p["paged_attention_max_seq_len_kv"]
+            q_off = int(pack[self.q.ragged.uid].flatten()[b]) if self.q.ragged else b * self.q.stride[0]
+            o_off = int(pack[self.o.ragged.uid].flatten()[b]) if self.o.ragged else b * self.o.stride[0]
+            hq, d = self.q.dim[1], self.q.dim[3]
+            q = self._read(pack[self.q.uid], [hq, sq, d], self.q.stride[1:], q_off).transpose(0, 1)
+            pages = table[b, 0, : -(-skv // bs), 0].long()
+            k = k_all[pages].transpose(1, 2).reshape(-1, k_all.shape[1], d)[:skv]
+            v = v_all[pages].transpose(1, 2).reshape(-1, v_all.shape[1], d)[:skv]
+            q_pos = torch.arange(sq) + skv - sq  # bottom-right alignment
+            out, _ = attention_ref(q, k, v, q_pos=q_pos, scale=p["attn_scale"],
+                                   causal=bool(p.get("use_causal_mask_bottom_right")))
+            self._read(pack[self.o.uid], [hq, sq, d], self.o.stride[1:], o_off).copy_(out.transpose(0, 1))
+
+
+@pytest.fixture
+def fake_cudnn(monkeypatch):
+    from pagedattn.bench.peers import cudnn as adapter
+
+    cu = types.ModuleType("cudnn")
+    cu.data_type = types.SimpleNamespace(HALF="half", BFLOAT16="bf16", FLOAT="float", INT32="int32")
+    cu.heur_mode = types.SimpleNamespace(A="a", FALLBACK="fallback")
+    cu.pygraph = _FakeGraph
+    cu.create_handle = lambda: object()
+    cu.set_stream = lambda handle, stream: None
+    monkeypatch.setitem(sys.modules, "cudnn", cu)
+    monkeypatch.setattr(adapter, "_GRAPHS", {})
+    monkeypatch.setattr(adapter, "_HANDLES", {})
+    monkeypatch.setattr(adapter.torch.cuda, "current_stream", lambda device=None: types.SimpleNamespace(cuda_stream=0))
+    monkeypatch.setattr(adapter.torch.cuda, "device", lambda device: _Null())
+    return adapter
+
+
+class _Null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+@pytest.mark.parametrize("segments,features", [b for b in BATCHES if b.id != "window-softcap"])
+def test_cudnn_adapter_declares_the_paged_layout(fake_cudnn, segments, features):
+    inputs = build_inputs(_case(segments, **features), torch.device("cpu"), torch.float16, seed=3)
+    prepared = fake_cudnn.prepare(inputs)
+    _check(prepared, inputs)
+    ragged = len(set(inputs.case.query_lens)) > 1
+    assert ("ragged" in prepared.note) is ragged
+
+
+def test_cudnn_graphs_are_shared_by_batches_of_one_shape(fake_cudnn):
+    case = _case([(1, 32, 32), (3, 1, 33)])
+    for seed in (4, 5):
+        inputs = build_inputs(case, torch.device("cpu"), torch.float16, seed=seed)
+        _check(fake_cudnn.prepare(inputs), inputs)
+    assert len(fake_cudnn._GRAPHS) == 1
+
+
+def test_cudnn_adapter_refuses_unwired_features(fake_cudnn):
+    inputs = build_inputs(_case([(2, 1, 64)], softcap=30.0), torch.device("cpu"), torch.float16)
+    with pytest.raises(NotApplicable, match="softcap"):
+        fake_cudnn.prepare(inputs)
