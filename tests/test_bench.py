@@ -160,3 +160,19 @@ def test_waves_plot_from_json(tmp_path, layout):
     assert plot_main([str(src), "--out", str(tmp_path / "plots")]) == 0
     png = tmp_path / "plots" / "waves.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bench_host_quick(tmp_path, capsys):
+    from pagedattn.bench.host import main as host_main
+
+    out, md = tmp_path / "host.json", tmp_path / "host.md"
+    assert host_main(["--case", "decode", "--no-write-kv", "--json", str(out), "--markdown", str(md)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    paths = [r["path"] for r in rows]
+    assert paths == ["unified", "split_kv", "persistent", "auto", "planless", "mla_decode"]
+    for r in rows:
+        assert r["ok"] is True, r
+        assert r["host_us"] > 0 and r["gpu_us"] is None
+    table = md.read_text()
+    assert "interpreter numbers" in table and "| paged_attention | decode B=2 L=64 | no plan | PASS |" in table
+    assert "correctness run" in capsys.readouterr().err
