@@ -1,6 +1,11 @@
-"""Test set-up: without a GPU the kernels run in Triton's interpreter (set before any import)."""
+"""Test set-up: without a GPU the kernels run in Triton's interpreter (set before any import).
+
+At the end of a run, a line says why tests were skipped and how many for each reason.
+"""
 
 import os
+import re
+from collections import Counter
 
 import pytest
 import torch
@@ -11,9 +16,12 @@ if not HAS_GPU:
 
 DEVICE = "cuda" if HAS_GPU and os.environ.get("TRITON_INTERPRET") != "1" else "cpu"
 
+GPU_SKIP_REASON = "needs a GPU (on a GPU machine, without TRITON_INTERPRET: pytest -m gpu)"
+SHOWN_REASONS = 8  # the most frequent skip reasons listed by name; the rest are counted together
+
 
 def pytest_collection_modifyitems(config, items):
-    skip_gpu = pytest.mark.skip(reason="needs a GPU (run with a GPU and TRITON_INTERPRET unset)")
+    skip_gpu = pytest.mark.skip(reason=GPU_SKIP_REASON)
     for item in items:
         if "gpu" in item.keywords and DEVICE != "cuda":
             item.add_marker(skip_gpu)
@@ -22,3 +30,34 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture
 def device():
     return DEVICE
+
+
+def skip_reason(report) -> str:
+    """The reason of a skipped test's report, short and without the per-test details."""
+    longrepr = report.longrepr
+    reason = longrepr[2] if isinstance(longrepr, tuple) and len(longrepr) == 3 else str(longrepr)
+    reason = reason.removeprefix("Skipped: ").strip()
+    missing = re.match(r"could not import '([^']+)'", reason)
+    if missing:
+        return f"{missing.group(1)} not installed"
+    return reason if len(reason) <= 100 else reason[:97] + "..."
+
+
+def summarize_skips(reports) -> str | None:
+    """``"209 skipped: needs a GPU (...): 180; matplotlib not installed: 20; ..."``, or None."""
+    if not reports:
+        return None
+    counts = Counter(skip_reason(r) for r in reports)
+    parts = [f"{reason}: {n}" for reason, n in counts.most_common(SHOWN_REASONS)]
+    rest = sum(n for _, n in counts.most_common()[SHOWN_REASONS:])
+    if rest:
+        parts.append(f"{len(counts) - SHOWN_REASONS} other reasons: {rest} (pytest -rs lists each)")
+    return f"{len(reports)} skipped: " + "; ".join(parts)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    skipped = [r for r in terminalreporter.stats.get("skipped", []) if getattr(r, "skipped", False)]
+    line = summarize_skips(skipped)
+    if line:
+        terminalreporter.write_sep("-", "why tests were skipped")
+        terminalreporter.write_line(line)
