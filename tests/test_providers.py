@@ -402,3 +402,41 @@ def test_cudnn_adapter_refuses_unwired_features(fake_cudnn):
     inputs = build_inputs(_case([(2, 1, 64)], softcap=30.0), torch.device("cpu"), torch.float16)
     with pytest.raises(NotApplicable, match="softcap"):
         fake_cudnn.prepare(inputs)
+
+
+# ---------------------------------------------------------------------------------------------
+# the suite's own runners with the peers (fakes standing in for them)
+
+
+def test_bench_cli_runs_the_peers(fake_flashinfer, fake_cudnn, monkeypatch, tmp_path):
+    import json
+
+    from pagedattn.bench.cli import main
+
+    monkeypatch.setattr(fake_flashinfer, "availability", lambda: (True, ""))
+    monkeypatch.setattr(fake_cudnn, "availability", lambda: (True, ""))
+    out = tmp_path / "peers.json"
+    rc = main(["--quick", "--workload", "decode,mixed,gptoss", "--provider", "flashinfer,flashinfer-prefill,cudnn-paged",
+               "--case", "B=2 L=64", "--case", "mixed", "--no-ceilings", "--json", str(out),
+               "--markdown", str(tmp_path / "t.md")])
+    assert rc == 0
+    records = json.loads(out.read_text())["records"]
+    by = {(r["case"], r["provider"]): r for r in records}
+    for provider in ("flashinfer", "flashinfer-prefill", "cudnn-paged"):
+        for case in ("decode B=2 L=64", "mixed 1x32+3x1@33"):
+            assert by[case, provider]["status"] == "ok", by[case, provider]
+    gptoss = by["gptoss decode B=2 L=64", "flashinfer"]
+    assert gptoss["status"] == "skip" and "sinks" in gptoss["reason"]
+
+
+def test_bench_mla_runs_flashinfer(fake_flashinfer, monkeypatch, tmp_path):
+    import json
+
+    from pagedattn.bench.mla import main
+
+    monkeypatch.setattr(fake_flashinfer, "availability", lambda: (True, ""))
+    out = tmp_path / "mla.json"
+    assert main(["--quick", "--batch", "1", "--seq-len", "64", "--json", str(out)]) == 0
+    records = json.loads(out.read_text())["records"]
+    peer = [r for r in records if r["provider"] == "flashinfer"]
+    assert len(peer) == 1 and peer[0]["ok"] and peer[0]["max_err_vs_torch"] <= 3e-2

@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
+import sys
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, Callable
@@ -331,8 +332,15 @@ class FlexProvider(Provider):
 # (adapters in pagedattn.bench.peers; neither package is imported until a provider is asked)
 
 
-HAS_FLASHINFER = importlib.util.find_spec("flashinfer") is not None
-HAS_CUDNN_FRONTEND = importlib.util.find_spec("cudnn") is not None
+def _installed(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):  # a module already in sys.modules without a spec
+        return name in sys.modules
+
+
+HAS_FLASHINFER = _installed("flashinfer")
+HAS_CUDNN_FRONTEND = _installed("cudnn")
 
 
 @dataclass
@@ -423,8 +431,6 @@ PROVIDERS: dict[str, Provider] = {
 
 
 if __name__ == "__main__":
-    import sys
-
     from pagedattn.bench.peers.selftest import main
 
     sys.exit(main(sys.argv[1:]))

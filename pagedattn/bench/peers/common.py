@@ -10,6 +10,7 @@ import importlib
 import importlib.util
 import os
 import shutil
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -24,7 +25,11 @@ class NotApplicable(ValueError):
 
 def module_status(name: str) -> tuple[bool, str]:
     """(importable, why not) for an optional top-level package."""
-    if importlib.util.find_spec(name) is None:
+    try:
+        missing = importlib.util.find_spec(name) is None
+    except (ImportError, ValueError):  # already in sys.modules without a spec
+        missing = name not in sys.modules
+    if missing:
         return False, f"{name} is not installed"
     try:
         importlib.import_module(name)

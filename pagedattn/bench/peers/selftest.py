@@ -109,7 +109,7 @@ def run_paged(names, device, dtype, args) -> list[str]:
                 statuses.append("skip")
                 continue
             try:
-                print(f"...   {label} planning + first call (FlashInfer builds a new kernel variant here)",
+                print(f"...   {label} planning + first call (a FlashInfer kernel variant compiles on first use)",
                       flush=True)
                 t0 = time.perf_counter()
                 prepared = prov.prepare(inputs)
