@@ -29,7 +29,8 @@
 #                     (default 2): results in OUT/cur/ and OUT/ab/
 #   --providers LIST  kernel providers to time (default: pagedattn's own columns, the SDPA anchors and
 #                     every available peer)
-#   --timeout S       wall-clock limit of each step (default 300)
+#   --timeout S       wall-clock limit of each step (default 300; FlashInfer compiles each kernel
+#                     variant on its first use, 30-115 s, cached in ~/.cache/flashinfer)
 #   --quick           tiny shapes; runs on a CPU through the Triton interpreter (GPU-only steps skipped)
 #
 # Examples (on the GPU machine, from the repository root):
@@ -83,9 +84,17 @@ fi
 
 # ---- the commands --------------------------------------------------------------------------------
 CLI="$PY -m pagedattn.cli"
-if $CLI bench kernels --list >/dev/null 2>&1; then KERNELS="$CLI bench kernels"; else KERNELS="$CLI bench"; fi
-if $CLI bench mla --help >/dev/null 2>&1 && ! $CLI bench mla --help 2>&1 | grep -q -- "--workload"; then
-  MLA="$CLI bench mla"; else MLA="$PY -m pagedattn.bench.mla"; fi
+kernels_cmd() {  # the kernel benchmark's command in the tree $1 (a subcommand or the plain `bench`)
+  if (cd "$1" && PYTHONPATH="$1${PYTHONPATH#$ROOT}" $CLI bench kernels --list --quick >/dev/null 2>&1); then
+    echo "$CLI bench kernels"; else echo "$CLI bench"; fi
+}
+mla_cmd() {
+  if (cd "$1" && PYTHONPATH="$1${PYTHONPATH#$ROOT}" $CLI bench mla --help 2>&1 | grep -q -- "--seq-len"); then
+    echo "$CLI bench mla"; else echo "$PY -m pagedattn.bench.mla"; fi
+}
+KERNELS=$(kernels_cmd "$ROOT"); MLA=$(mla_cmd "$ROOT")
+KERNELS_AB=""; MLA_AB=""
+[ -n "$AB" ] && { KERNELS_AB=$(kernels_cmd "$AB"); MLA_AB=$(mla_cmd "$AB"); }
 if $CLI bench host --help >/dev/null 2>&1 && ! $CLI bench host --help 2>&1 | grep -q -- "--workload"; then
   HOST="$CLI bench host"; else HOST="$PY $ROOT/scripts/host_launch_cost.py"; fi
 E2E="$CLI bench e2e"
@@ -128,7 +137,11 @@ step() {  # step NAME GPU_ONLY COMMAND...: run in this tree (and in --ab's tree)
       [ "$REPEAT" -gt 1 ] && sfx=".$i"
       [ "$tree" = ab ] && wd=$AB
       mkdir -p "$dir"
-      local cmd=("${@//@OUT@/$dir}"); cmd=("${cmd[@]//@SFX@/$sfx}")
+      local cmd=() w k=$KERNELS m=$MLA
+      [ "$tree" = ab ] && { k=$KERNELS_AB; m=$MLA_AB; }
+      for w in "$@"; do  # @KERNELS@ / @MLA@: that tree's command; @OUT@ / @SFX@: where the files go
+        case "$w" in @KERNELS@) cmd+=($k) ;; @MLA@) cmd+=($m) ;; *) w=${w//@OUT@/$dir}; cmd+=("${w//@SFX@/$sfx}") ;; esac
+      done
       local t0=$SECONDS
       (cd "$wd" && PYTHONPATH="$wd${PYTHONPATH#$ROOT}" timeout "$TIMEOUT" "${cmd[@]}") > "$OUT/logs/$name.$tree$sfx.log" 2>&1
       local rc=$?
@@ -138,7 +151,7 @@ step() {  # step NAME GPU_ONLY COMMAND...: run in this tree (and in --ab's tree)
   done
 }
 kernels() {  # kernels NAME PROVIDERS WORKLOADS
-  step "$1" 0 $KERNELS --workload "$3" --provider "$2" $Q --json "@OUT@/$1@SFX@.json" --markdown "@OUT@/$1@SFX@.md"
+  step "$1" 0 @KERNELS@ --workload "$3" --provider "$2" $Q --json "@OUT@/$1@SFX@.json" --markdown "@OUT@/$1@SFX@.md"
 }
 
 if [ "$TESTS" = 1 ]; then
@@ -163,10 +176,10 @@ for b in ${BENCH//,/ }; do
       else STATUS+=("hetero: to be measured (this checkout's benchmark has no hetero workload)"); fi ;;
     heads) step prefill-heads 1 $SWEEP --variants paged --anchors sdpa-cudnn,sdpa-flash --graph --configs default \
              --heads 64,256 --lengths 2048,8192 --json "@OUT@/prefill-heads@SFX@.json" ;;
-    autotune) step prefill-autotuned 0 env PAGEDATTN_AUTOTUNE=1 $KERNELS --workload prefill,extend,mixed \
+    autotune) step prefill-autotuned 0 env PAGEDATTN_AUTOTUNE=1 @KERNELS@ --workload prefill,extend,mixed \
                 --provider pagedattn $Q --json "@OUT@/prefill-autotuned@SFX@.json" --markdown "@OUT@/prefill-autotuned@SFX@.md" ;;
     parts) step mixed-parts 0 $PARTS $Q --json "@OUT@/mixed-parts@SFX@.json" ;;
-    mla) step mla 0 $MLA ${Q:-$MLA_ARGS} --json "@OUT@/mla@SFX@.json" ;;
+    mla) step mla 0 @MLA@ ${Q:-$MLA_ARGS} --json "@OUT@/mla@SFX@.json" ;;
     host) if [[ "$HOST" == *host_launch_cost.py ]]; then step host 1 bash -c "$HOST > @OUT@/host@SFX@.md"
           else step host 0 $HOST $Q --json "@OUT@/host@SFX@.json" --markdown "@OUT@/host@SFX@.md"; fi ;;
     waves) step waves 1 $WAVES --json "@OUT@/waves@SFX@.json" --plot "@OUT@" ;;

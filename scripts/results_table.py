@@ -1,7 +1,7 @@
 """A short table of every result file in a folder: ``python scripts/results_table.py DIR [DIR ...]``.
 
-Reads the JSON that ``pagedattn bench`` (kernels), ``bench e2e``, ``pagedattn.bench.mla``,
-``pagedattn.bench.waves``, ``scripts/gpu_prefill_sweep.py`` and ``scripts/mixed_breakdown.py``
+Reads the JSON that ``pagedattn bench`` (kernels), ``bench e2e``, ``bench host``,
+``pagedattn.bench.mla``, ``pagedattn.bench.waves``, ``scripts/gpu_prefill_sweep.py`` and ``scripts/mixed_breakdown.py``
 write (and ``scripts/gpu_run.sh`` collects), in the folder and its ``cur/`` and ``ab/``
 subfolders, and prints one markdown table per file: times per case and provider. Files of
 another shape are named and skipped. ``docs/bench/results`` is such a folder.
@@ -58,6 +58,13 @@ def table(data) -> list[str] | None:
             rows.append((case, f"persistent {r['schedule']}", _t(r["persistent_us"])))
             rows.append((case, "variable grid", _t(r["variable_grid_us"])))
             rows.append((case, "best at the true size", f"{_t(r['best_true_size_us'])} ({r['true_size_path']})"))
+        return _pivot(rows)
+    if isinstance(data, dict) and data.get("rows") and "host_us" in data["rows"][0]:  # bench host
+        rows = []
+        for r in data["rows"]:
+            case = f"{r['call']} {r['case']} ({r.get('path') or r.get('plan') or '-'})"
+            rows.append((case, "host", _t(r["host_us"])))
+            rows.append((case, "GPU", _t(r.get("gpu_us"))))
         return _pivot(rows)
     if isinstance(data, dict) and data.get("rows") and "us" in data["rows"][0]:  # prefill sweep
         return _pivot([(f"head {r['d']} S={r['s']}", f"{r['provider']} {r['cfg']}".strip(), _t(r["us"]))
