@@ -292,7 +292,7 @@ def paged_attention(
         k_scale=k_scale_t,
         v_scale=v_scale_t,
     )
-    if key is None or (plan.path == "prefill" and autotune_enabled()):
+    if key is None or (plan.path == "prefill" and autotune_enabled(device)):
         _RUN_PATH[plan.path](out, lse, args, plan)
     else:  # recorded, so that the next call with this layout replays it (see _replayed)
         binds = (q, k_cache, v_cache, block_table, seq_lens, query_start_loc, out, lse, alibi_slopes, sinks,
