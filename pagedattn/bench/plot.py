@@ -1,4 +1,4 @@
-"""Plots from a results JSON: ``python -m pagedattn.bench.plot results.json --out DIR``.
+"""Plots from a results JSON: pagedattn bench plot results.json --out DIR.
 
 decode.png: GB/s against context, one panel per batch size, one line per provider (the read
 ceiling dashed). prefill.png: TFLOP/s against sequence length (the matmul ceiling dashed).
@@ -178,9 +178,9 @@ def plot_waves(data: dict, out_path) -> Path:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m pagedattn.bench.plot", description=__doc__.splitlines()[0])
-    p.add_argument("results", help="results JSON written by python -m pagedattn.bench, or the waves JSON / log "
-                                   "written by python -m pagedattn.bench.waves")
+    p = argparse.ArgumentParser(prog="pagedattn bench plot", description=__doc__.splitlines()[0])
+    p.add_argument("results", help="results JSON written by pagedattn bench kernels, or the waves JSON / log "
+                                   "written by pagedattn bench waves")
     p.add_argument("--out", default="bench_out/plots", help="output folder (default: %(default)s)")
     args = p.parse_args(argv)
     if importlib.util.find_spec("matplotlib") is None:

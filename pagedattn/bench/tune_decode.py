@@ -1,4 +1,4 @@
-"""Sweep the decode tile and split settings on a GPU: ``python -m pagedattn.bench.tune_decode``.
+"""pagedattn bench tune: sweep the decode tile and split settings on a GPU.
 
 For each decode case and each (path, TILE_N, num_warps, num_stages, num_splits) it checks the
 output against the default configuration's and times CUDA-graph replays over rotated input
@@ -11,6 +11,7 @@ import argparse
 import dataclasses
 import itertools
 import json
+import sys
 
 import torch
 
@@ -31,14 +32,21 @@ def case_copies_and_plan(case, device):
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--case", action="append", default=None, help="e.g. 'B=1 L=32768'")
-    parser.add_argument("--json", default=None)
-    parser.add_argument("--tile-n", default="32,64,128")
-    parser.add_argument("--warps", default="2,4,8")
-    parser.add_argument("--stages", default="2,3,4")
-    parser.add_argument("--splits", default="auto", help="comma list of split counts, or auto")
+    parser = argparse.ArgumentParser(prog="pagedattn bench tune",
+                                     description="Sweep the decode tile and split settings (GPU only); each "
+                                                 "configuration is checked against the default one, then timed.")
+    parser.add_argument("--case", action="append", default=None,
+                        help="keep decode cases whose name contains this, e.g. 'B=1 L=32768' (repeatable)")
+    parser.add_argument("--json", default=None, help="also write every configuration's record to this file")
+    parser.add_argument("--tile-n", default="32,64,128", help="comma list of KV tile sizes (default: %(default)s)")
+    parser.add_argument("--warps", default="2,4,8", help="comma list of num_warps (default: %(default)s)")
+    parser.add_argument("--stages", default="2,3,4", help="comma list of num_stages (default: %(default)s)")
+    parser.add_argument("--splits", default="auto", help="comma list of split counts, or auto (default: %(default)s)")
     args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("pagedattn bench tune needs a GPU (it times CUDA-graph replays); none is available here.",
+              file=sys.stderr)
+        return 2
 
     from pagedattn.api import paged_attention
     from pagedattn.bench.timing import bench

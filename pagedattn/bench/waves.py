@@ -1,6 +1,6 @@
-"""The waves experiment: one CUDA graph captured at the maximum batch, replayed for small ones.
+"""pagedattn bench waves: one CUDA graph captured at the maximum batch, replayed for small ones.
 
-``python -m pagedattn.bench.waves [--json PATH] [--plot DIR]`` (GPU). Captures decode attention
+pagedattn bench waves [--json PATH] [--plot DIR] (GPU only). Captures decode attention
 at batch 256 x context 8192 and replays at 1 x 500, 8 x 4096 and 64 x 2048:
 
 * ``variable-grid@max``: the automatic (unified / split-KV) plan of the maximum batch, captured
@@ -16,7 +16,7 @@ Target: persistent@max within 10% of best@true-size.
 Writes ``{"machine", "capture", "rows"}`` to ``--json`` (default bench_out/waves.json); each row
 is one (batch, context, schedule) with ``persistent_us`` and, on the static rows,
 ``variable_grid_us``, ``best_true_size_us``, ``best_true_size_eager_us`` and ``true_size_path``.
-``python -m pagedattn.bench.plot bench_out/waves.json --out DIR`` (or ``--plot DIR`` here)
+``pagedattn bench plot bench_out/waves.json --out DIR`` (or ``--plot DIR`` here)
 draws DIR/waves.png.
 """
 
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 import torch
 
@@ -61,10 +62,16 @@ def _eager_us(fn, iters: int = 50) -> float:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pagedattn.bench.waves", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="pagedattn bench waves",
+                                     description="One CUDA graph captured at the maximum batch, replayed for small "
+                                                 "ones (GPU only).")
     parser.add_argument("--json", default="bench_out/waves.json", help="results file (default: %(default)s)")
     parser.add_argument("--plot", default=None, help="also draw DIR/waves.png")
     args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("pagedattn bench waves needs a GPU (it captures and replays CUDA graphs); none is available here.",
+              file=sys.stderr)
+        return 2
 
     from pagedattn import paged_attention, plan_attention
     from pagedattn.reference import paged_attention_ref

@@ -1,0 +1,145 @@
+"""pagedattn check and the pagedattn command: coverage of the default, streaming, JSON, exit codes."""
+
+import io
+import json
+
+import pytest
+import torch
+
+import pagedattn.check as check
+from pagedattn.cli import Progress
+from pagedattn.cli import main as cli_main
+from pagedattn.testing import FEATURES
+from tests.conftest import DEVICE
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_default_covers_every_family_and_feature(device):
+    specs = check.default_specs(device)
+    families = {s.family for s in specs}
+    assert families == {"attention", "varlen", "merge", "write_kv", "mla", "write_mla_kv"}
+    assert {s.path for s in specs if s.family == "attention"} == set(check.ATTENTION_PATHS)
+    features = {part for s in specs for part in s.feature.split("+")}
+    assert set(FEATURES) - {"scale"} <= features  # "scale" rides with softcap (feature_kwargs)
+    assert any(s.cache_dtype == torch.float8_e4m3fn and s.family == "attention" for s in specs)
+    assert any(s.cache_dtype == torch.float8_e4m3fn and s.family == "write_kv" for s in specs)
+    assert any(s.options.get("batch_invariant") for s in specs)
+    assert any(s.options.get("update") for s in specs)  # persistent plan re-planned in place
+    assert any(s.shape.get("head_size") in (24, 80) for s in specs)  # not a power of two
+    assert any(s.shape.get("num_kv_heads") == 1 for s in specs)  # MQA beside the default GQA
+    assert len({s.name for s in specs}) == len(specs)
+    # few kernel specializations, so a GPU compiles the default in well under a minute
+    assert len(specs) <= 60
+    assert len(check.full_specs(device)) > 4 * len(specs)
+
+
+def test_check_streams_rows_and_writes_json(tmp_path, capsys):
+    out = tmp_path / "check.json"
+    rc = check.main(["--only", "merge", "--only", "write_kv", "--json", str(out)])
+    text = capsys.readouterr().out
+    assert rc == 0, text
+    lines = text.splitlines()
+    estimate = next(i for i, l in enumerate(lines) if "checks against the float64 reference; about" in l)
+    first_row = next(i for i, l in enumerate(lines) if "[1/4," in l)
+    assert estimate < first_row  # the duration is announced before anything runs
+    rows = [l for l in lines if " s]" in l and l.strip()[0].isdigit()]
+    assert len(rows) == 4 and all(" PASS " in l for l in rows)
+    assert [l.split()[1] for l in rows] == ["merge", "merge", "write_kv", "write_kv"]
+    assert "\r" not in text  # not a terminal: plain lines only
+    assert "4 passed, 0 failed" in text
+    data = json.loads(out.read_text())
+    assert data["passed"] == 4 and data["failed"] == 0
+    assert {"torch", "triton", "device"} <= set(data["machine"])
+    assert [r["family"] for r in data["rows"]] == ["merge", "merge", "write_kv", "write_kv"]
+    assert all(r["ok"] and r["status"] == "PASS" and r["seconds"] >= 0 for r in data["rows"])
+
+
+def test_rows_are_printed_as_they_finish(monkeypatch):
+    stream = io.StringIO()
+    seen = []
+    real = check.RUNNERS["merge"]
+
+    def runner(spec, device, g):
+        seen.append(stream.getvalue().count(" PASS "))  # rows already printed when this one starts
+        return real(spec, device, g)
+
+    monkeypatch.setitem(check.RUNNERS, "merge", runner)
+    specs = [s for s in check.default_specs(DEVICE) if s.family == "merge"]
+    rows = check.run_check(DEVICE, specs=specs, stream=stream)
+    assert seen == list(range(len(specs))) and all(r["ok"] for r in rows)
+
+
+def test_a_wrong_kernel_fails_the_check(monkeypatch, capsys):
+    import pagedattn.api
+
+    monkeypatch.setattr(pagedattn.api, "write_kv", lambda *a, **k: None)  # writes nothing
+    assert check.main(["--only", "write_kv"]) == 1
+    text = capsys.readouterr().out
+    assert "FAIL" in text and "0 passed, 2 failed" in text
+
+
+def test_an_error_in_a_row_is_reported_and_the_run_goes_on(monkeypatch):
+    def boom(spec, device, g):
+        raise RuntimeError("kernel exploded")
+
+    monkeypatch.setitem(check.RUNNERS, "write_mla_kv", boom)
+    specs = [s for s in check.default_specs(DEVICE) if s.family in ("write_mla_kv", "merge")]
+    rows = check.run_check(DEVICE, specs=specs, quiet=True)
+    errors = [r for r in rows if r["status"] == "ERROR"]
+    assert len(errors) == 2 and "kernel exploded" in errors[0]["note"]
+    assert all(r["ok"] for r in rows if r["family"] == "merge")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="tests the message on a machine without CUDA")
+def test_device_cuda_without_cuda_is_a_clear_error(capsys):
+    assert check.main(["--device", "cuda"]) == 2
+    err = capsys.readouterr().err
+    assert "no CUDA device is available" in err and "Traceback" not in err
+
+
+def test_progress_redraws_on_a_terminal_only():
+    tty = io.StringIO()
+    p = Progress(2, stream=tty, live=True)
+    p.start("first")
+    p.done("row 1")
+    p.start("second")
+    p.close()
+    assert "\r" in tty.getvalue() and "[1/2]" in tty.getvalue() and "row 1\n" in tty.getvalue()
+    log = io.StringIO()
+    p = Progress(2, stream=log)  # StringIO is not a terminal
+    p.start("first")
+    p.done("row 1")
+    p.step("second")
+    p.close()
+    assert log.getvalue() == "row 1\n[2/2] second (0 s)\n"
+
+
+def test_version(capsys):
+    assert cli_main(["--version"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("pagedattn ") and "torch" in out and "triton" in out
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["check", "--help"], ["bench", "--help"], ["bench", "kernels", "--help"],
+                                  ["bench", "host", "--help"], ["bench", "plot", "--help"]])
+def test_help_is_plain_text(argv, capsys):
+    try:
+        rc = cli_main(argv)
+    except SystemExit as e:  # argparse's --help
+        rc = e.code
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert out.strip() and "`" not in out and ":func:" not in out
+
+
+def test_bench_subcommands_dispatch(monkeypatch, capsys):
+    import pagedattn.cli as cli
+
+    assert set(cli.BENCHMARKS) >= {"kernels", "e2e", "serve", "mla", "host", "plot", "tune", "waves"}
+    monkeypatch.setitem(cli.BENCHMARKS, "serve", ("pagedattn.bench.not_there", False))
+    assert cli_main(["bench", "serve"]) == 2
+    assert "not available" in capsys.readouterr().err
+    assert cli_main(["bench", "nope"]) == 2
+    if DEVICE == "cpu":
+        assert cli_main(["bench", "tune"]) == 2
+        assert "needs a GPU" in capsys.readouterr().err
