@@ -4,6 +4,11 @@ A provider answers ``available() -> (bool, reason)`` and ``supports(case) -> (bo
 and ``prepare(inputs)`` returns a :class:`Prepared` whose call runs one attention call on
 prepared inputs (allocation and layout changes happen in ``prepare``, outside the timing).
 pagedattn is imported inside ``prepare`` only, so the CLI can still set ``TRITON_INTERPRET``.
+
+The peers (FlashInfer's paged wrappers, cuDNN's paged SDPA graph) read the same paged tensors;
+their adapters live in :mod:`pagedattn.bench.peers` and import the packages only when asked.
+``python -m pagedattn.bench.providers --selftest`` runs each of them once on small cases on a
+GPU, against the float64 reference, and prints one line per provider and case.
 """
 
 from __future__ import annotations
