@@ -11,7 +11,8 @@
 #                                causal prefill S=512-32768, extend 4 x 512 on 4096,
 #                                a 2048-token prefill among 63 decodes             -> prefill-extend-mixed.json
 #                       mixes    the prefill-heavy and decode-heavy batch mixes     -> mixes.json
-#                       hetero   a few long contexts among many short (when the bench has the workload)
+#                       hetero   a few long contexts among many short decodes         -> hetero.json
+#                       specdecode  2-8 query tokens a sequence (speculative decode)     -> specdecode.json
 #                       heads    paged prefill at heads 64 and 256                 -> prefill-heads.json
 #                       autotune prefill/extend/mixed with PAGEDATTN_AUTOTUNE=1     -> prefill-autotuned.json
 #                       parts    the mixed batch's parts and streams               -> mixed-parts.json
@@ -109,7 +110,7 @@ ON_GPU=$($PY -c "import torch; print(int(torch.cuda.is_available()))" 2>/dev/nul
 [ "$QUICK" = 0 ] && [ "$ON_GPU" = 0 ] && echo "gpu_run.sh: no CUDA GPU here; add --quick for the interpreter" >&2
 
 # What this checkout's benchmark offers: its --list prints "<workload> <case>" and "provider <name>: available".
-LIST=$($KERNELS --list $Q 2>/dev/null)
+LIST=$($KERNELS --suite all --list $Q 2>/dev/null || $KERNELS --list $Q 2>/dev/null)
 WORKLOADS=$(echo "$LIST" | awk '$1 != "provider" {print $1}' | sort -u | tr '\n' ' ')
 AVAILABLE=$(echo "$LIST" | sed -n 's/^provider \([^:]*\): available$/\1/p' | tr '\n' ',')
 has_workload() { [[ " $WORKLOADS " == *" $1 "* ]]; }
@@ -170,9 +171,9 @@ for b in ${BENCH//,/ }; do
     decode) kernels decode "$DECODE_PROVIDERS" decode ;;
     prefill|extend|mixed) PEM="$PEM,$b" ;;
     mixes) kernels mixes "$PREFILL_PROVIDERS" prefill-heavy,decode-heavy ;;
-    hetero)
-      if has_workload hetero; then kernels hetero "$DECODE_PROVIDERS" hetero
-      else STATUS+=("hetero: to be measured (this checkout's benchmark has no hetero workload)"); fi ;;
+    hetero|specdecode)
+      if has_workload "$b"; then kernels "$b" "$DECODE_PROVIDERS" "$b"
+      else STATUS+=("$b: to be measured (this checkout's benchmark has no $b workload)"); fi ;;
     heads) step prefill-heads 1 $SWEEP --variants paged --anchors sdpa-cudnn,sdpa-flash --graph --configs default \
              --heads 64,256 --lengths 2048,8192 --json "@OUT@/prefill-heads@SFX@.json" ;;
     autotune) step prefill-autotuned 0 env PAGEDATTN_AUTOTUNE=1 @KERNELS@ --workload prefill,extend,mixed \
