@@ -288,14 +288,18 @@ def test_fused_kernels_match_torch(dtype):
     out, new_res = rms_norm(x, norm.weight, 1e-5, res.clone())
     torch.testing.assert_close(new_res, ref_res, atol=0, rtol=0)
     torch.testing.assert_close(out.float(), ref_out.float(), atol=atol, rtol=rtol)
+    for style in ("gemma", "fp32"):  # Gemma's (1 + w) and GPT-OSS's fp32 product
+        other = RMSNorm(80, 1e-5, device="cpu", dtype=dtype, style=style)
+        other.weight.data = norm.weight.data - 1.0
+        ref_out, ref_res = other(x, res)
+        out, new_res = rms_norm(x, other.weight, 1e-5, res.clone(), style=style)
+        torch.testing.assert_close(out.float(), ref_out.float(), atol=atol, rtol=rtol)
     out, same = rms_norm(x, norm.weight, 1e-5)
     torch.testing.assert_close(out.float(), norm(x)[0].float(), atol=atol, rtol=rtol)
     assert same is x
 
-    class Cfg:  # head 24: half 12 is not a power of two; 6 q heads, 3 kv heads
-        head_size, rope_theta, rope_scaling = 24, 10000.0, None
-
-    rot = Rotary(Cfg, device="cpu")
+    # head 24: half 12 is not a power of two; 6 q heads, 3 kv heads
+    rot = Rotary(device="cpu", inv_freq=1.0 / 10000.0 ** (torch.arange(0, 24, 2).float() / 24))
     rot.build(64)
     qkv = torch.randn(7, (6 + 2 * 3) * 24, generator=g).to(dtype)
     q, k = qkv[:, :144].view(7, 6, 24), qkv[:, 144:216].view(7, 3, 24)
@@ -457,3 +461,99 @@ def test_chat_template(tmp_path, capsys):
     assert doc["chat_template"] is True and doc["random_weights"] is False
     with pytest.raises(ValueError, match="chat template"):
         LLM("tiny", device="cpu", attention="sdpa", max_model_len=32).encode("hi", chat=True)
+
+
+# ---- model families against transformers ------------------------------------------------------
+WINDOW = 5  # shorter than the prompts: the window changes the answer
+GREEDY_STEPS = 4
+FAMILY_SMALL = dict(SMALL, head_dim=16)
+
+
+def family_config(kind: str):
+    """A tiny transformers config of each family the engine runs (what docs/engine.md's table lists)."""
+    t = transformers
+    if kind == "mistral-window":
+        return t.MistralConfig(**FAMILY_SMALL, sliding_window=WINDOW)
+    if kind == "qwen2-window":  # the window on layers >= max_window_layers only
+        return t.Qwen2Config(**FAMILY_SMALL, use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1)
+    if kind == "gemma2":
+        return t.Gemma2Config(**FAMILY_SMALL, sliding_window=WINDOW, query_pre_attn_scalar=24,
+                              attn_logit_softcapping=4.0, final_logit_softcapping=3.0)
+    if kind == "gemma3":
+        rope = {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1e6}}
+        return t.Gemma3TextConfig(**dict(FAMILY_SMALL, num_hidden_layers=3), sliding_window=WINDOW,
+                                  layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+                                  rope_parameters=rope, query_pre_attn_scalar=12)
+    if kind == "gpt-oss":
+        rope = {"rope_type": "yarn", "rope_theta": 150000.0, "factor": 8.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                "truncate": False, "original_max_position_embeddings": 64}
+        return t.GptOssConfig(**dict(FAMILY_SMALL, intermediate_size=32), sliding_window=WINDOW,
+                              num_local_experts=4, num_experts_per_tok=2, rope_parameters=rope)
+    rope = {"llama-yarn": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128},
+            "llama-linear": {"rope_type": "linear", "factor": 2.0},
+            "llama-dynamic": {"rope_type": "dynamic", "factor": 2.0}}[kind]
+    return t.LlamaConfig(**FAMILY_SMALL, rope_parameters=dict(rope, rope_theta=10000.0))
+
+
+FAMILIES = ["mistral-window", "qwen2-window", "gemma2", "gemma3", "gpt-oss", "llama-yarn", "llama-linear",
+            "llama-dynamic"]
+
+
+@pytest.mark.parametrize("kind", FAMILIES)
+def test_family_matches_transformers(tmp_path, kind):
+    """Logits of an 11-token prompt (prefilled in chunks of 6: a prefill, then an extend across the
+    window) and GREEDY_STEPS greedy tokens against transformers' own model on the same random
+    weights (sinks, biases and norm weights randomized too)."""
+    torch.manual_seed(5)
+    config = family_config(kind)
+    ref_model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    with torch.no_grad():  # random sinks, biases and norms too, so that each feature shows
+        for name, p in ref_model.named_parameters():
+            if name.endswith(("sinks", "bias", "norm.weight")):
+                p.normal_(0.0, 0.5)
+    ref_model.save_pretrained(str(tmp_path))
+    llm = LLM(str(tmp_path), device="cpu", max_model_len=40, max_num_batched_tokens=6)
+    assert llm.model_config.model_type == config.model_type
+    ids = prompt(11, seed=8)
+    with torch.no_grad():
+        ref_logits = ref_model(torch.tensor([ids])).logits[0]
+        ref_tokens = ref_model.generate(torch.tensor([ids]), max_new_tokens=GREEDY_STEPS, do_sample=False)
+    atol, rtol = TOLERANCES[torch.float32]
+    torch.testing.assert_close(llm.prompt_logits(ids), ref_logits, atol=atol, rtol=rtol)
+    out = llm.generate([ids], max_tokens=GREEDY_STEPS, ignore_eos=True)[0].token_ids
+    assert out == ref_tokens[0, len(ids):].tolist()
+
+
+@pytest.mark.parametrize("preset", ["tiny-mistral", "tiny-gemma2", "tiny-gemma3", "tiny-gpt-oss"])
+def test_family_presets(preset):
+    """Each family's random-weight preset runs; SDPA runs the windowed ones with the same tokens
+    and refuses what it cannot compute (softcap, sinks)."""
+    llm = LLM(preset, device="cpu", max_model_len=32)
+    ids = prompt(12, seed=9)
+    tokens = llm.generate([ids], max_tokens=3, ignore_eos=True)[0].token_ids
+    assert len(tokens) == 3
+    cfg = llm.model_config
+    assert cfg.sliding_window and any(cfg.window(i) for i in range(cfg.num_layers))
+    if cfg.attn_softcap or cfg.sinks:
+        with pytest.raises(ValueError, match="sdpa cannot compute"):
+            LLM(preset, device="cpu", attention="sdpa", max_model_len=32)
+    else:
+        sdpa = LLM(preset, device="cpu", attention="sdpa", max_model_len=32, max_num_batched_tokens=5)
+        assert sdpa.generate([ids], max_tokens=3, ignore_eos=True)[0].token_ids == tokens
+
+
+def test_unsupported_configs(tmp_path):
+    import json
+
+    from pagedattn.engine.config import from_hf_config
+
+    with pytest.raises(ValueError, match="model_type 'bert' is not supported"):
+        from_hf_config({"model_type": "bert"})
+    with pytest.raises(ValueError, match="rope type 'longrope' is not supported"):
+        from_hf_config(dict(FAMILY_SMALL, model_type="llama", rope_parameters={
+            "rope_type": "longrope", "rope_theta": 1e4, "short_factor": [1.0] * 8, "long_factor": [1.0] * 8,
+            "original_max_position_embeddings": 64}))
+    (tmp_path / "config.json").write_text(json.dumps(dict(FAMILY_SMALL, model_type="llama", hidden_act="relu")))
+    with pytest.raises(ValueError, match="hidden activation 'relu' is not supported"):
+        LLM(str(tmp_path), device="cpu")

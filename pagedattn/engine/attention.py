@@ -53,6 +53,7 @@ class StepMetadata:
     host_rows: list | None = None
     decode_rows: int = 0
     key_mask: torch.Tensor | None = None
+    window_mask: torch.Tensor | None = None
 
 
 class PagedBackend:
@@ -95,13 +96,18 @@ class PagedBackend:
     def prepare(self, meta: StepMetadata) -> None:
         pass
 
-    def __call__(self, layer: int, q, k, v, meta: StepMetadata) -> torch.Tensor:
+    def __call__(self, layer: int, q, k, v, meta: StepMetadata, mod=None) -> torch.Tensor:
+        """``mod``: the layer's attention module (its scale, sliding_window, softcap, sinks), or None."""
         from pagedattn.api import paged_attention, write_kv
 
         k_cache, v_cache = self.k_cache[layer], self.v_cache[layer]
         write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        if mod is None:
+            return paged_attention(q, k_cache, v_cache, meta.block_table, meta.seq_lens, meta.query_start_loc,
+                                   plan=meta.plan)
         return paged_attention(q, k_cache, v_cache, meta.block_table, meta.seq_lens, meta.query_start_loc,
-                               plan=meta.plan)
+                               scale=mod.scale, sliding_window=mod.sliding_window, softcap=mod.softcap,
+                               sinks=mod.sinks, plan=meta.plan)
 
 
 class SdpaBackend:
@@ -110,6 +116,11 @@ class SdpaBackend:
     name = "sdpa"
 
     def __init__(self, mcfg: ModelConfig, ecfg: EngineConfig, *, device, dtype):
+        if mcfg.attn_softcap:
+            raise ValueError(f"attention sdpa cannot compute the attention logit softcap ({mcfg.attn_softcap}) of "
+                             f"{mcfg.model_type}; use pagedattn")
+        if mcfg.sinks:
+            raise ValueError(f"attention sdpa cannot compute the attention sinks of {mcfg.model_type}; use pagedattn")
         self.mcfg, self.ecfg, self.device, self.dtype = mcfg, ecfg, torch.device(device), dtype
         self.max_len = ecfg.max_model_len
         self.padding_row = ecfg.max_num_seqs
@@ -171,8 +182,14 @@ class SdpaBackend:
 
     def prepare(self, meta: StepMetadata) -> None:
         if meta.decode_rows:
-            mask = (self.key_positions[None, :] < meta.seq_lens[:, None])[:, None, None]  # [B, 1, 1, max_len]
-            meta.key_mask = torch.where(mask, 0.0, float("-inf")).to(self.dtype) if self.float_mask else mask
+            keys, lens = self.key_positions[None, :], meta.seq_lens[:, None]
+            mask = (keys < lens)[:, None, None]  # [B, 1, 1, max_len]
+            meta.key_mask = self._mask(mask)
+            if self.mcfg.sliding_window:  # the query sits at len - 1: keys len - W .. len - 1
+                meta.window_mask = self._mask(mask & (keys >= lens - self.mcfg.sliding_window)[:, None, None])
+
+    def _mask(self, mask):
+        return torch.where(mask, 0.0, float("-inf")).to(self.dtype) if self.float_mask else mask
 
     def _sdpa(self, kernels, q, k, v, **kwargs):
         if kernels is None:
@@ -182,7 +199,10 @@ class SdpaBackend:
         with sdpa_kernel(kernels, set_priority=len(kernels) > 1):
             return F.scaled_dot_product_attention(q, k, v, **kwargs)
 
-    def __call__(self, layer: int, q, k, v, meta: StepMetadata) -> torch.Tensor:
+    def __call__(self, layer: int, q, k, v, meta: StepMetadata, mod=None) -> torch.Tensor:
+        """``mod``: the layer's attention module (its scale and sliding_window), or None."""
+        scale = None if mod is None else mod.scale
+        window = None if mod is None else mod.sliding_window
         k_cache, v_cache = self.k_cache[layer], self.v_cache[layer]
         k_cache[meta.cache_rows, :, meta.positions] = k
         v_cache[meta.cache_rows, :, meta.positions] = v
@@ -191,7 +211,8 @@ class SdpaBackend:
         if meta.decode_rows:
             b = meta.decode_rows
             out = self._sdpa(self.decode_kernels, q.view(b, hkv, hq // hkv, d), k_cache[:b], v_cache[:b],
-                             attn_mask=meta.key_mask)  # [b, hkv, group, d]
+                             attn_mask=meta.key_mask if window is None else meta.window_mask,
+                             scale=scale)  # [b, hkv, group, d]
             return out.reshape(b, hq, d)
         out = torch.empty_like(q)
         qsl, lens, rows = meta.host_query_start_loc, meta.host_seq_lens, meta.host_rows
@@ -200,18 +221,19 @@ class SdpaBackend:
             if n == 0:
                 continue
             qs = q[a:b].transpose(0, 1)[None]  # [1, hq, n, d]
-            if length == n:  # no context: the fresh keys, causal
+            if length == n:  # no context: the fresh keys
                 ks, vs = k[a:b].transpose(0, 1)[None], v[a:b].transpose(0, 1)[None]
-                kwargs = {"is_causal": n > 1}
             else:
                 row = rows[s]
                 ks, vs = k_cache[row:row + 1, :, :length], v_cache[row:row + 1, :, :length]
-                mask = None
-                if n > 1:  # query j sits at length - n + j
-                    mask = visible(query_positions(n, length, q.device), length, causal=True, sliding_window=None,
-                                   prefix_rows=None)
-                kwargs = {"attn_mask": mask}
-            o = self._sdpa(self.prefill_kernels, qs, ks, vs, enable_gqa=hq != hkv, **kwargs)
+            if window is None and length == n:
+                kwargs = {"is_causal": n > 1}
+            elif window is None and n == 1:
+                kwargs = {}
+            else:  # query j sits at length - n + j
+                kwargs = {"attn_mask": visible(query_positions(n, length, q.device), length, causal=True,
+                                               sliding_window=window, prefix_rows=None)}
+            o = self._sdpa(self.prefill_kernels, qs, ks, vs, enable_gqa=hq != hkv, scale=scale, **kwargs)
             out[a:b] = o[0].transpose(0, 1)
         return out
 

@@ -6,13 +6,25 @@ import json
 import os
 from dataclasses import dataclass, field
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "gemma3", "gpt_oss")
 ATTENTION_BACKENDS = ("pagedattn", "pagedattn-2d", "sdpa")
+FULL, SLIDING = "full_attention", "sliding_attention"
 
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """The decoder's shape: Llama / Mistral / Qwen2 / Qwen3 (RMSNorm, RoPE, GQA, SwiGLU)."""
+    """The decoder's shape and features.
+
+    Llama / Mistral / Qwen2 / Qwen3: RMSNorm, RoPE, GQA, SwiGLU. Gemma2 / Gemma3 add zero-centred
+    norms (``norm="gemma"``), norms around attention and MLP (``sandwich_norm``), a scaled
+    embedding, GELU-tanh, a query scale from ``query_pre_attn_scalar`` and logit softcaps.
+    GPT-OSS adds attention sinks, biases on every projection and a top-k MoE (``num_experts``).
+    ``layer_types[i]`` is ``"sliding_attention"`` (window ``sliding_window``) or
+    ``"full_attention"``; empty: every layer full. ``rope_parameters``: transformers 5's dict
+    (``rope_type``, ``rope_theta``, scaling keys), nested by layer type when the types differ
+    (Gemma3); the tables come from transformers' own initialisers (``pagedattn.engine.rope``).
+    ``hf``: the transformers config a folder was read from (what the RoPE initialisers take).
+    """
 
     vocab_size: int
     hidden_size: int
@@ -26,20 +38,99 @@ class ModelConfig:
     rope_scaling: dict | None = None  # {"rope_type": "llama3", "factor", "low_freq_factor", ...}
     max_position_embeddings: int = 4096
     tie_word_embeddings: bool = False
-    attention_bias: bool = False  # Qwen2: biases on q/k/v
-    qk_norm: bool = False  # Qwen3: RMSNorm of each q and k head before RoPE
+    attention_bias: bool = False  # biases on q/k/v (Qwen2, GPT-OSS)
+    o_bias: bool = False  # a bias on o_proj (GPT-OSS)
+    qk_norm: bool = False  # Qwen3, Gemma3: RMSNorm of each q and k head before RoPE
     eos_token_ids: tuple = ()
     model_type: str = "llama"
+    layer_types: tuple = ()
+    sliding_window: int | None = None
+    attn_softcap: float | None = None
+    final_softcap: float | None = None
+    attn_scale: float | None = None  # default head_size ** -0.5
+    sinks: bool = False
+    norm: str = "llama"  # "llama": w * x_hat cast first; "gemma": (1 + w) * x_hat in fp32; "fp32": w * x_hat in fp32
+    sandwich_norm: bool = False
+    embed_scale: float | None = None
+    hidden_act: str = "silu"  # or "gelu_tanh"
+    num_experts: int = 0
+    experts_per_token: int = 0
+    swiglu_limit: float = 7.0
+    swiglu_alpha: float = 1.702
+    rope_parameters: dict | None = None
+    hf: object = field(default=None, compare=False, repr=False)
 
     def __post_init__(self):
         if self.num_q_heads % self.num_kv_heads:
             raise ValueError(f"num_q_heads {self.num_q_heads} is not a multiple of num_kv_heads {self.num_kv_heads}")
+        if self.layer_types and len(self.layer_types) != self.num_layers:
+            raise ValueError(f"layer_types has {len(self.layer_types)} entries for {self.num_layers} layers")
+        if any(t not in (FULL, SLIDING) for t in self.layer_types):
+            raise ValueError(f"layer_types must be {FULL!r} or {SLIDING!r}, got {sorted(set(self.layer_types))}")
+        if SLIDING in self.layer_types and not self.sliding_window:
+            raise ValueError("sliding_attention layers need sliding_window")
+        if self.hidden_act not in ("silu", "gelu_tanh"):
+            raise ValueError(f"hidden_act must be silu or gelu_tanh, got {self.hidden_act!r}")
+
+    def layer_type(self, layer: int) -> str:
+        return self.layer_types[layer] if self.layer_types else FULL
+
+    def window(self, layer: int) -> int | None:
+        """The sliding window of ``layer`` (keys p - W < k <= p), or None."""
+        return self.sliding_window if self.layer_type(layer) == SLIDING else None
+
+    def hf_kwargs(self) -> dict:
+        """transformers config arguments of this shape (what a preset's RoPE is computed from)."""
+        rope = self.rope_parameters or {"rope_type": "default", "rope_theta": self.rope_theta, **(self.rope_scaling or {})}
+        kw = dict(vocab_size=self.vocab_size, hidden_size=self.hidden_size, intermediate_size=self.intermediate_size,
+                  num_hidden_layers=self.num_layers, num_attention_heads=self.num_q_heads,
+                  num_key_value_heads=self.num_kv_heads, head_dim=self.head_size,
+                  max_position_embeddings=self.max_position_embeddings, rope_parameters=dict(rope))
+        if self.layer_types:
+            kw.update(layer_types=list(self.layer_types), sliding_window=self.sliding_window)
+        return kw
 
 
 LLAMA3_ROPE = {
     "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
     "original_max_position_embeddings": 8192,
 }
+
+
+def _alternate(n: int, period: int) -> tuple:
+    """Layers ``period - 1`` sliding, then one full, repeated (Gemma2: 2, Gemma3: 6, GPT-OSS: 2)."""
+    return tuple(FULL if (i + 1) % period == 0 else SLIDING for i in range(n))
+
+
+_GEMMA = dict(norm="gemma", sandwich_norm=True, hidden_act="gelu_tanh", tie_word_embeddings=True, rms_norm_eps=1e-6)
+
+
+def _gemma2(**kw) -> ModelConfig:
+    n = kw["num_layers"]
+    return ModelConfig(**_GEMMA, model_type="gemma2", layer_types=_alternate(n, 2), attn_softcap=50.0,
+                       final_softcap=30.0, embed_scale=kw["hidden_size"] ** 0.5, **kw)
+
+
+def _gemma3(*, local_theta=10000.0, global_rope=None, **kw) -> ModelConfig:
+    n = kw["num_layers"]
+    rope = {SLIDING: {"rope_type": "default", "rope_theta": local_theta},
+            FULL: dict(global_rope or {"rope_type": "default", "rope_theta": 1e6})}
+    return ModelConfig(**_GEMMA, model_type="gemma3_text", layer_types=_alternate(n, 6), qk_norm=True,
+                       embed_scale=kw["hidden_size"] ** 0.5, rope_parameters=rope, **kw)
+
+
+GPT_OSS_YARN = {"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                "truncate": False, "original_max_position_embeddings": 4096}
+
+
+def _gpt_oss(**kw) -> ModelConfig:
+    n = kw["num_layers"]
+    return ModelConfig(model_type="gpt_oss", layer_types=_alternate(n, 2), sinks=True, attention_bias=True,
+                       o_bias=True, norm="fp32", rope_parameters=dict(GPT_OSS_YARN), **kw)
+
+
+_TINY = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_layers=2, num_q_heads=4, num_kv_heads=2,
+             head_size=16)
 
 PRESETS = {
     # meta-llama/Llama-3.1-8B's shape (config.json of the release)
@@ -48,48 +139,101 @@ PRESETS = {
         num_kv_heads=8, head_size=128, rms_norm_eps=1e-5, rope_theta=500000.0, rope_scaling=dict(LLAMA3_ROPE),
         max_position_embeddings=131072, tie_word_embeddings=False,
     ),
-    # small enough for the Triton interpreter: a 16-token generation in seconds on a CPU
-    "tiny": ModelConfig(
-        vocab_size=256, hidden_size=64, intermediate_size=128, num_layers=2, num_q_heads=4, num_kv_heads=2,
-        head_size=16, rms_norm_eps=1e-5, rope_theta=10000.0, max_position_embeddings=2048,
+    # mistralai/Mistral-7B-v0.1's shape: every layer a 4096-token window
+    "mistral-7b": ModelConfig(
+        vocab_size=32000, hidden_size=4096, intermediate_size=14336, num_layers=32, num_q_heads=32, num_kv_heads=8,
+        head_size=128, max_position_embeddings=32768, model_type="mistral", layer_types=(SLIDING,) * 32,
+        sliding_window=4096,
     ),
+    # google/gemma-2-9b's shape: local (4096) and global layers alternate, softcaps 50 / 30
+    "gemma2-9b": _gemma2(vocab_size=256000, hidden_size=3584, intermediate_size=14336, num_layers=42, num_q_heads=16,
+                         num_kv_heads=8, head_size=256, sliding_window=4096, attn_scale=256 ** -0.5,
+                         max_position_embeddings=8192),
+    # google/gemma-3-4b's text decoder: 5 local (1024) layers to 1 global, global RoPE linear x8
+    "gemma3-4b": _gemma3(vocab_size=262208, hidden_size=2560, intermediate_size=10240, num_layers=34, num_q_heads=8,
+                         num_kv_heads=4, head_size=256, sliding_window=1024, attn_scale=256 ** -0.5,
+                         max_position_embeddings=131072,
+                         global_rope={"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6}),
+    # openai/gpt-oss-20b's attention (sinks, 128-token windows on every other layer, YaRN) with the
+    # MoE replaced by a dense SwiGLU MLP of the active size (4 experts x 2880)
+    "gpt-oss-20b": _gpt_oss(vocab_size=201088, hidden_size=2880, intermediate_size=4 * 2880, num_layers=24,
+                            num_q_heads=64, num_kv_heads=8, head_size=64, sliding_window=128, rms_norm_eps=1e-5,
+                            max_position_embeddings=131072),
+    # small enough for the Triton interpreter: a 16-token generation in seconds on a CPU
+    "tiny": ModelConfig(**_TINY, rms_norm_eps=1e-5, rope_theta=10000.0, max_position_embeddings=2048),
+    "tiny-mistral": ModelConfig(**_TINY, model_type="mistral", max_position_embeddings=2048,
+                                layer_types=(SLIDING,) * 2, sliding_window=8),
+    "tiny-gemma2": _gemma2(**_TINY, sliding_window=8, attn_scale=16 ** -0.5, max_position_embeddings=2048),
+    "tiny-gemma3": _gemma3(**dict(_TINY, num_layers=3), sliding_window=8, attn_scale=16 ** -0.5,
+                           max_position_embeddings=2048),
+    "tiny-gpt-oss": _gpt_oss(**dict(_TINY, vocab_size=256), sliding_window=8, max_position_embeddings=2048),
 }
 
 
+def _eos(value) -> tuple:
+    return () if value is None else tuple(value) if isinstance(value, (list, tuple)) else (value,)
+
+
 def from_hf_config(cfg: dict) -> ModelConfig:
-    """A :class:`ModelConfig` from a Hugging Face ``config.json`` dict (transformers 4 or 5 keys)."""
+    """A :class:`ModelConfig` from a Hugging Face ``config.json`` dict, read through transformers'
+    own config class of the model type (which fills defaults and standardizes the RoPE keys)."""
     model_type = cfg.get("model_type", "llama")
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise ValueError(f"config.json model_type {model_type!r} is not supported; expected one of "
                          f"{SUPPORTED_MODEL_TYPES}")
-    if cfg.get("hidden_act", "silu") != "silu":
-        raise ValueError(f"config.json hidden_act {cfg['hidden_act']!r} is not supported (only silu)")
-    window = cfg.get("sliding_window")
-    if window and cfg.get("use_sliding_window", model_type == "mistral"):
-        raise ValueError(f"config.json sliding_window={window}: sliding-window models are not supported")
-    # transformers 5 keeps theta and scaling in rope_parameters; 4.x in rope_theta / rope_scaling
-    rope = dict(cfg.get("rope_parameters") or {})
-    theta = float(rope.pop("rope_theta", cfg.get("rope_theta", 10000.0)))
-    scaling = rope or cfg.get("rope_scaling")
-    if scaling:
-        kind = scaling.get("rope_type", scaling.get("type", "default"))
-        if kind == "default":
-            scaling = None
-        elif kind != "llama3":
-            raise ValueError(f"config.json rope type {kind!r} is not supported (default or llama3)")
-    heads = cfg["num_attention_heads"]
-    eos = cfg.get("eos_token_id")
-    eos = () if eos is None else tuple(eos) if isinstance(eos, (list, tuple)) else (eos,)
+    from transformers import AutoConfig
+
+    c = AutoConfig.for_model(**cfg)
+    eos = _eos(getattr(c, "eos_token_id", None))
+    if model_type == "gemma3":  # the multimodal checkpoint: its text decoder
+        c, model_type = c.get_text_config(), "gemma3_text"
+        eos = eos or _eos(getattr(c, "eos_token_id", None))
+    gemma = model_type in ("gemma2", "gemma3_text")
+    act = getattr(c, "hidden_activation", None) or getattr(c, "hidden_act", "silu")
+    acts = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh"}
+    if act not in acts:
+        raise ValueError(f"config.json hidden activation {act!r} is not supported ({', '.join(acts)})")
+    if getattr(c, "mlp_bias", False):
+        raise ValueError("config.json mlp_bias=true is not supported")
+    if getattr(c, "use_bidirectional_attention", False):
+        raise ValueError("config.json use_bidirectional_attention=true (an encoder) is not supported")
+    heads = c.num_attention_heads
+    window = getattr(c, "sliding_window", None)
+    layer_types = tuple(getattr(c, "layer_types", None) or ())
+    if not window:
+        window, layer_types = None, ()
+    elif not layer_types:  # Mistral: the window on every layer
+        layer_types = (SLIDING,) * c.num_hidden_layers
+    if SLIDING not in layer_types:
+        window, layer_types = None, ()
+    rope = dict(getattr(c, "rope_parameters", None) or {})
+    for params in ([rope] if "rope_type" in rope else list(rope.values())):
+        kind = params.get("rope_type", "default")
+        if kind not in ("default", "linear", "dynamic", "yarn", "llama3"):
+            raise ValueError(f"config.json rope type {kind!r} is not supported (default, linear, dynamic, yarn, "
+                             "llama3)")
+        if params.get("partial_rotary_factor", 1.0) != 1.0:
+            raise ValueError("config.json partial_rotary_factor != 1 is not supported")
+    qkv_bias = bool(getattr(c, "attention_bias", False)) or model_type == "qwen2"
+    moe = model_type == "gpt_oss"
     return ModelConfig(
-        vocab_size=cfg["vocab_size"], hidden_size=cfg["hidden_size"], intermediate_size=cfg["intermediate_size"],
-        num_layers=cfg["num_hidden_layers"], num_q_heads=heads,
-        num_kv_heads=cfg.get("num_key_value_heads") or heads,
-        head_size=cfg.get("head_dim") or cfg["hidden_size"] // heads,
-        rms_norm_eps=cfg.get("rms_norm_eps", 1e-6), rope_theta=theta, rope_scaling=scaling,
-        max_position_embeddings=cfg.get("max_position_embeddings", 4096),
-        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-        attention_bias=bool(cfg.get("attention_bias", model_type == "qwen2")),
-        qk_norm=model_type == "qwen3", eos_token_ids=eos, model_type=model_type,
+        vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
+        num_layers=c.num_hidden_layers, num_q_heads=heads, num_kv_heads=getattr(c, "num_key_value_heads", None) or heads,
+        head_size=getattr(c, "head_dim", None) or c.hidden_size // heads,
+        rms_norm_eps=getattr(c, "rms_norm_eps", 1e-6), rope_theta=float(rope.get("rope_theta", 10000.0)),
+        max_position_embeddings=getattr(c, "max_position_embeddings", 4096),
+        tie_word_embeddings=bool(getattr(c, "tie_word_embeddings", False)),
+        attention_bias=qkv_bias, o_bias=qkv_bias and model_type != "qwen2",
+        qk_norm=model_type in ("qwen3", "gemma3_text"), eos_token_ids=eos, model_type=model_type,
+        layer_types=layer_types, sliding_window=window,
+        attn_softcap=getattr(c, "attn_logit_softcapping", None) if model_type == "gemma2" else None,
+        final_softcap=getattr(c, "final_logit_softcapping", None) if gemma else None,
+        attn_scale=c.query_pre_attn_scalar ** -0.5 if gemma else None,
+        sinks=moe, norm="gemma" if gemma else "fp32" if moe else "llama", sandwich_norm=gemma,
+        embed_scale=c.hidden_size ** 0.5 if gemma else None, hidden_act=acts[act],
+        num_experts=c.num_local_experts if moe else 0, experts_per_token=c.num_experts_per_tok if moe else 0,
+        swiglu_limit=getattr(c, "swiglu_limit", 7.0), swiglu_alpha=getattr(c, "swiglu_alpha", 1.702),
+        rope_parameters=rope, hf=c,
     )
 
 

@@ -16,11 +16,14 @@ from pagedattn.ops.common.device import interpreter_on
 def _rms_norm_kernel(
     x_ptr, residual_ptr, weight_ptr, out_ptr,
     stride_x, stride_r, stride_o,
-    num_cols, eps,
+    num_cols, eps, weight_offset,
     HAS_RESIDUAL: tl.constexpr,
+    WEIGHT_FP32: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
-    """s = x (+ residual, stored back to residual); out = weight * (s / sqrt(mean(s^2) + eps))."""
+    """s = x (+ residual, stored back to residual); out = weight * (s / sqrt(mean(s^2) + eps)),
+    the normalized row rounded to x's dtype first, or (WEIGHT_FP32) multiplied in fp32 by
+    ``weight + weight_offset`` and rounded once (Gemma's ``1 + w``, GPT-OSS)."""
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     mask = offs < num_cols
@@ -31,9 +34,12 @@ def _rms_norm_kernel(
         tl.store(residual_ptr + row * stride_r + offs, x, mask=mask)
     xf = x.to(tl.float32)
     inv_rms = tl.rsqrt(tl.sum(xf * xf, axis=0) / num_cols + eps)
-    normed = (xf * inv_rms).to(x.dtype).to(tl.float32)
     w = tl.load(weight_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    tl.store(out_ptr + row * stride_o + offs, (normed * w).to(out_ptr.dtype.element_ty), mask=mask)
+    if WEIGHT_FP32:
+        out = xf * inv_rms * (w + weight_offset)
+    else:
+        out = (xf * inv_rms).to(x.dtype).to(tl.float32) * w
+    tl.store(out_ptr + row * stride_o + offs, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -83,9 +89,13 @@ def _silu_and_mul_kernel(x_ptr, out_ptr, stride_x, stride_o, num_cols, BLOCK: tl
     tl.store(out_ptr + row * stride_o + offs, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None):
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None, *,
+             style: str = "llama"):
     """x ``[n, hidden]`` -> (normed ``[n, hidden]``, residual): with ``residual`` the sum
-    ``x + residual`` is normalized and written into ``residual`` in place, else residual is x."""
+    ``x + residual`` is normalized and written into ``residual`` in place, else residual is x.
+    ``style``: as :class:`pagedattn.engine.model.RMSNorm` ("llama", "gemma", "fp32")."""
+    if style not in ("llama", "gemma", "fp32"):
+        raise ValueError(f"style must be llama, gemma or fp32, got {style!r}")
     n, cols = x.shape
     out = torch.empty_like(x)
     if n == 0:
@@ -94,8 +104,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.
     _rms_norm_kernel[(n,)](
         x, residual, weight, out,
         x.stride(0), residual.stride(0) if residual is not None else 0, out.stride(0),
-        cols, eps,
-        HAS_RESIDUAL=residual is not None, BLOCK=block,
+        cols, eps, 1.0 if style == "gemma" else 0.0,
+        HAS_RESIDUAL=residual is not None, WEIGHT_FP32=style != "llama", BLOCK=block,
         num_warps=1 if interpreter_on() else (4 if block <= 1024 else 8 if block <= 8192 else 16),
     )
     return out, x if residual is None else residual

@@ -106,7 +106,7 @@ class ModelRunner:
     def __init__(self, model, mcfg: ModelConfig, ecfg: EngineConfig):
         self.model, self.mcfg, self.ecfg = model, mcfg, ecfg
         self.device, self.dtype = model.device, model.dtype
-        model.rotary.build(ecfg.max_model_len)
+        model.build_rotary(ecfg.max_model_len)
         self.attn = make_backend(mcfg, ecfg, device=self.device, dtype=self.dtype)
         self.sampler = Sampler(self.device, ecfg.seed)
         self.pages_per_seq = -(-ecfg.max_model_len // ecfg.block_size)
@@ -117,7 +117,9 @@ class ModelRunner:
         self.last_forward_ms = None
         self.last_used_graph = False
         self.last_enqueued = self.last_sampled = None
-        if self.device.type == "cuda" and not ecfg.enforce_eager and ecfg.cuda_graph_sizes:
+        if self.device.type == "cuda" and not getattr(model, "graph_safe", True):
+            self.graph_note = "eager decode (the model's MoE routes tokens on the host: no CUDA graphs)"
+        elif self.device.type == "cuda" and not ecfg.enforce_eager and ecfg.cuda_graph_sizes:
             self.capture_graphs()
 
     # ---- inputs ---------------------------------------------------------------------------

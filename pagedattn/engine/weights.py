@@ -21,20 +21,29 @@ def random_model(cfg: ModelConfig, *, device="cpu", dtype=torch.float32, seed: i
     std = cfg.hidden_size ** -0.5 if std is None else std
     model = DecoderModel(cfg, device=device, dtype=dtype)
     g = torch.Generator(device=device).manual_seed(seed)
+    unit = 0.0 if cfg.norm == "gemma" else 1.0  # Gemma's norms scale by 1 + weight
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):
-                p.fill_(1.0)
+                p.fill_(unit)
             else:
                 p.normal_(0.0, std, generator=g)
     return model
 
 
+_PREFIXES = ("model.language_model.", "language_model.model.", "model.")  # Gemma3 multimodal, then causal LMs
+_SKIPPED = ("vision_tower.", "multi_modal_projector.", "model.vision_tower.", "model.multi_modal_projector.")
+
+
 def _target(model: DecoderModel, name: str):
     """(parameter, first row, last row) that the checkpoint tensor ``name`` fills, or None to skip."""
     cfg = model.config
-    if name.startswith("model."):
-        name = name[len("model."):]
+    if name.startswith(_SKIPPED):
+        return None
+    for prefix in _PREFIXES:
+        if name.startswith(prefix):
+            name = name[len(prefix):]
+            break
     if name == "embed_tokens.weight":
         return model.embed, None
     if name == "norm.weight":
@@ -50,25 +59,38 @@ def _target(model: DecoderModel, name: str):
     qkv = {"q_proj": (0, q_rows), "k_proj": (q_rows, q_rows + kv_rows),
            "v_proj": (q_rows + kv_rows, q_rows + 2 * kv_rows)}
     inter = cfg.intermediate_size
+    attn, mlp = layer.attn, layer.mlp
     simple = {
         "input_layernorm.weight": layer.input_norm.weight,
         "post_attention_layernorm.weight": layer.post_norm.weight,
-        "self_attn.o_proj.weight": layer.attn.o_weight,
-        "mlp.down_proj.weight": layer.mlp.down_weight,
+        "self_attn.o_proj.weight": attn.o_weight,
+        "self_attn.o_proj.bias": attn.o_bias,
+        "self_attn.sinks": attn.sinks,
     }
-    if layer.attn.q_norm is not None:
-        simple["self_attn.q_norm.weight"] = layer.attn.q_norm.weight
-        simple["self_attn.k_norm.weight"] = layer.attn.k_norm.weight
+    if layer.sandwich:
+        simple["pre_feedforward_layernorm.weight"] = layer.pre_mlp_norm.weight
+        simple["post_feedforward_layernorm.weight"] = layer.post_mlp_norm.weight
+    if attn.q_norm is not None:
+        simple["self_attn.q_norm.weight"] = attn.q_norm.weight
+        simple["self_attn.k_norm.weight"] = attn.k_norm.weight
+    if cfg.num_experts:
+        simple.update({
+            "mlp.router.weight": mlp.router_weight, "mlp.router.bias": mlp.router_bias,
+            "mlp.experts.gate_up_proj": mlp.gate_up, "mlp.experts.gate_up_proj_bias": mlp.gate_up_bias,
+            "mlp.experts.down_proj": mlp.down, "mlp.experts.down_proj_bias": mlp.down_bias,
+        })
+    else:
+        simple["mlp.down_proj.weight"] = mlp.down_weight
     if rest in simple:
-        return simple[rest], None
+        return (simple[rest], None) if simple[rest] is not None else None
     parts = rest.split(".")
     if len(parts) == 3 and parts[0] == "self_attn" and parts[1] in qkv:
-        param = layer.attn.qkv_weight if parts[2] == "weight" else layer.attn.qkv_bias
+        param = attn.qkv_weight if parts[2] == "weight" else attn.qkv_bias
         return (param, qkv[parts[1]]) if param is not None else None
-    if rest == "mlp.gate_proj.weight":
-        return layer.mlp.gate_up_weight, (0, inter)
-    if rest == "mlp.up_proj.weight":
-        return layer.mlp.gate_up_weight, (inter, 2 * inter)
+    if rest == "mlp.gate_proj.weight" and not cfg.num_experts:
+        return mlp.gate_up_weight, (0, inter)
+    if rest == "mlp.up_proj.weight" and not cfg.num_experts:
+        return mlp.gate_up_weight, (inter, 2 * inter)
     return None
 
 
