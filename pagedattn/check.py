@@ -32,8 +32,8 @@ ATTENTION_PATHS = ("unified", "split_kv", "persistent", "prefill", "auto")
 # (interpreter), and what one row costs on a GPU with a cold Triton cache (compiling its
 # kernel specialization dominates). Used for the estimate printed before the run starts.
 CPU_ROW_SECONDS = {
-    "unified": 0.35, "split_kv": 0.5, "persistent": 0.35, "prefill": 0.6, "auto": 0.8, "varlen": 0.5,
-    "merge": 0.05, "write_kv": 0.3, "mla": 0.8, "write_mla_kv": 0.1,
+    "unified": 0.4, "split_kv": 1.5, "persistent": 0.35, "prefill": 0.5, "auto": 1.0, "varlen": 0.5,
+    "merge": 0.2, "write_kv": 0.25, "mla": 0.5, "write_mla_kv": 0.15,
 }
 GPU_ROW_SECONDS = 1.2
 
@@ -59,7 +59,7 @@ class Spec:
     @property
     def seconds(self) -> float:
         key = self.path if self.family == "attention" else self.family
-        return CPU_ROW_SECONDS.get(key, 0.5) * (2.0 if "+" in self.feature or self.shape else 1.0)
+        return CPU_ROW_SECONDS.get(key, 0.5)
 
 
 def _dtype_name(dtype) -> str:
@@ -533,10 +533,26 @@ def _where(device: str) -> str:
     return f"{what}; torch {torch.__version__}, triton {triton.__version__}"
 
 
+def _cpu_load() -> tuple[int, float]:
+    """(CPU cores this process may use, runnable processes per core over the last minute)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    try:
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):
+        load = 0.0
+    return cores, load / cores
+
+
 def estimate_seconds(specs: list[Spec], device: str) -> float:
+    """Expected duration: per-row costs, stretched on the CPU when other work shares the cores
+    (the interpreter runs on one core; a load above one per core slows it about in proportion)."""
     if device == "cuda":
         return GPU_ROW_SECONDS * len(specs)
-    return sum(s.seconds for s in specs)
+    _, per_core = _cpu_load()
+    return sum(s.seconds for s in specs) * max(1.0, per_core)
 
 
 def run_check(device: str | None = None, *, full: bool = False, only: list[str] | None = None,
@@ -555,8 +571,11 @@ def run_check(device: str | None = None, *, full: bool = False, only: list[str] 
         specs = [s for s in specs if any(text in s.name or text == s.family for text in only)]
     if not quiet:
         est = estimate_seconds(specs, device)
-        how = ("most of it compiling kernels; a second run reuses Triton's cache" if device == "cuda"
-               else "measured on 2 idle CPU cores; longer on a busy machine")
+        if device == "cuda":
+            how = "most of it compiling kernels; a second run reuses Triton's cache"
+        else:
+            cores, per_core = _cpu_load()
+            how = f"{cores} CPU cores" + (f", busy: load {per_core:.1f} per core" if per_core > 1 else "")
         print(f"pagedattn check on {_where(device)}", file=stream)
         print(f"{len(specs)} checks against the float64 reference; about {_duration(est)} ({how})", file=stream,
               flush=True)
