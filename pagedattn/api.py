@@ -538,15 +538,18 @@ def _check_plan(plan, q: torch.Tensor, k_cache: torch.Tensor, seq_lens: torch.Te
         )
     if num_tokens > plan.max_num_tokens:
         raise ValueError(f"plan holds workspaces for {plan.max_num_tokens} tokens; q has {num_tokens}")
-    # The plan's grid and work list address the tokens and sequences it was made (or last
-    # updated) for: a call with fewer would have the kernels write rows it does not have.
-    if num_tokens < plan.num_tokens:
-        raise ValueError(f"q has {num_tokens} tokens, but the plan was made (or last updated) for a batch of "
-                         f"{plan.num_tokens}: plan this call's batch, or plan.update() it")
-    num_seqs = seq_lens.shape[0]
-    if num_seqs < plan.num_seqs or (plan.path != "persistent" and num_seqs != plan.num_seqs):
-        raise ValueError(f"seq_lens has {num_seqs} sequences, but the plan was made (or last updated) for "
-                         f"{plan.num_seqs}: plan this call's batch, or plan.update() it")
+    # A persistent plan's work list and a prefill plan's sequence range address the tokens and
+    # sequences the plan was made (or last updated) for: a call with fewer would have the
+    # kernels write rows it does not have. (The unified and split-KV grids come from the call's
+    # own shapes: their plans fix only tiles, splits and workspaces.)
+    if plan.path in ("persistent", "prefill"):
+        if num_tokens < plan.num_tokens:
+            raise ValueError(f"q has {num_tokens} tokens, but the plan was made (or last updated) for a batch of "
+                             f"{plan.num_tokens}: plan this call's batch, or plan.update() it")
+        num_seqs = seq_lens.shape[0]
+        if num_seqs < plan.num_seqs or (plan.path == "prefill" and num_seqs != plan.num_seqs):
+            raise ValueError(f"seq_lens has {num_seqs} sequences, but the plan was made (or last updated) for "
+                             f"{plan.num_seqs}: plan this call's batch, or plan.update() it")
     if plan.partial_out is not None and plan.partial_out.device != q.device:
         raise ValueError(f"plan workspaces are on {plan.partial_out.device} but q is on {q.device}")
 

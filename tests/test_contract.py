@@ -26,7 +26,7 @@ def _no_launch(monkeypatch):
         monkeypatch.setitem(api._RUN_PATH, name[5:], boom)
 
 
-@pytest.mark.parametrize("path", ["unified", "split_kv", "persistent"])
+@pytest.mark.parametrize("path", ["persistent", "prefill"])
 def test_plan_for_more_tokens_than_the_call_raises(path, monkeypatch):
     big = make_paged_batch([(3, 40), (5, 18), (2, 33)], **HEADS, device=DEVICE)
     small = make_paged_batch([(1, 40), (2, 18), (1, 33)], **HEADS, device=DEVICE)
@@ -36,7 +36,7 @@ def test_plan_for_more_tokens_than_the_call_raises(path, monkeypatch):
         paged_attention(*small.args(), plan=plan)
 
 
-@pytest.mark.parametrize("path", ["unified", "persistent"])
+@pytest.mark.parametrize("path", ["persistent", "prefill"])
 def test_plan_with_zero_sequence_call_raises(path, monkeypatch):
     batch = make_paged_batch([(1, 40), (2, 18)], **HEADS, device=DEVICE)
     plan = _plan(batch, path=path)

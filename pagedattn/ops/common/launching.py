@@ -37,7 +37,8 @@ def wait_stream(waiter: torch.cuda.Stream, waitee: torch.cuda.Stream) -> None:
     waiter.wait_stream(waitee)
     tape = _RECORDING.get()
     if tape is not None:
-        tape._ops.append((waiter, waitee))
+        # one event per wait, made now: torch's wait_stream creates an event on every call
+        tape._ops.append((waiter, waitee, torch.cuda.Event()))
 
 
 def _jit_function(kernel, kwargs: dict):
@@ -131,6 +132,11 @@ class Tape:
         except _NotReplayable:
             self.usable = False
             return
+        for i, j, *_ in slots:  # keep no reference to the recorded call's own tensors
+            if j < 0:
+                values[i] = 0
+            else:
+                values[i] = tuple(0 if k == j else m for k, m in enumerate(values[i]))
         g = grid if isinstance(grid, tuple) else tuple(grid)
         g = (g + (1, 1))[:3]
         from triton.runtime.driver import driver
@@ -142,24 +148,30 @@ class Tape:
         """Launch the recorded work with ``bindables`` in place of the recorded tensors; False
         (nothing launched) if a tensor's alignment differs from the recording's."""
         ptrs = [0 if t is None else t.data_ptr() for t in bindables]
-        for op in self._ops:
-            if isinstance(op, _Launch):
-                for _, _, b, off, aligned in op.slots:
-                    if aligned and (ptrs[b] + off) % 16:
-                        return False
+        launches = []
         for op in self._ops:
             if isinstance(op, _Launch):
                 args = op.values.copy()
-                for i, j, b, off, _ in op.slots:
+                for i, j, b, off, aligned in op.slots:
+                    ptr = ptrs[b] + off
+                    if aligned and ptr % 16:
+                        return False  # compiled for 16-byte aligned pointers: re-record instead
                     if j < 0:
-                        args[i] = ptrs[b] + off
+                        args[i] = ptr
                     else:
                         members = list(args[i])
-                        members[j] = ptrs[b] + off
+                        members[j] = ptr
                         args[i] = tuple(members)
+                launches.append((op, args))
+            else:
+                launches.append((op, None))
+        for op, args in launches:
+            if args is not None:
                 op.run(*op.grid, op.stream, op.function, op.packed_metadata, None, None, None, *args)
             else:
-                op[0].wait_stream(op[1])
+                waiter, waitee, event = op
+                event.record(waitee)
+                waiter.wait_event(event)
         return True
 
 
