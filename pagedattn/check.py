@@ -28,14 +28,15 @@ from typing import Callable
 # Kernel families and the paths of paged_attention a row can name.
 ATTENTION_PATHS = ("unified", "split_kv", "persistent", "prefill", "auto")
 
-# Seconds one row takes, measured with small shapes on 2 CPU cores of an idle machine
-# (interpreter), and what one row costs on a GPU with a cold Triton cache (compiling its
-# kernel specialization dominates). Used for the estimate printed before the run starts.
+# Seconds one row takes in the interpreter, measured with these small shapes on 2 CPU cores of
+# an idle machine, and a rough cost of one row on a GPU with a cold Triton cache, where
+# compiling the row's kernel specialization dominates (about a second for an attention kernel;
+# not measured for this list). Used only for the estimate printed before the run starts.
 CPU_ROW_SECONDS = {
     "unified": 0.4, "split_kv": 1.5, "persistent": 0.35, "prefill": 0.5, "auto": 1.0, "varlen": 0.5,
     "merge": 0.2, "write_kv": 0.25, "mla": 0.5, "write_mla_kv": 0.15,
 }
-GPU_ROW_SECONDS = 1.2
+GPU_ROW_SECONDS = 1.0
 
 
 @dataclass
@@ -267,7 +268,9 @@ def _run_attention(spec: Spec, device: str, g) -> dict:
         if path == "auto":
             return None
         if opts.get("batch_invariant"):
-            return plan_attention(qsl, lens, batch_invariant=True, segment_size=64, **heads)
+            # short segments, so the small batches still split into several
+            segment = 256 if device == "cuda" else 64
+            return plan_attention(qsl, lens, batch_invariant=True, segment_size=segment, **heads)
         if path == "persistent" and opts.get("update"):
             # capacity for a larger batch, planned for another one first, then updated (CUDA graphs)
             n, t = len(lens), int(qsl[-1])

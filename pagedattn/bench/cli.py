@@ -55,7 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--case", action="append",
                    help="keep only cases whose name contains this text (repeatable: any of them)")
     p.add_argument("--dtype", choices=sorted(DTYPES), help="default bf16 on a GPU, fp16 on the CPU")
-    p.add_argument("--quick", action="store_true", help="tiny shapes (seconds on the CPU interpreter)")
+    p.add_argument("--quick", action="store_true",
+                   help="tiny shapes (seconds in the CPU interpreter; always on without a GPU)")
     p.add_argument("--json", default="bench_out/results.json", help="results file (default: %(default)s)")
     p.add_argument("--markdown", help="also write the table to this file")
     p.add_argument("--no-ceilings", action="store_true", help="skip the read and matmul ceilings")
@@ -161,6 +162,9 @@ def main(argv=None) -> int:
     from pagedattn.bench.workloads import make_cases
 
     on_cpu = device.type == "cpu"
+    if on_cpu and not args.quick:  # full shapes take hours in the interpreter
+        print("no GPU: running the --quick shapes", file=sys.stderr)
+        args.quick = True
     dtype_name = args.dtype or ("fp16" if on_cpu else "bf16")
     if on_cpu and dtype_name == "bf16":
         build_parser().error("bf16 does not run on the Triton interpreter; use --dtype fp16 or fp32")
