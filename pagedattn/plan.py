@@ -19,7 +19,7 @@ The path rule (``path="auto"``):
   ``MANY_WAVES_SEGMENT_TOKENS``-key segments instead (many waves of long programs). At most
   ``ceil(max_seq_len / MIN_SEGMENT_TOKENS)`` splits (a segment streams enough keys to amortize
   writing and merging its partial) and ``MAX_SPLITS``; one split means 2D. The persistent
-  path's work list (``persistent_work_list``) applies the same rule per Q block. The constants come from H200 split-count sweeps (docs/perf-notes.md, experiment 17):
+  path's work list (``persistent_work_list``) applies the same rule per Q block. The constants come from H200 split-count sweeps (docs/perf-notes.md, "Decode tiles and splits"):
   a grid of 1.3-1.5 waves of long programs lost 15-25% to one of 0.65-1 wave; batch 1 preferred
   32 splits to 40-49 by 8%; 2.5+ waves of 2048-key segments beat an under-filled single wave of
   8192-key ones by 14%.
@@ -47,15 +47,14 @@ INVARIANT_SEGMENT_TOKENS = 1024
 PERSISTENT_MAX_SPLITS = 64
 PREFILL_MIN_QUERY_LEN = 128
 # short_prefill: up to this many waves of 128-row prefill programs, 64-row tiles at head 128
-# (session 6: they won at 1, 2, 3.9 and 7.8 waves, lost 3% at 15.5; perf-notes experiment 27)
+# (H200, paged, head 128: they won at 1, 2, 3.9 and 7.8 waves and lost 3% at 15.5)
 SHORT_PREFILL_WAVES = 8
 PATHS = ("auto", "unified", "split_kv", "persistent", "prefill")
 SCHEDULES = ("auto", "static", "atomic")
 # "auto": the atomic counter when the work list has at least this many items per program.
-# Session 3 (528 programs, two items per program planned; docs/bench/s3-runE) had atomic winning
-# at ~1 item per program; with the one-wave grid and list of session 4 static won at 0.08, 0.97
-# and 1.29 items per program (10.4 vs 15.1, 51.4 vs 54.7, 169.7 vs 183.1 us; docs/bench/s4-runG),
-# so the counter is kept for lists of several items per program (mixed batches), unmeasured here.
+# On the H200 with the one-wave grid, static striding beat the counter at 0.08, 0.97 and 1.29
+# items per program (10.4 vs 15.1, 51.4 vs 54.7, 169.7 vs 183.1 us); the counter is kept for
+# lists of several items per program (mixed batches), where striding can leave programs idle.
 ATOMIC_MIN_ITEMS_PER_PROGRAM = 2.0
 
 
@@ -185,7 +184,7 @@ def pick_tiles(max_query_len: int, num_queries_per_kv: int, head_size: int, *, f
     Decode gets the smallest M that ``tl.dot`` accepts (16), filled by the query heads of one
     KV head; longer queries get 64-row blocks so each K/V tile serves more rows. Decode tiles:
     64 keys, 4 warps, 3 stages (146 registers per thread with 32-bit offsets: 3 programs per SM;
-    H200 sweeps in docs/perf-notes.md, experiments 3 and 17).
+    H200 sweeps in docs/perf-notes.md, "Decode tiles and splits").
     """
     head_size_pad = max(16, next_power_of_2(head_size))
     short = fixed or max_query_len <= 1
@@ -203,15 +202,15 @@ def pick_tiles(max_query_len: int, num_queries_per_kv: int, head_size: int, *, f
 
 def pick_prefill_tiles(head_size: int, dtype: torch.dtype, *, short: bool = False) -> Tiles:
     """Tiles of the large-tile prefill kernel (block_m query rows x tile_n keys), from the H200
-    sweeps (docs/perf-notes.md, experiment 11; one set for contiguous and paged K/V, tuned on
-    contiguous: at head 128 paged K/V preferred the same tiles, at head 64 128 x 128 keys by 20%
-    in run B, before the block-table chunks): 128 x 128 keys at 8 warps for head 128, 128 x 64
+    sweeps (docs/perf-notes.md, "Prefill tiles and TMA"; one set for contiguous and paged K/V,
+    tuned on contiguous: at head 128 paged K/V preferred the same tiles): 128 x 128 keys at 8
+    warps for head 128, 128 x 64
     at 4 warps for head 64 and at 8 warps (2 stages: shared memory) for heads up to 256.
 
     ``short`` (see :func:`short_prefill`): 64-row tiles, two programs per SM, for heads of 65
-    to 128: they halve the grain of the causal triangle's last wave (session 6 runs B-C, paged,
-    head 128: S=512 21 against 24 us, S=1024 39 against 45, S=2048 111 against 123, S=4096 374
-    against 388; experiment 27). At head 64 the 128 x 64 tiles stayed faster (S=2048 70 against
+    to 128: they halve the grain of the causal triangle's last wave (H200, paged, head 128:
+    S=512 21 against 24 us, S=1024 39 against 45, S=2048 111 against 123, S=4096 374 against
+    388). At head 64 the 128 x 64 tiles stayed faster (S=2048 70 against
     77 us) and at head 256 64-row tiles lost by 1.6x."""
     head_size_pad = max(16, next_power_of_2(head_size))
     if interpreter_on():
@@ -337,7 +336,7 @@ def persistent_work_list(qsl, lens, *, tiles: Tiles, num_kv_heads: int, num_prog
     one, at most FILL_MAX_SPLITS), so the list holds at most one item per program; if that
     leaves items over LONG_SEGMENT_TOKENS keys, MANY_WAVES_SEGMENT_TOKENS-key items instead;
     never segments under MIN_SEGMENT_TOKENS. (Two shorter items per program, the rule before,
-    measured 1.25x the best plan at 8 x 4096: session 4 run E.)
+    measured 1.25x the best plan at 8 x 4096 on the H200.)
 
     Items are block-major, then KV head, then split: (seq, q block, head, split, splits). Reduce
     rows are every token of a split Q block, with its block's split count.

@@ -1,6 +1,6 @@
 """Helpers of the PyTorch-op backends (sdpa, flex): one sequence's K/V, visibility and biases.
 
-These follow SPEC.md's rules directly; they are written apart from ``pagedattn.reference`` so
+These follow the contract's rules (docs/contract.md) directly; they are written apart from ``pagedattn.reference`` so
 that comparing a backend with the reference is a comparison of two implementations. The
 engine's SDPA attention (``pagedattn.engine.attention``) builds its extend masks with
 ``query_positions`` and ``visible`` too.

@@ -1,6 +1,6 @@
 """The backend interface: capability queries, ``validate``, ``plan`` and ``forward``.
 
-A backend computes :func:`pagedattn.paged_attention` semantics (SPEC.md) for one engine step.
+A backend computes :func:`pagedattn.paged_attention` semantics (docs/contract.md) for one engine step.
 The engine describes what its layers use once, as a :class:`BackendConfig`; a backend's
 :meth:`AttentionBackend.validate` answers with the reasons it cannot serve that configuration
 (an empty list: it can). Per step the engine calls :meth:`AttentionBackend.plan` with the
@@ -123,7 +123,7 @@ class BackendConfig:
 
 @dataclass
 class BatchMetadata:
-    """One engine step's batch (the tensors of SPEC.md) plus host copies, as ``plan`` returns it.
+    """One engine step's batch (the tensors of docs/contract.md) plus host copies, as ``plan`` returns it.
 
     ``block_table`` ``[num_seqs, max_blocks_per_seq]`` int32, ``seq_lens`` ``[num_seqs]`` int32 and
     ``query_start_loc`` ``[num_seqs + 1]`` int32 live on the kernels' device; ``query_start_loc_host``

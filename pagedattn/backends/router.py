@@ -1,4 +1,4 @@
-"""The ``router`` backend: three-path routing of a mixed batch (SPEC.md, "Three-path routing").
+"""The ``router`` backend: three-path routing of a mixed batch (decode | extend | prefill, each on its kernel).
 
 Sequences are ordered as ``[decode | extend | prefill | empty]``:
 

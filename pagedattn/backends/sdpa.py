@@ -14,7 +14,7 @@ from pagedattn.backends.base import FEATURES, AttentionBackend
 
 
 class SdpaBackend(AttentionBackend):
-    """K/V gathered per sequence from the paged cache, an explicit mask built from SPEC.md's rules.
+    """K/V gathered per sequence from the paged cache, an explicit mask built from the contract's rules (docs/contract.md).
 
     The mask is boolean, or a float bias (``-inf`` where not visible) when ALiBi is on. SDPA
     has no logit softcap, no sink term in its denominator and returns no log-sum-exp, so

@@ -1,4 +1,4 @@
-"""``python -m pagedattn.bench.mla``: MLA decode (SPEC workloads) beside torch ops on a contiguous latent.
+"""``python -m pagedattn.bench.mla``: MLA decode (128 heads, B 1/32/128 x L 4096/32768) beside torch ops on a contiguous latent.
 
 Cases: 128 heads, 512 latent + 64 rope, bf16, page 16, B in {1, 32, 128} x L in {4096, 32768}
 (skipping B*L > 4M). Bytes = B*L*576*2 (the latent a call must read, at bf16); FLOPs =
@@ -46,12 +46,12 @@ SCALE = 192**-0.5
 
 
 def sweep_configs():
-    """The sweep grid for 128 heads (12 configs; see docs/perf-notes.md experiment 10).
+    """The sweep grid for 128 heads (12 configs; see docs/perf-notes.md, "MLA").
 
     64 rows on two warp groups (the default: whole accumulator, scores computed by both groups,
     2 readers per tile), 64 rows on one warp group with 2 or 4 value parts (4 or 8 readers),
     128 rows on two warp groups with 2 value parts, and the 32/16-row mma.sync programs (the
-    shape vLLM's Triton MLA kernel uses); the last one is the tiling before experiment 10.
+    shape vLLM's Triton MLA kernel uses); the last one is an older 32-row tiling, kept as a baseline.
     """
     from pagedattn.ops.mla.launch import MLAConfig as C
 
@@ -267,7 +267,7 @@ def run_sweep(args, device, dtype, g) -> list[dict]:
             print(f"skip {c.label}: {'; '.join(problems)}", flush=True)
         else:
             runnable.append(c)
-    # issue 8's target cases (B >= 32) first, in case the time budget cuts the sweep short
+    # the large cases (B >= 32) first, in case the time budget cuts the sweep short
     cases = sorted(_cases(args), key=lambda c: (c[0] < 32, c[0] * c[1]))
     t0 = time.perf_counter()
     records = []
