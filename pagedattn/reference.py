@@ -3,6 +3,10 @@
 This module is the contract written as code: the tests compare every kernel against it,
 and it also serves as the slow "torch" backend on any device. Nothing here modifies its
 inputs. The log-sum-exp (lse) is a natural logarithm everywhere in pagedattn.
+
+NaN and inf: a row whose query, or a key or value it sees, holds a NaN or inf gets output NaN
+and lse NaN; entries a row cannot see never reach it (they are zeroed before the products, so
+0 * NaN cannot leak through a masked weight); lse -inf (output 0) means no visible key.
 """
 
 from __future__ import annotations
@@ -57,6 +61,19 @@ def visible_mask(
     return vis
 
 
+def _finite_or_zero(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x with its NaN / inf entries zeroed, [...] bool: the last dim is all finite)."""
+    finite = torch.isfinite(x)
+    return torch.where(finite, x, 0.0), finite.all(-1)
+
+
+def _poisoned_rows(q_ok: torch.Tensor, kv_ok: torch.Tensor, vis: torch.Tensor) -> torch.Tensor:
+    """[heads, q_len] rows that read a non-finite input: q_ok [q_len, heads], kv_ok [kv_len, heads],
+    vis [q_len, kv_len]."""
+    reads_bad = ~q_ok.transpose(0, 1)[:, :, None] | ~kv_ok.transpose(0, 1)[:, None, :]
+    return (reads_bad & vis[None]).any(-1)
+
+
 def attention_ref(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -85,14 +102,15 @@ def attention_ref(
     Returns
     -------
     out : ``[q_len, num_q_heads, head_size_v]`` in ``compute_dtype``
-    lse : ``[q_len, num_q_heads]`` natural-log sum of exponentials (sink included).
+    lse : ``[q_len, num_q_heads]`` natural-log sum of exponentials (sink included); NaN (and
+        out NaN) for a row that reads a NaN or inf in its query or a key or value it sees.
     """
     q_len, num_q_heads, _ = q.shape
     kv_len, num_kv_heads, head_size_v = v.shape
     group = num_q_heads // num_kv_heads
-    qf = q.to(compute_dtype)
-    kf = k.to(compute_dtype).repeat_interleave(group, dim=1)
-    vf = v.to(compute_dtype).repeat_interleave(group, dim=1)
+    qf, q_ok = _finite_or_zero(q.to(compute_dtype))
+    kf, k_ok = _finite_or_zero(k.to(compute_dtype).repeat_interleave(group, dim=1))
+    vf, v_ok = _finite_or_zero(v.to(compute_dtype).repeat_interleave(group, dim=1))
     k_pos = torch.arange(kv_len, device=q.device)
     q_pos = q_pos.to(device=q.device, dtype=torch.int64)
 
@@ -124,6 +142,9 @@ def attention_ref(
     out = torch.einsum("hqk,khd->qhd", weights, vf)
     if q_len == 0:
         out = out.reshape(0, num_q_heads, head_size_v)
+    bad = _poisoned_rows(q_ok, k_ok & v_ok, vis)  # [heads, q_len]
+    lse = lse.masked_fill(bad, float("nan"))
+    out = out.masked_fill(bad.transpose(0, 1)[..., None], float("nan"))
     return out, lse.transpose(0, 1).contiguous()
 
 
@@ -286,7 +307,8 @@ def mla_decode_ref(
     Every head attends to the shared latent rows ``[c_kv | k_pe]`` of its sequence:
     ``s = scale * (q_nope . c_kv + q_pe . k_pe)``, values ``c_kv``. Heads are not expanded, so
     128 heads at 32K keys stay small. Returns ``(out, lse)`` in ``compute_dtype``: out
-    ``[num_tokens, num_heads, latent_dim]``, lse ``[num_tokens, num_heads]`` (natural log).
+    ``[num_tokens, num_heads, latent_dim]``, lse ``[num_tokens, num_heads]`` (natural log; NaN
+    with out NaN for a row that reads a NaN or inf, as in :func:`attention_ref`).
     """
     num_tokens, num_heads, latent_dim = q_nope.shape
     block_size, row_dim = kv_cache.shape[1], kv_cache.shape[2]
@@ -303,9 +325,12 @@ def mla_decode_ref(
         rows = kv_cache[pages].reshape(-1, row_dim)[:seq_len].to(compute_dtype)
         if kv_cache.dtype == torch.float8_e4m3fn:
             rows = rows * _as_scale(kv_scale)
+        rows, rows_ok = _finite_or_zero(rows)
         c_kv, k_pe = rows[:, :latent_dim], rows[:, latent_dim:]
-        scores = torch.einsum("qhd,kd->hqk", q_nope[q0:q1].to(compute_dtype), c_kv)
-        scores = (scores + torch.einsum("qhd,kd->hqk", q_pe[q0:q1].to(compute_dtype), k_pe)) * scale
+        qn, qn_ok = _finite_or_zero(q_nope[q0:q1].to(compute_dtype))
+        qp, qp_ok = _finite_or_zero(q_pe[q0:q1].to(compute_dtype))
+        scores = torch.einsum("qhd,kd->hqk", qn, c_kv)
+        scores = (scores + torch.einsum("qhd,kd->hqk", qp, k_pe)) * scale
         k_pos = torch.arange(seq_len, device=q_nope.device)
         q_pos = torch.arange(q1 - q0, device=q_nope.device) + (seq_len - (q1 - q0))
         vis = visible_mask(q_pos, k_pos, causal=True, sliding_window=None)
@@ -313,8 +338,9 @@ def mla_decode_ref(
         l = torch.logsumexp(scores, dim=-1)  # [heads, q_len]
         finite = torch.isfinite(l)
         weights = torch.where(finite[..., None], torch.exp(scores - torch.where(finite, l, 0.0)[..., None]), 0.0)
-        out[q0:q1] = torch.einsum("hqk,kd->qhd", weights, c_kv)
-        lse[q0:q1] = l.transpose(0, 1)
+        bad = _poisoned_rows(qn_ok & qp_ok, rows_ok[:, None].expand(-1, num_heads), vis)  # [heads, q_len]
+        out[q0:q1] = torch.einsum("hqk,kd->qhd", weights, c_kv).masked_fill(bad.transpose(0, 1)[..., None], float("nan"))
+        lse[q0:q1] = l.masked_fill(bad, float("nan")).transpose(0, 1)
     return out, lse
 
 

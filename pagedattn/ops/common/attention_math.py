@@ -2,6 +2,13 @@
 
 Scores handled here are in natural-log units until ``online_softmax_step``, which works in
 base 2 (scores are multiplied by log2(e) once, so the exponentials are ``exp2``).
+
+NaN and inf (SPEC.md): a row that reads a NaN or inf in its query or in a key or value it sees
+ends with output NaN and lse NaN; lse -inf means only "no visible key". Three places keep it:
+``nonfinite_to_nan`` turns a +-inf dot product into NaN before the mask (a -inf score from the
+data would otherwise look like a masked key and drop out); NaN scores then make the running sum
+``l`` NaN, which no later tile can undo; ``finalize_softmax`` tells NaN from empty (``l == 0``)
+and also catches an inf value, once per row.
 """
 
 import triton
@@ -38,9 +45,22 @@ def score_mods(s, q_pos, k_pos, softcap, slope, USE_SOFTCAP: tl.constexpr, ALIBI
 
 
 @triton.jit
+def nonfinite_to_nan(qk):
+    """``qk`` with +-inf turned into NaN (finite values unchanged exactly: qk + 0 * qk).
+
+    Apply to the raw dot products before the mask: a dot product is +-inf only when a query or a
+    key holds an inf, and a -inf score would otherwise get weight 0 like a masked key (and a
+    softcap would turn +-inf into a finite score). One FMA per score.
+    """
+    return qk + qk * 0.0
+
+
+@triton.jit
 def scores_log2(qk, scale, q_pos, k_pos, softcap, slope, USE_SOFTCAP: tl.constexpr, ALIBI_MODE: tl.constexpr):
     """Scores in base-2 units from the raw dot products ``qk``: one multiply by scale * log2(e)
-    unless a softcap or ALiBi needs the natural-log scores first."""
+    unless a softcap or ALiBi needs the natural-log scores first. An infinite ``qk`` gives NaN
+    (``nonfinite_to_nan``)."""
+    qk = nonfinite_to_nan(qk)
     if USE_SOFTCAP or ALIBI_MODE != 0:
         return score_mods(qk * scale, q_pos, k_pos, softcap, slope, USE_SOFTCAP, ALIBI_MODE) * LOG2E
     return qk * (scale * LOG2E)
@@ -69,7 +89,9 @@ def online_softmax_step(m_i, l_i, x, c):
     c = 1.0 when x are the base-2 scores already (the multiplies fold away).
     Returns (p, alpha, m_new, l_new): the tile's unnormalized weights, the factor that rescales
     the old accumulator, and the new running max and sum. Rows that have seen no visible key
-    keep m = -inf and l = 0 without producing NaN.
+    keep m = -inf and l = 0 without producing NaN. A NaN score makes its weight NaN, so l and the
+    accumulator turn NaN and stay NaN (NaN * alpha is NaN even where alpha is 0), whether or not
+    the max reduction skips NaN (GPUs' max does, the interpreter's does not).
     """
     m_new = tl.maximum(m_i, tl.max(x, 1) * c)
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -91,10 +113,21 @@ def online_softmax_step_finite(m_i, l_i, x, c):
 
 @triton.jit
 def finalize_softmax(acc, m_i, l_i):
-    """(out, lse) from the running state; lse in natural log, -inf and out 0 where l == 0."""
-    has = l_i > 0.0
-    out = acc / tl.where(has, l_i, 1.0)[:, None]
-    lse = tl.where(has, (m_i + tl.log2(tl.where(has, l_i, 1.0))) * LN2, float("-inf"))
+    """(out, lse) from the running state; lse in natural log.
+
+    l == 0 (no visible key): out 0 and lse -inf, whatever the accumulator holds. l NaN (a NaN
+    score) or a non-finite accumulator (an inf or NaN value): out NaN and lse NaN on the whole
+    row, so a merge downstream cannot mistake the row for an empty one.
+
+    1/l is taken once per row and multiplied in: Triton's fp32 division is IEEE-rounded, and one
+    per element cost more sm90 instructions than the NaN check adds.
+    """
+    empty = l_i == 0.0
+    l_safe = tl.where(empty, 1.0, l_i)
+    bad = tl.sum(acc * 0.0, 1)  # [M]: 0, or NaN where the accumulator holds an inf or NaN
+    inv = tl.where(empty, 0.0, 1.0 / l_safe) + bad
+    out = tl.where(empty[:, None], 0.0, acc * inv[:, None])
+    lse = tl.where(empty, float("-inf"), (m_i + tl.log2(l_safe)) * LN2 + bad)
     return out, lse
 
 

@@ -21,7 +21,11 @@ def merge_states_kernel(
     HEAD_SIZE: tl.constexpr,
     HEAD_SIZE_PAD: tl.constexpr,
 ):
-    """out = (e^{lse_a} out_a + e^{lse_b} out_b) / (e^{lse_a} + e^{lse_b}), lse = logaddexp."""
+    """out = (e^{lse_a} out_a + e^{lse_b} out_b) / (e^{lse_a} + e^{lse_b}), lse = logaddexp.
+
+    lse -inf: the side holds no keys and is not read. lse NaN or +inf on either side: its weight
+    is NaN (e^{NaN}, or e^{inf - inf} after the shift), so out and lse come out NaN.
+    """
     token = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1).to(tl.int64)
     offs_d = tl.arange(0, HEAD_SIZE_PAD)
@@ -35,7 +39,8 @@ def merge_states_kernel(
     total = w_a + w_b
     a = tl.load(out_a_ptr + token * stride_a_t + head * stride_a_h + offs_d, mask=dim_ok & (tl.broadcast_to(w_a, [HEAD_SIZE_PAD]) > 0), other=0.0)
     b = tl.load(out_b_ptr + token * stride_b_t + head * stride_b_h + offs_d, mask=dim_ok & (tl.broadcast_to(w_b, [HEAD_SIZE_PAD]) > 0), other=0.0)
-    out = (w_a * a.to(tl.float32) + w_b * b.to(tl.float32)) / tl.where(total > 0.0, total, 1.0)
+    empty = total == 0.0  # both sides -inf; a NaN total is not empty
+    out = (w_a * a.to(tl.float32) + w_b * b.to(tl.float32)) / tl.where(empty, 1.0, total)
     tl.store(out_ptr + token * stride_o_t + head * stride_o_h + offs_d, out.to(out_ptr.dtype.element_ty), mask=dim_ok)
-    lse = tl.where(total > 0.0, shift + tl.log(total), float("-inf"))
+    lse = tl.where(empty, float("-inf"), shift + tl.log(total))
     tl.store(lse_ptr + token * stride_l_t + head * stride_l_h, lse)

@@ -17,7 +17,8 @@ def merge_partials(partial_out_row, partial_lse_row, num_splits, stride_po_s, st
     """(out [HEAD_SIZE_PAD], lse) of one row from its ``num_splits`` partials.
 
     out = sum_i e^{lse_i - lse} out_i, lse = log sum_i e^{lse_i}; partials with lse -inf are not
-    read. SPLIT_BLOCK partials are loaded per step as one tile and merged online (a loop of one
+    read. A partial with lse NaN (a segment that read a NaN or inf) or +inf makes its weight NaN,
+    so the row comes out NaN (out and lse), never as if the segment held no keys. SPLIT_BLOCK partials are loaded per step as one tile and merged online (a loop of one
     load per split waited on the L2 once per split: at batch 1 with 66 splits the call went from
     62.5 to 56.3 us with the tiles; docs/perf-notes.md, experiment 17). The blocks start at fixed split indices and reduce in a
     fixed order, so the result is deterministic, and splits with lse -inf add exact zeros
@@ -42,8 +43,9 @@ def merge_partials(partial_out_row, partial_lse_row, num_splits, stride_po_s, st
         acc = acc * alpha + tl.sum(w[:, None] * part, axis=0)
         total = total * alpha + tl.sum(w, axis=0)
         m = m_new
-    out = acc / tl.where(total > 0.0, total, 1.0)
-    lse = tl.where(total > 0.0, m + tl.log(total), float("-inf"))
+    empty = total == 0.0  # every partial -inf; a NaN total is not empty
+    out = acc / tl.where(empty, 1.0, total)
+    lse = tl.where(empty, float("-inf"), m + tl.log(total))
     return out, lse
 
 
