@@ -557,3 +557,18 @@ def test_unsupported_configs(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(dict(FAMILY_SMALL, model_type="llama", hidden_act="relu")))
     with pytest.raises(ValueError, match="hidden activation 'relu' is not supported"):
         LLM(str(tmp_path), device="cpu")
+
+
+def test_bench_e2e_family_preset(tmp_path):
+    import json
+
+    from pagedattn.bench.e2e import main
+
+    out = tmp_path / "e2e.json"
+    assert main(["--quick", "--model", "tiny-gpt-oss", "--no-batch", "--attention", "pagedattn,sdpa", "--json",
+                 str(out), "--markdown", str(tmp_path / "e2e.md")]) == 0
+    records = json.loads(out.read_text())["records"]
+    assert [r["attention"] for r in records] == ["pagedattn", "pagedattn", "sdpa"]
+    assert all(r["tpot_ms"] > 0 for r in records[:2])
+    assert records[2]["status"].startswith("not available") and "sinks" in records[2]["status"]
+    assert "not available" in (tmp_path / "e2e.md").read_text()

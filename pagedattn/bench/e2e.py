@@ -1,14 +1,17 @@
 """``pagedattn bench e2e``: the engine end to end, attention swapped between pagedattn (auto),
 pagedattn 2D only and torch SDPA (cuDNN) over a contiguous static cache.
 
-Llama-3.1-8B's shape with random bf16 weights: batch 1 with a 500-token prompt and 128 / 1024
+Llama-3.1-8B's shape (or ``--model``, another preset: gemma3-4b, gemma2-9b, gpt-oss-20b, ...) with
+random bf16 weights: batch 1 with a 500-token prompt and 128 / 1024
 output tokens (TTFT, TPOT = mean decode step, total latency), and batch 64 at 2048 tokens of
 context (one prefill step, then a few timed decode steps). Decode steps are CUDA-graph replays
 for all three attentions. Each step is timed with CUDA events: ``tpot_ms`` is the whole step
 (scheduling, metadata, plan update, replay, sampling); ``forward_ms`` the model forward alone.
 The floor is the bytes a decode step must read (the weights without the input-embedding table,
 plus the KV cache at the mean context) over ``--bandwidth`` (default 4.6e12 B/s, the H200's
-measured read bandwidth). ``--quick`` runs the tiny preset (seconds on the CPU interpreter).
+measured read bandwidth). ``--quick`` runs the tiny preset (seconds on the CPU interpreter). An
+attention that cannot compute the model (SDPA has no softcap and no sinks) is reported as not
+available.
 """
 
 from __future__ import annotations
@@ -35,6 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="pagedattn bench e2e", description=summary)
     p.add_argument("--attention", action="append", help=f"comma list of {', '.join(ATTENTIONS)} (default: all)")
     p.add_argument("--quick", action="store_true", help="tiny preset and short runs (seconds on the CPU)")
+    p.add_argument("--model", help="a preset, e.g. gemma3-4b, gemma2-9b, gpt-oss-20b, mistral-7b (default: "
+                                   "llama-3.1-8b; tiny with --quick); random weights")
     p.add_argument("--json", default="bench_out/e2e.json", help="results file (default: %(default)s)")
     p.add_argument("--markdown", help="also write the table to this file")
     p.add_argument("--bandwidth", type=float, default=4.6e12, help="bytes/s of the floor (default: %(default)g)")
@@ -103,7 +108,12 @@ def run_attention(attention: str, model, mcfg, s: dict, args, device, dtype, rng
     ecfg = EngineConfig(max_model_len=s["prompt_len"] + longest, max_num_seqs=1,
                         max_num_batched_tokens=max(2048, s["prompt_len"]), attention=attention, device=str(device),
                         dtype=str(dtype).removeprefix("torch."), cuda_graph_sizes=[1], seed=args.seed)
-    engine = Engine(model, mcfg, ecfg, eos_token_ids=())
+    try:
+        engine = Engine(model, mcfg, ecfg, eos_token_ids=())
+    except ValueError as e:  # an attention that cannot compute this model (SDPA: softcap, sinks)
+        print(f"{attention:>12s}: not available: {e}", file=sys.stderr, flush=True)
+        return [dict(attention=attention, batch=1, prompt_len=s["prompt_len"], output_len=0,
+                     status=f"not available: {e}")]
     notes = dict(attention_note=engine.runner.attn.note, graph_note=engine.runner.graph_note)
     if s["warmup_tokens"]:
         timed_generate(engine, [prompt], s["warmup_tokens"])
@@ -152,22 +162,26 @@ def _line(r: dict) -> str:
 
 def markdown_table(results: dict) -> str:
     m, c = results["machine"], results["config"]
+    timed = [r for r in results["records"] if "status" not in r]
     lines = [
         f"**{m.get('gpu') or m['device']}**, torch {m['torch']}, triton {m['triton']}, {c['model']} "
         f"({c['dtype']}, random weights), {m['date']}",
         "",
         f"TPOT = mean decode step (CUDA events; scheduling, metadata, plan update, replay and sampling); "
         f"forward = the model forward alone. Floor = bytes a decode step reads (weights without the input "
-        f"embedding: {results['records'][0]['weights_gb']:.2f} GB, plus K/V at the mean context) / "
-        f"{c['bandwidth']:.3g} B/s." if results["records"] else "",
+        f"embedding: {timed[0]['weights_gb']:.2f} GB, plus K/V at the mean context) / "
+        f"{c['bandwidth']:.3g} B/s." if timed else "",
         "",
         "| attention | batch | prompt | output | TTFT ms | TPOT ms | forward ms | total s | floor ms | TPOT / floor "
         "| sdpa TPOT / TPOT | graph steps |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     sdpa = {(r["batch"], r["prompt_len"], r["output_len"]): r["tpot_ms"] for r in results["records"]
-            if r["attention"] == "sdpa"}
+            if r["attention"] == "sdpa" and "status" not in r}
     for r in results["records"]:
+        if "status" in r:
+            lines.append(f"| {r['attention']} | {r['status']} | | | | | | | | | | |")
+            continue
         ratio = r["tpot_ms"] / r["floor_ms"] if r["tpot_ms"] else None
         base = sdpa.get((r["batch"], r["prompt_len"], r["output_len"]))
         vs = base / r["tpot_ms"] if base and r["tpot_ms"] else None
@@ -175,7 +189,7 @@ def markdown_table(results: dict) -> str:
             f"| {r['attention']} | {r['batch']} | {r['prompt_len']} | {r['output_len']} | {_fmt(r['ttft_ms'], '.1f')} "
             f"| {_fmt(r['tpot_ms'])} | {_fmt(r['forward_ms'])} | {r['total_s']:.2f} | {r['floor_ms']:.3g} "
             f"| {_fmt(ratio)} | {_fmt(vs)} | {r['graph_steps']}/{r['decode_steps']} |")
-    notes = {(r["attention"], r["attention_note"], r["graph_note"]) for r in results["records"]}
+    notes = {(r["attention"], r["attention_note"], r["graph_note"]) for r in results["records"] if "status" not in r}
     lines += [""] + [f"- {a}: {n}; {g}" for a, n, g in sorted(notes)]
     return "\n".join(lines) + "\n"
 
@@ -194,6 +208,10 @@ def main(argv=None) -> int:
     if unknown:
         build_parser().error(f"unknown attention(s) {unknown}; choose from {', '.join(ATTENTIONS)}")
     s = dict(QUICK if args.quick else FULL)
+    if args.model:
+        if args.model not in PRESETS:
+            build_parser().error(f"--model must be a preset ({', '.join(PRESETS)}), got {args.model!r}")
+        s["model"] = args.model
     if device.type == "cpu" and not args.quick:
         build_parser().error("the full run needs a GPU (Llama-3.1-8B shape); use --quick on the CPU")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
