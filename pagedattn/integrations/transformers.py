@@ -61,7 +61,8 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["NAME", "register", "paged_attention_forward", "varlen_attention_forward"]
+__all__ = ["NAME", "register", "paged_attention_forward", "varlen_attention_forward",
+           "prefix_ranges_from_token_type_ids"]
 
 NAME = "pagedattn"
 PAGE_SIZE = 16
@@ -369,6 +370,52 @@ def _compact_ranges(starts: torch.Tensor, lo: torch.Tensor, count: int) -> torch
     valid = ends < none
     begin = starts.gather(1, ends)
     return torch.stack([torch.where(valid, begin - lo[:, None], 0), torch.where(valid, ends - lo[:, None], 0)],
+                       -1).to(torch.int32)
+
+
+def prefix_ranges_from_token_type_ids(token_type_ids: torch.Tensor,
+                                      attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Image blocks of ``token_type_ids`` as ``prefix_ranges`` of a paged call.
+
+    A block is a run of consecutive tokens of type 1 (Gemma 3's rule: its tokens see each other
+    both ways, and earlier blocks causally). The attention function reads the same ranges from
+    the mask transformers builds (it is handed no token types); this gives them directly, for a
+    caller that builds its own paged call.
+
+    Parameters
+    ----------
+    token_type_ids : ``[batch, seq_len]`` int; 1 marks an image token.
+    attention_mask : ``[batch, seq_len]`` 0/1, optional
+        Padding; positions count from each row's first real token (as the integration pages
+        each row from its first real key). Padded tokens belong to no block.
+
+    Returns
+    -------
+    ``[batch, R, 2]`` int32 half-open position ranges, R the most blocks of any row; rows with
+    fewer blocks end in (0, 0).
+    """
+    if token_type_ids.dim() != 2:
+        raise ValueError(f"token_type_ids: expected [batch, seq_len], got {list(token_type_ids.shape)}")
+    image = token_type_ids == 1
+    lo = torch.zeros(image.shape[0], dtype=torch.long, device=image.device)
+    if attention_mask is not None:
+        if attention_mask.shape != token_type_ids.shape:
+            raise ValueError(f"attention_mask: expected shape {list(token_type_ids.shape)}, "
+                             f"got {list(attention_mask.shape)}")
+        real = attention_mask.bool()
+        image = image & real
+        seq = torch.arange(image.shape[1], device=image.device)
+        lo = torch.where(real, seq, image.shape[1]).amin(1).clamp(max=image.shape[1])
+    prev = torch.nn.functional.pad(image, (1, 0))[:, :-1]
+    nxt = torch.nn.functional.pad(image, (0, 1))[:, 1:]
+    starts, ends = image & ~prev, image & ~nxt
+    count = int(starts.sum(1).amax()) if image.numel() else 0
+    seq = torch.arange(image.shape[1], device=image.device)
+    none = image.shape[1]
+    start_col = torch.where(starts, seq, none).sort(1).values[:, :count]
+    end_col = torch.where(ends, seq + 1, none).sort(1).values[:, :count]
+    valid = start_col < none
+    return torch.stack([torch.where(valid, start_col - lo[:, None], 0), torch.where(valid, end_col - lo[:, None], 0)],
                        -1).to(torch.int32)
 
 
