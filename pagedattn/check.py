@@ -550,12 +550,10 @@ def _cpu_load() -> tuple[int, float]:
 
 
 def estimate_seconds(specs: list[Spec], device: str) -> float:
-    """Expected duration: per-row costs, stretched on the CPU when other work shares the cores
-    (the interpreter runs on one core; a load above one per core slows it about in proportion)."""
+    """Expected duration on an otherwise idle machine (the sum of the per-row costs)."""
     if device == "cuda":
         return GPU_ROW_SECONDS * len(specs)
-    _, per_core = _cpu_load()
-    return sum(s.seconds for s in specs) * max(1.0, per_core)
+    return sum(s.seconds for s in specs)
 
 
 def run_check(device: str | None = None, *, full: bool = False, only: list[str] | None = None,
@@ -578,7 +576,8 @@ def run_check(device: str | None = None, *, full: bool = False, only: list[str] 
             how = "most of it compiling kernels; a second run reuses Triton's cache"
         else:
             cores, per_core = _cpu_load()
-            how = f"{cores} CPU cores" + (f", busy: load {per_core:.1f} per core" if per_core > 1 else "")
+            how = f"{cores} idle CPU cores" + (
+                f"; longer now: the load is {per_core:.1f} per core" if per_core > 1 else "")
         print(f"pagedattn check on {_where(device)}", file=stream)
         print(f"{len(specs)} checks against the float64 reference; about {_duration(est)} ({how})", file=stream,
               flush=True)
