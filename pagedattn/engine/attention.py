@@ -5,7 +5,8 @@ A backend owns its KV cache and is called per layer as ``backend(layer, q, k, v,
 q ``[num_tokens, num_q_heads, head_size]`` and k, v ``[num_tokens, num_kv_heads, head_size]``
 (RoPE applied); it writes k, v to its cache and returns the attention output like q.
 
-* ``pagedattn``: ``write_kv`` then ``paged_attention(..., plan=plan)``; the plan comes from
+* ``pagedattn``: ``write_kv`` then ``paged_attention(..., plan=plan)`` with the layer's scale,
+  sliding window, softcap and sinks; the plan comes from
   ``plan_attention`` once per step (path "auto"), and CUDA-graph decode runs the persistent
   path, re-planned in place with ``plan.update()`` before each replay.
 * ``pagedattn-2d``: the same with ``path="unified"`` everywhere (prefill included).
@@ -14,8 +15,10 @@ q ``[num_tokens, num_q_heads, head_size]`` and k, v ``[num_tokens, num_kv_heads,
   batches are laid out by row (token r belongs to the sequence in row r) so that one SDPA call
   reads rows ``[:batch]`` of the cache directly: the query heads of one KV head form the query
   length (GQA without copying K/V) and a key mask hides positions past each sequence's
-  length. On CUDA it runs cuDNN attention when cuDNN accepts the shape (probed once; the reason
-  is kept in ``note`` otherwise). Prefill and extend run one SDPA call per sequence.
+  length (and, on sliding-window layers, before the window). On CUDA it runs cuDNN attention when
+  cuDNN accepts the shape (probed once; the reason is kept in ``note`` otherwise). Prefill and
+  extend run one SDPA call per sequence. SDPA has no logit softcap and no sinks: a model with
+  either (Gemma2, GPT-OSS) is refused with ValueError.
 """
 
 from __future__ import annotations
@@ -68,10 +71,13 @@ class PagedBackend:
         self.k_cache = torch.zeros(shape, device=device, dtype=dtype)
         self.v_cache = torch.zeros(shape, device=device, dtype=dtype)
         self.note = f"paged_attention path={path!r}"
+        self.window_everywhere = all(mcfg.window(i) for i in range(mcfg.num_layers))
 
     def _plan(self, qsl, lens, path: str, **kwargs):
         from pagedattn.backends.triton_backend import plan_for_config  # imports triton: not at engine import
 
+        if self.window_everywhere:  # the keys a query reads are bounded: the split rule counts only those
+            kwargs.setdefault("sliding_window", self.mcfg.sliding_window)
         return plan_for_config(qsl, lens, self.config, path=path, **kwargs)
 
     def decode_layout(self, seqs):
