@@ -168,7 +168,7 @@ def attention_rows(case: HostCase, device, dtype, *, calls, runs, seed, progress
             err, ok, tol = compare(out, ref)
             row.update(ok=ok, max_err=err, tolerance=tol)
             if plan is not None:
-                row["plan"] = plan.path + (f" x{plan.num_splits}" if plan.path in ("split_kv", "persistent") else "")
+                row["plan"] = plan.path + (f" x{plan.num_splits}" if plan.path == "split_kv" else "")
             two_streams = plan is not None and plan.path == "prefill" and bool(plan.rest_max_query_len)
             if ok:
                 _time_row(row, fn, device, calls=calls, runs=runs, two_streams=two_streams, path=path)
