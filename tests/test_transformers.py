@@ -237,6 +237,14 @@ def test_modernbert_local_global_matches_sdpa(padding):
     _compare(_model(transformers.ModernBertModel, config), "sdpa", input_ids=_ids(), attention_mask=_padding(padding))
 
 
+@pytest.mark.parametrize("padding", ["none", "right"])
+def test_gemma3_bidirectional_window_matches_sdpa(padding):
+    """Gemma 3 with use_bidirectional_attention (embedding models): |q - k| < 4 on sliding layers."""
+    config = transformers.Gemma3TextConfig(**DECODER, sliding_window=4, layer_types=TWO_LAYER_TYPES,
+                                           use_bidirectional_attention=True)
+    _compare(_model(transformers.Gemma3TextModel, config), "sdpa", input_ids=_ids(), attention_mask=_padding(padding))
+
+
 # ----------------------------------------------------------------------------------- encoder-decoders
 
 def _bart():

@@ -7,8 +7,11 @@
 :func:`register` adds :func:`paged_attention_forward` to transformers' ``AttentionInterface``
 and, under the same name, transformers' SDPA mask builder to ``AttentionMaskInterface`` (so the
 model hands each layer the boolean ``[batch, 1, q_len, kv_len]`` mask SDPA would get, or None
-when SDPA would use no mask). Tested with transformers 5.24 (decoders such as Llama, Mistral,
-Gemma 2, GPT-OSS; encoders such as BERT).
+when SDPA would use no mask). Tested with transformers 5.24 on tiny random models of Llama,
+Mistral, Qwen2, Qwen3, Phi3, Gemma 2, Gemma 3 (text, and with images), GPT-OSS, BERT,
+ModernBERT, BART, Whisper and Llava (docs/transformers.md). The name must be registered before
+a model asks for it: without :func:`register`, transformers raises its generic "not supported"
+error (which names :func:`register` once this module is imported).
 
 How a call becomes a ``paged_attention`` call
 ---------------------------------------------
@@ -16,20 +19,30 @@ Each batch row is one sequence. Its K/V (``[batch, kv_heads, kv_len, head_dim]``
 into a temporary paged cache of 16-token pages, starting at the row's first unmasked key, so
 left and right padding cost nothing; the queries stay in place (``q_len`` per row). The causal
 rule comes from ``module.is_causal`` (or an ``is_causal`` keyword), the window from a
-``sliding_window`` keyword or ``module.sliding_window``, the logit softcap from a ``softcap``
-keyword or ``config.attn_logit_softcapping``, sinks from ``s_aux`` or ``module.sinks``; GQA
-head counts pass through.
+``sliding_window`` keyword or ``module.sliding_window`` (transformers' attention functions take
+flash-attention's window, the W of ``paged_attention``: causal, the W latest keys; not causal,
+``|q - k| < W``), the logit softcap from a ``softcap`` keyword or
+``config.attn_logit_softcapping``, sinks from ``s_aux`` or ``module.sinks``; GQA head counts
+pass through. In a bidirectional layer with a window and padding, each row's real queries form
+one sequence of the call and its padding queries sequences without keys, so every query sits at
+its own token.
 
 The mask is read, not trusted: the position of every query is inferred from it, the mask
 that ``paged_attention`` would apply is rebuilt and compared (once per mask tensor, one host
-synchronization, cached for the other layers). A mask that a paged call cannot express (keys
-hidden in the middle of a row, packed sequences, bidirectional image blocks, chunked
-attention, additive float biases) raises ValueError; use ``"sdpa"`` or ``"eager"`` for such
-models. Query rows of padding tokens (in causal models, a query whose own key is masked
-for every query) get output 0; no real token reads them.
+synchronization, cached for the other layers). Bidirectional blocks inside a causal mask
+(Gemma 3's image tokens: a block's tokens see each other both ways) are read from the mask into
+``prefix_ranges`` (:func:`prefix_ranges_from_token_type_ids` gives the same ranges from
+``token_type_ids``). A mask that a paged call cannot express (keys hidden in the middle of a row,
+packed sequences, chunked attention, a block longer than the sliding window reaches back,
+additive float biases) raises ValueError; use ``"sdpa"`` or ``"eager"`` for such models. Query
+rows of padding tokens (in causal models, a query whose own key is masked for every query) get
+output 0; no real token reads them.
 
-Not supported: attention dropout in training (``dropout > 0`` raises), ``output_attentions``
-(weights are None), T5-style ``position_bias``, a K head size different from V's.
+Refused, before any launch: autograd (the kernels have no backward pass: with grad mode on and a
+query, key, value or sinks tensor that requires grad the call raises RuntimeError; run under
+``torch.no_grad()`` / ``torch.inference_mode()``, or train with ``"sdpa"``), attention dropout
+(``dropout > 0``), ``output_attentions=True`` (no weights are formed), T5-style
+``position_bias``, a K head size different from V's (ValueError).
 
 Continuous batching (``model.generate_batch`` / ``ContinuousBatchingManager``)
 ------------------------------------------------------------------------------
