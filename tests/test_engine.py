@@ -314,8 +314,9 @@ def test_fused_kernels_match_torch(dtype):
     torch.testing.assert_close(silu_and_mul(gate_up).float(), ref.float(), atol=atol, rtol=rtol)
 
 
-def test_fused_model_matches_torch(llama):
-    _, path = llama
+@pytest.mark.parametrize("model", ["llama-folder", "tiny-gemma3"])  # Gemma: (1 + w) norms, GELU, two RoPEs
+def test_fused_model_matches_torch(llama, model):
+    path = llama[1] if model == "llama-folder" else model
     llm = LLM(path, device="cpu", max_model_len=32, max_num_batched_tokens=5)
     ids = prompt(9, seed=7)
     ref, ref_tokens = llm.prompt_logits(ids), llm.generate([ids], max_tokens=2)[0].token_ids

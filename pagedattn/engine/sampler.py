@@ -31,8 +31,11 @@ class Sampler:
         rows = [i for i, p in enumerate(params) if not p.greedy]
         probs = self.probabilities(logits[rows].float(), [params[i] for i in rows])
         noise = torch.empty_like(probs)
-        for r, i in enumerate(rows):
-            noise[r].exponential_(1.0, generator=self._generator(seqs[i]))
+        seeded = [r for r, i in enumerate(rows) if seqs[i].params.seed is not None]
+        if len(seeded) < len(rows):  # the unseeded rows in one draw from the engine's generator
+            noise.exponential_(1.0, generator=self.generator)
+        for r in seeded:  # each seeded row from its own generator: independent of the batch
+            noise[r].exponential_(1.0, generator=self._generator(seqs[rows[r]]))
         sampled = greedy.clone()
         sampled[rows] = (probs / noise).argmax(dim=-1)
         return sampled.tolist()
