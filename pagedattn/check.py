@@ -146,6 +146,15 @@ def default_specs(device: str) -> list[Spec]:
     att("auto", "causal", "long-mixed")
     att("auto", "causal", "decode")
 
+    # NaN read by a query: that row NaN (out and lse) on every path, nothing else touched
+    nan = dict(poison=True)
+    for path, batch in (("unified", "mixed"), ("split_kv", "decode"), ("persistent", "mixed"), ("prefill", "prefill"),
+                        ("auto", "long-mixed")):
+        att(path, "nan-input", batch, options=dict(nan, num_splits=3) if path == "split_kv" else nan)
+    specs.append(Spec("varlen", "varlen", "nan-input", "prefill", main, options=nan))
+    specs.append(Spec("merge", "merge", "nan-input", "merge", main, options=nan))
+    specs.append(Spec("mla", "mla_decode", "nan-input", "decode", main, options=nan))
+
     for f, batch in (("causal", "prefill"), ("noncausal", "cross"), ("window+softcap", "prefill"),
                      ("alibi", "prefill"), ("sinks+prefix", "prefill")):
         specs.append(Spec("varlen", "varlen", f, batch, main))
@@ -238,6 +247,59 @@ def _result(out, lse, ref_out, ref_lse) -> dict:
                 ok=within_tolerance(out, lse, ref_out, ref_lse))
 
 
+def _poisoned_result(out, lse, ref_out, ref_lse) -> dict:
+    """Rows the reference makes NaN (a NaN it reads) must be NaN in every element and in lse,
+    no other row may be, and the other rows match the reference."""
+    import torch
+
+    from pagedattn.testing import TOLERANCES, max_errors, within_tolerance
+
+    bad = torch.isnan(ref_lse).to(out.device)
+    nan_out = torch.isnan(out)
+    pattern = (bool(bad.any()) and torch.equal(torch.isnan(lse), bad) and torch.equal(nan_out.all(-1), bad)
+               and torch.equal(nan_out.any(-1), bad))
+    good = ~bad
+    # the rows that read no NaN, as a [rows, 1, head_size] batch for the ordinary comparison
+    got, got_lse = out[good][:, None], lse[good][:, None]
+    want, want_lse = ref_out.to(out.device)[good][:, None], ref_lse.to(out.device)[good][:, None]
+    out_err, lse_err, _ = max_errors(got, got_lse, want, want_lse)
+    return dict(out_err=out_err, lse_err=lse_err, atol=TOLERANCES[out.dtype][0],
+                ok=pattern and within_tolerance(got, got_lse, want, want_lse),
+                note=f"{int(bad.sum())} (token, head) rows read a NaN: " + ("NaN out and lse, as the reference"
+                                                                             if pattern else "NaN pattern differs"))
+
+
+def _poison_position(cases) -> tuple[int, int]:
+    """(sequence, key position) to poison: inside the new tokens of the sequence with the most
+    queries, so that its later queries read it and its earlier ones (causal) must not; in the
+    middle of the longest context when every sequence decodes."""
+    s = max(range(len(cases)), key=lambda i: (cases[i][0] if cases[i][0] > 1 else 0, cases[i][1]))
+    q_len, kv_len = cases[s]
+    return s, (kv_len - q_len + q_len // 2) if q_len > 1 else kv_len // 2
+
+
+def _poison_paged(cache_pairs, block_table, cases, block_size: int, q) -> None:
+    """NaN into a key and a value (see _poison_position), into one query, and into every cache
+    block no sequence uses (which no call may read)."""
+    import torch
+
+    s, pos = _poison_position(cases)
+    block, offset = int(block_table[s, pos // block_size]), pos % block_size
+    k_cache, v_cache = cache_pairs
+    k_cache[block, offset, ..., 3] = float("nan")
+    if v_cache is not None:
+        v_cache[block, offset, ..., 5] = float("nan")
+    if q.shape[0]:
+        q[0, q.shape[1] - 1, 0] = float("nan")
+    used = set()
+    for i, (_, kv) in enumerate(cases):
+        used.update(int(b) for b in block_table[i, : -(-kv // block_size)].tolist())
+    unused = torch.tensor(sorted(set(range(k_cache.shape[0])) - used), dtype=torch.long, device=k_cache.device)
+    for cache in (k_cache, v_cache):
+        if cache is not None and unused.numel():
+            cache[unused] = float("nan")
+
+
 def _nan_like(shape, dtype, device):
     import torch
 
@@ -261,6 +323,8 @@ def _run_attention(spec: Spec, device: str, g) -> dict:
     if spec.cache_dtype is not None:
         kwargs.update(k_scale=0.7, v_scale=1.3)
     opts = spec.options
+    if opts.get("poison"):
+        _poison_paged((batch.k_cache, batch.v_cache), batch.block_table, cases, shape["block_size"], batch.q)
     heads = dict(num_q_heads=hq, num_kv_heads=hk, head_size=d, device=device, dtype=spec.dtype)
     qsl, lens = batch.query_start_loc.cpu(), batch.seq_lens.cpu()
 
@@ -298,7 +362,7 @@ def _run_attention(spec: Spec, device: str, g) -> dict:
                         note=f"refused before launch: {type(e).__name__}: {str(e)[:120]}")
         raise
     ref_out, ref_lse = paged_attention_ref(*batch.args(), compute_dtype=torch.float64, **kwargs)
-    res = _result(out, lse, ref_out, ref_lse)
+    res = (_poisoned_result if opts.get("poison") else _result)(out, lse, ref_out, ref_lse)
     if opts.get("batch_invariant"):
         # each sequence alone must give bitwise the output it got inside the batch
         same = True
@@ -345,12 +409,19 @@ def _run_varlen(spec: Spec, device: str, g) -> dict:
         d = d + d // 2
     q, k, v, cu_q, cu_k = _varlen_inputs(cases, hq, hk, d, dv, spec.dtype, device, g)
     kwargs = _features(spec.feature, hq, len(cases), device, g)
+    poison = spec.options.get("poison")
+    if poison:  # a key and a value (see _poison_position) and a query
+        seq, pos = _poison_position(cases)
+        key = int(cu_k[seq]) + pos
+        k[key, 0, 3] = float("nan")
+        v[key, -1, 1] = float("nan")
+        q[0, -1, 0] = float("nan")
     out = _nan_like((q.shape[0], hq, dv), spec.dtype, device)
     lse = _nan_like((q.shape[0], hq), torch.float32, device)
     varlen_attention(q, k, v, cu_q, cu_k, max_query_len=max(ql for ql, _ in cases), out=out, lse_out=lse,
                      **kwargs)
     ref_out, ref_lse = varlen_attention_ref(q, k, v, cu_q, cu_k, compute_dtype=torch.float64, **kwargs)
-    return _result(out, lse, ref_out, ref_lse)
+    return (_poisoned_result if poison else _result)(out, lse, ref_out, ref_lse)
 
 
 def _run_merge(spec: Spec, device: str, g) -> dict:
@@ -366,6 +437,10 @@ def _run_merge(spec: Spec, device: str, g) -> dict:
     cases = cfg["batches"][spec.batch]
     split = 16
     q, k, v, cu_q, cu_k = _varlen_inputs(cases, hq, hk, d, d, torch.float64, device, g)
+    poison = spec.options.get("poison")
+    if poison:  # a NaN key in the first half of sequence 0, one in the second half of sequence 1
+        k[2, 0, 3] = float("nan")
+        k[int(cu_k[1]) + split + 1, -1, 0] = float("nan")
     kw = dict(causal=False, compute_dtype=torch.float64)
     ks = cu_k.tolist()
     first = [(min(b - a, split)) for a, b in zip(ks[:-1], ks[1:])]
@@ -381,7 +456,7 @@ def _run_merge(spec: Spec, device: str, g) -> dict:
     lse = _nan_like(lse_a.shape, torch.float32, device)
     merge_attention_states(out_a.to(spec.dtype), lse_a.float(), out_b.to(spec.dtype), lse_b.float(), out=out,
                            lse_out=lse)
-    return _result(out, lse, ref_out, ref_lse)
+    return (_poisoned_result if poison else _result)(out, lse, ref_out, ref_lse)
 
 
 def _bitwise_equal(a, b) -> bool:
@@ -441,12 +516,15 @@ def _run_mla(spec: Spec, device: str, g) -> dict:
 
     args, scale, b = _mla_batch(spec, device, g)
     kv_scale = 0.8 if spec.cache_dtype is not None else None
+    poison = spec.options.get("poison")
+    if poison:
+        _poison_paged((args[2], None), b.block_table, b.cases, args[2].shape[1], args[0])
     out = _nan_like(args[0].shape, spec.dtype, device)
     got, lse = mla_decode(*args, scale=scale, kv_scale=kv_scale, max_query_len=b.max_query_len,
                           max_seq_len=b.max_seq_len, num_splits=spec.options.get("num_splits"), out=out,
                           return_lse=True)
     ref_out, ref_lse = mla_decode_ref(*args, scale=scale, kv_scale=kv_scale, compute_dtype=torch.float64)
-    return _result(got, lse, ref_out, ref_lse)
+    return (_poisoned_result if poison else _result)(got, lse, ref_out, ref_lse)
 
 
 def _run_write_mla_kv(spec: Spec, device: str, g) -> dict:
