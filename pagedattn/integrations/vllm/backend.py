@@ -1,0 +1,466 @@
+"""The vLLM attention backend: :class:`PagedAttnBackend`, its metadata builder and its impl.
+
+Imports vLLM (written against 0.33.0). vLLM reaches it through ``AttentionBackendEnum.CUSTOM``
+once :func:`pagedattn.integrations.vllm.register` has run (the package's entry point).
+
+How vLLM's objects map onto pagedattn's contract
+------------------------------------------------
+* ``CommonAttentionMetadata`` carries ``query_start_loc``, ``seq_lens`` (new tokens included),
+  ``block_table_tensor`` and ``slot_mapping`` (-1 for padding) in exactly the layout
+  :func:`pagedattn.paged_attention` and :func:`pagedattn.write_kv` take; the builder passes the
+  device tensors through and plans from the host copies (``query_start_loc_cpu`` and
+  ``seq_lens_cpu_upper_bound``, or ``max_seq_len`` for every sequence), so building never
+  synchronizes. Host lengths only steer the plan's heuristics: the kernels read the device
+  lengths, and an upper bound never leaves a key uncovered.
+* The per-layer KV cache is vLLM's logical ``[num_blocks, num_kv_heads, block_size,
+  2 * head_size]`` view (K then V in the last dimension) in whichever physical layout vLLM
+  resolved; ``kv_cache.transpose(1, 2)`` split at ``head_size`` gives pagedattn's
+  ``[num_blocks, block_size, num_kv_heads, head_size]`` K and V as strided views of the same
+  memory (no copy), and the kernels take all three strides. fp8 caches arrive as uint8 and are
+  viewed as float8_e4m3fn.
+* Plans: :func:`pagedattn.plan_attention` once per step in ``build()``; the plan object is
+  shared by every layer of the KV-cache group. With full CUDA graphs the builder keeps one
+  persistent plan sized for the largest capture size, and every step a captured graph could
+  replay goes through it, re-planned in place by ``plan.update``: the captured kernels read
+  the new work list from the same device buffers.
+* Multimodal bidirectional ranges (``mm_req_doc_ranges``, inclusive ends) become pagedattn's
+  half-open ``prefix_ranges``; a tensor ``causal`` (per-request flags) becomes one range over
+  every position of each non-causal request.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+import pagedattn
+from pagedattn.plan import MIN_SEGMENT_TOKENS, AttentionPlan
+from vllm.v1.attention.backend import (
+    AttentionBackend,
+    AttentionCGSupport,
+    AttentionImpl,
+    AttentionMetadataBuilder,
+    AttentionType,
+    CommonAttentionMetadata,
+    MultipleOf,
+    max_decode_query_len,
+)
+from vllm.v1.kv_cache_interface import EncoderOnlyAttentionSpec
+
+__all__ = [
+    "PagedAttnBackend",
+    "PagedAttnImpl",
+    "PagedAttnMetadata",
+    "PagedAttnMetadataBuilder",
+    "SUPPORTED_HEAD_SIZES",
+    "SUPPORTED_KV_CACHE_DTYPES",
+]
+
+# The kernels' contract (SPEC): multiples of 8 from 8 to 256, padded to a power of two inside.
+SUPPORTED_HEAD_SIZES = tuple(range(8, 257, 8))
+# fp8 means e4m3 here (vLLM's "fp8" on CUDA); e5m2 and the per-token-head / fp4 formats have no
+# kernel in pagedattn.
+SUPPORTED_KV_CACHE_DTYPES = ("auto", "float16", "bfloat16", "fp8", "fp8_e4m3")
+_FP8_KV_CACHE_DTYPES = ("fp8", "fp8_e4m3")
+_UNQUANTIZED_KV_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
+_ATTN_TYPES = (AttentionType.DECODER, AttentionType.ENCODER, AttentionType.ENCODER_ONLY,
+               AttentionType.ENCODER_DECODER)
+_NO_CACHE_TYPES = (AttentionType.ENCODER, AttentionType.ENCODER_ONLY)
+# Split-KV workspace of the persistent plan behind full CUDA graphs: max capture tokens x query
+# heads x splits x head_size fp32. The split count is lowered until the workspace fits this
+# (Llama-3.1-8B at TP=1, 512 capture tokens: 8 MiB per split, so 32 splits).
+PERSISTENT_WORKSPACE_BYTES = 256 * 2**20
+
+
+def _batch_invariant() -> bool:
+    import vllm.envs as envs
+
+    return bool(envs.VLLM_BATCH_INVARIANT)
+
+
+class PagedAttnBackend(AttentionBackend):
+    """pagedattn's kernels behind vLLM's attention-backend interface (``CUSTOM``)."""
+
+    accept_output_buffer: bool = True
+    supported_dtypes: ClassVar[list[torch.dtype]] = [torch.float16, torch.bfloat16, torch.float32]
+    supported_kv_cache_dtypes: ClassVar[list[str]] = list(SUPPORTED_KV_CACHE_DTYPES)
+    # vLLM calls do_kv_cache_update (write_kv) before forward
+    forward_includes_kv_cache_update: bool = False
+
+    @staticmethod
+    def get_name() -> str:
+        return "CUSTOM"
+
+    @staticmethod
+    def get_impl_cls() -> type[PagedAttnImpl]:
+        return PagedAttnImpl
+
+    @staticmethod
+    def get_builder_cls() -> type[PagedAttnMetadataBuilder]:
+        return PagedAttnMetadataBuilder
+
+    @staticmethod
+    def get_supported_kernel_block_sizes(kv_cache_spec=None) -> list[int | MultipleOf]:
+        return [MultipleOf(1)]  # the kernels index pages by block_table and take any page size
+
+    @classmethod
+    def get_supported_head_sizes(cls) -> list[int]:
+        return list(SUPPORTED_HEAD_SIZES)
+
+    @classmethod
+    def supports_sink(cls) -> bool:
+        return True
+
+    @classmethod
+    def supports_alibi_sqrt(cls) -> bool:
+        return True
+
+    @classmethod
+    def supports_mm_prefix(cls) -> bool:
+        return True
+
+    @classmethod
+    def supports_sliding_window(cls) -> bool:
+        return True
+
+    @classmethod
+    def supports_non_causal(cls) -> bool:
+        return True
+
+    @classmethod
+    def supports_batch_invariance(cls) -> bool:
+        return True
+
+    @classmethod
+    def supports_attn_type(cls, attn_type: str) -> bool:
+        return attn_type in _ATTN_TYPES
+
+    @classmethod
+    def supports_device_cpu_query_lens_mismatch(cls) -> bool:
+        # plans (Q blocks of the work list, the prefill kernel's sequence range) come from the
+        # host query lengths
+        return False
+
+    @classmethod
+    def supports_combination(cls, head_size, dtype, kv_cache_dtype, block_size, use_mla, has_sink, use_sparse,
+                             use_mm_prefix, device_capability) -> str | None:
+        cache_dtype = _UNQUANTIZED_KV_DTYPES.get(kv_cache_dtype)
+        if cache_dtype is not None and cache_dtype != dtype:
+            return (f"kv_cache_dtype {kv_cache_dtype} differs from the model dtype {dtype}: the kernels read a "
+                    "cache in the query's dtype or fp8 e4m3")
+        return None
+
+
+@dataclass
+class PagedAttnMetadata:
+    """Per-step metadata of one KV-cache group, built once and read by every layer."""
+
+    num_actual_tokens: int
+    max_query_len: int
+    max_seq_len: int
+    query_start_loc: torch.Tensor  # [num_reqs + 1] int32
+    seq_lens: torch.Tensor  # [num_reqs] int32, new tokens included
+    block_table: torch.Tensor  # [num_reqs, max_blocks] int32
+    slot_mapping: torch.Tensor  # [num_tokens] int64, -1 for padding
+    causal: bool
+    plan: AttentionPlan | None  # None for attention without a cache (encoders)
+    prefix_ranges: torch.Tensor | None = None  # [num_reqs, R, 2] int32, half-open
+
+
+class PagedAttnMetadataBuilder(AttentionMetadataBuilder[PagedAttnMetadata]):
+    """Builds :class:`PagedAttnMetadata` and the step's plan.
+
+    CUDA graphs: ``UNIFORM_BATCH`` (uniform decode batches, speculative decoding's 1 + k
+    included, replay full graphs; mixed batches run piecewise, attention eager with a fresh
+    plan and the large-tile prefill kernel). ``NEVER`` in batch-invariant mode, whose split
+    positions depend on the step's longest sequence.
+    """
+
+    _cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.UNIFORM_BATCH
+
+    @classmethod
+    def get_cudagraph_support(cls, vllm_config, kv_cache_spec) -> AttentionCGSupport:
+        if _batch_invariant():
+            return AttentionCGSupport.NEVER
+        return cls._cudagraph_support
+
+    def __init__(self, kv_cache_spec, layer_names: list[str], vllm_config, device: torch.device):
+        super().__init__(kv_cache_spec, layer_names, vllm_config, device)
+        self.num_kv_heads = kv_cache_spec.num_kv_heads
+        self.head_size = kv_cache_spec.head_size
+        head_size_v = getattr(kv_cache_spec, "head_size_v", None) or self.head_size
+        if head_size_v != self.head_size:
+            raise ValueError(f"kv_cache_spec: head_size_v {head_size_v} differs from head_size {self.head_size}; "
+                             "pagedattn's paged cache holds K and V of one head size")
+        self.block_size = kv_cache_spec.block_size
+        self.sliding_window = getattr(kv_cache_spec, "sliding_window", None)
+        self.has_cache = not isinstance(kv_cache_spec, EncoderOnlyAttentionSpec)
+        model_config = vllm_config.model_config
+        self.num_q_heads = _num_q_heads(vllm_config, layer_names) or model_config.get_num_attention_heads(
+            vllm_config.parallel_config)
+        self.dtype = model_config.dtype
+        self.batch_invariant = _batch_invariant()
+
+        # full CUDA graphs: one persistent plan for every step a captured graph could replay
+        self.persistent_plan: AttentionPlan | None = None
+        self.graph_max_tokens = 0
+        self.graph_max_query_len = 0
+        compilation = vllm_config.compilation_config
+        mode = compilation.cudagraph_mode
+        sizes = compilation.cudagraph_capture_sizes or []
+        if self.has_cache and not self.batch_invariant and mode is not None and mode.has_full_cudagraphs() and sizes:
+            self.graph_max_tokens = max(sizes)
+            self.graph_max_query_len = max_decode_query_len(vllm_config)
+            self.persistent_plan = self._make_persistent_plan(model_config.max_model_len)
+
+    def _make_persistent_plan(self, max_model_len: int) -> AttentionPlan:
+        per_split = self.graph_max_tokens * self.num_q_heads * self.head_size * 4
+        by_length = -(-max_model_len // MIN_SEGMENT_TOKENS)
+        splits = max(1, min(by_length, PERSISTENT_WORKSPACE_BYTES // per_split))
+        q = self.graph_max_query_len  # tiles for the graphs' query length
+        return pagedattn.plan_attention(
+            [0, q], [q], num_q_heads=self.num_q_heads, num_kv_heads=self.num_kv_heads, head_size=self.head_size,
+            device=self.device, path="persistent", max_num_tokens=self.graph_max_tokens,
+            max_num_seqs=self.graph_max_tokens, max_context_len=splits * MIN_SEGMENT_TOKENS,
+            sliding_window=self.sliding_window, dtype=self.dtype,
+        )
+
+    def graph_eligible(self, m: CommonAttentionMetadata) -> bool:
+        """Whether a full CUDA graph could replay this step (then its plan is the persistent one)."""
+        return (self.persistent_plan is not None and m.num_actual_tokens <= self.graph_max_tokens
+                and m.max_query_len <= self.graph_max_query_len and m.num_reqs <= self.graph_max_tokens)
+
+    def build(self, common_prefix_len: int, common_attn_metadata: CommonAttentionMetadata,
+              fast_build: bool = False) -> PagedAttnMetadata:
+        m = common_attn_metadata
+        num_reqs = m.num_reqs
+        qsl = [int(v) for v in m.query_start_loc_cpu[: num_reqs + 1].tolist()]
+        if m.seq_lens_cpu_upper_bound is not None:
+            lens = [int(v) for v in m.seq_lens_cpu_upper_bound[:num_reqs].tolist()]
+        else:
+            lens = [int(m.max_seq_len)] * num_reqs  # an upper bound too
+        graph = self.graph_eligible(m)
+        ranges = _mm_ranges_host(m.mm_req_doc_ranges, num_reqs)
+        causal = m.causal
+        per_request_causal = None
+        if isinstance(causal, torch.Tensor):
+            if graph:
+                raise ValueError("per-request causal flags (a causal tensor) cannot be served in a batch that a full "
+                                 "CUDA graph may replay; run with --compilation-config '{\"cudagraph_mode\": "
+                                 "\"PIECEWISE\"}'")
+            if self.sliding_window:
+                raise ValueError("per-request causal flags with a sliding window are not supported: a non-causal "
+                                 "request is served as one bidirectional prefix range, which overrides the window")
+            per_request_causal, causal = causal[:num_reqs], True
+
+        plan = None
+        prefix_ranges = None
+        if not self.has_cache:
+            causal = False
+        elif graph:
+            if ranges is not None and _ranges_meet_queries(ranges, qsl, lens):
+                raise ValueError("mm_req_doc_ranges: a bidirectional range lies among the new tokens of a batch that a "
+                                 "full CUDA graph may replay; the captured graphs have no prefix ranges")
+            ranges = None  # no query of the step is in a range with a later key: ranges change nothing
+            self.persistent_plan.update(qsl, lens)
+            plan = self.persistent_plan
+        else:
+            plan = pagedattn.plan_attention(
+                qsl, lens, num_q_heads=self.num_q_heads, num_kv_heads=self.num_kv_heads, head_size=self.head_size,
+                device=self.device, batch_invariant=self.batch_invariant, max_num_tokens=m.num_actual_tokens,
+                sliding_window=self.sliding_window, dtype=self.dtype,
+            )
+        if ranges is not None:
+            prefix_ranges = _ranges_tensor(ranges, self.device)
+        if per_request_causal is not None:
+            whole = torch.where(per_request_causal.to(torch.bool), torch.zeros_like(m.seq_lens[:num_reqs]),
+                                m.seq_lens[:num_reqs]).to(torch.int32)
+            bidirectional = torch.stack([torch.zeros_like(whole), whole], dim=-1).unsqueeze(1)  # [num_reqs, 1, 2]
+            prefix_ranges = bidirectional if prefix_ranges is None else torch.cat([prefix_ranges, bidirectional], 1)
+        return PagedAttnMetadata(
+            num_actual_tokens=m.num_actual_tokens, max_query_len=m.max_query_len, max_seq_len=m.max_seq_len,
+            query_start_loc=m.query_start_loc, seq_lens=m.seq_lens, block_table=m.block_table_tensor,
+            slot_mapping=m.slot_mapping, causal=bool(causal), plan=plan, prefix_ranges=prefix_ranges,
+        )
+
+
+def _num_q_heads(vllm_config, layer_names) -> int | None:
+    """Query heads per worker shared by the group's layers (None when no layer is registered)."""
+    context = vllm_config.compilation_config.static_forward_context
+    heads = {layer.impl.num_heads for name in layer_names
+             if (layer := context.get(name)) is not None and hasattr(layer, "impl")}
+    if len(heads) > 1:
+        raise ValueError(f"layers {layer_names} of one KV-cache group have different query head counts {heads}; "
+                         "one plan serves the whole group")
+    return heads.pop() if heads else None
+
+
+def _mm_ranges_host(mm_ranges, num_reqs: int) -> list[list[tuple[int, int]]] | None:
+    """vLLM's inclusive ``(start, end)`` ranges per request as half-open ones (start < end only)."""
+    if not mm_ranges:
+        return None
+    rows = [[(int(s), int(e) + 1) for s, e in mm_ranges.get(r, ()) if s < e] for r in range(num_reqs)]
+    return rows if any(rows) else None
+
+
+def _ranges_tensor(rows, device) -> torch.Tensor:
+    width = max(len(r) for r in rows)
+    padded = [r + [(0, 0)] * (width - len(r)) for r in rows]
+    host = torch.tensor(padded, dtype=torch.int32).view(len(rows), width, 2)
+    return host.to(device, non_blocking=True)
+
+
+def _ranges_meet_queries(rows, qsl: list[int], lens: list[int]) -> bool:
+    """Whether some range holds a query of the step with a later position of its sequence.
+
+    Only then does a range change anything: a query sees every earlier key already. Host lengths
+    may overstate a sequence by its query length (optimistic speculative drafts), so the query
+    positions are widened by it."""
+    for r, row in enumerate(rows):
+        q_len = qsl[r + 1] - qsl[r]
+        if q_len <= 1:
+            continue
+        lo, hi = lens[r] - 2 * q_len, lens[r]
+        if any(s < hi and lo < e - 1 for s, e in row):
+            return True
+    return False
+
+
+class PagedAttnImpl(AttentionImpl[PagedAttnMetadata]):
+    """One attention layer: ``do_kv_cache_update`` (write_kv), then ``forward``."""
+
+    def __init__(
+        self,
+        num_heads: int,
+        head_size: int,
+        scale: float,
+        num_kv_heads: int | None = None,
+        alibi_slopes: list[float] | None = None,
+        sliding_window: int | None = None,
+        kv_cache_dtype: str = "auto",
+        logits_soft_cap: float | None = None,
+        attn_type: str = AttentionType.DECODER,
+        kv_sharing_target_layer_name: str | None = None,
+        sinks: torch.Tensor | None = None,
+        use_alibi_sqrt: bool = False,
+    ) -> None:
+        num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+        if head_size not in SUPPORTED_HEAD_SIZES:
+            raise ValueError(f"head_size {head_size} is not supported; use a multiple of 8 from 8 to 256")
+        if num_kv_heads < 1 or num_heads % num_kv_heads:
+            raise ValueError(f"num_heads {num_heads} is not a multiple of num_kv_heads {num_kv_heads}")
+        if kv_cache_dtype not in SUPPORTED_KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype {kv_cache_dtype!r} is not supported; use one of "
+                             f"{SUPPORTED_KV_CACHE_DTYPES}")
+        if attn_type not in _ATTN_TYPES:
+            raise ValueError(f"attn_type {attn_type!r} is not supported")
+        if sliding_window is not None and sliding_window < 1:
+            raise ValueError(f"sliding_window must be >= 1 or None, got {sliding_window}")
+        if logits_soft_cap is not None and logits_soft_cap < 0:
+            raise ValueError(f"logits_soft_cap must be >= 0 or None, got {logits_soft_cap}")
+        if alibi_slopes is not None and len(alibi_slopes) != num_heads:
+            raise ValueError(f"alibi_slopes has {len(alibi_slopes)} entries; expected num_heads = {num_heads}")
+        if use_alibi_sqrt and alibi_slopes is None:
+            raise ValueError("use_alibi_sqrt=True needs alibi_slopes")
+        if sinks is not None and tuple(sinks.shape) != (num_heads,):
+            raise ValueError(f"sinks must have shape [{num_heads}], got {list(sinks.shape)}")
+        self.num_heads = num_heads
+        self.head_size = head_size
+        self.scale = float(scale)
+        self.num_kv_heads = num_kv_heads
+        self.alibi_slopes = None if alibi_slopes is None else torch.tensor(alibi_slopes, dtype=torch.float32)
+        self.use_alibi_sqrt = bool(use_alibi_sqrt)
+        self.sliding_window = sliding_window
+        self.kv_cache_dtype = kv_cache_dtype
+        self.logits_soft_cap = logits_soft_cap or None
+        self.attn_type = attn_type
+        self.kv_sharing_target_layer_name = kv_sharing_target_layer_name
+        self.sinks = sinks
+        self._fp8 = kv_cache_dtype in _FP8_KV_CACHE_DTYPES
+        self._sinks32: torch.Tensor | None = None
+        self._slopes_on: torch.Tensor | None = None
+        self._views: tuple | None = None  # (kv_cache, k_cache, v_cache) of the last call
+
+    def process_weights_after_loading(self, act_dtype: torch.dtype) -> None:
+        # the kernels take fp32 sinks; converted once here, not per step
+        self._sinks32 = None
+        if self.sinks is not None and self.sinks.dtype != torch.float32:
+            self._sinks32 = self.sinks.float()
+
+    def _sinks(self) -> torch.Tensor | None:
+        if self.sinks is None or self.sinks.dtype == torch.float32:
+            return self.sinks
+        if self._sinks32 is None:
+            self._sinks32 = self.sinks.float()
+        return self._sinks32
+
+    def _slopes(self, device: torch.device) -> torch.Tensor | None:
+        if self.alibi_slopes is None:
+            return None
+        if self._slopes_on is None or self._slopes_on.device != device:
+            self._slopes_on = self.alibi_slopes.to(device)
+        return self._slopes_on
+
+    def cache_views(self, kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(k_cache, v_cache) ``[num_blocks, block_size, num_kv_heads, head_size]``: views of
+        vLLM's ``[num_blocks, num_kv_heads, block_size, 2 * head_size]`` per-layer cache."""
+        if self._views is not None and self._views[0] is kv_cache:
+            return self._views[1], self._views[2]
+        if kv_cache.dim() != 4 or kv_cache.shape[1] != self.num_kv_heads or kv_cache.shape[3] != 2 * self.head_size:
+            raise ValueError(
+                f"kv_cache must be vLLM's [num_blocks, num_kv_heads={self.num_kv_heads}, block_size, "
+                f"2 * head_size={2 * self.head_size}] layer view, got shape {list(kv_cache.shape)}")
+        if kv_cache.stride(3) != 1:
+            raise ValueError(f"kv_cache must be contiguous in its last dimension (stride {kv_cache.stride(3)})")
+        cache = kv_cache
+        if self._fp8 and cache.dtype != torch.float8_e4m3fn:
+            if cache.element_size() != 1:
+                raise TypeError(f"kv_cache of an fp8 layer must hold 1-byte elements, got {cache.dtype}")
+            cache = cache.view(torch.float8_e4m3fn)
+        nhd = cache.transpose(1, 2)
+        k_cache, v_cache = nhd[..., : self.head_size], nhd[..., self.head_size:]
+        self._views = (kv_cache, k_cache, v_cache)
+        return k_cache, v_cache
+
+    def do_kv_cache_update(self, layer, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
+                           slot_mapping: torch.Tensor) -> None:
+        """Write the step's new K/V into the cache (slot -1: padding, skipped)."""
+        if self.attn_type in _NO_CACHE_TYPES:
+            return
+        k_cache, v_cache = self.cache_views(kv_cache)
+        n = slot_mapping.shape[0]
+        pagedattn.write_kv(key[:n], value[:n], k_cache, v_cache, slot_mapping,
+                           k_scale=layer._k_scale, v_scale=layer._v_scale)
+
+    def forward(self, layer, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
+                attn_metadata: PagedAttnMetadata, output: torch.Tensor, output_scale: torch.Tensor | None = None,
+                output_block_scale: torch.Tensor | None = None) -> torch.Tensor:
+        """Attention of the step's tokens into ``output`` ``[num_tokens, num_heads, head_size]``.
+
+        ``attn_metadata`` None is vLLM's memory-profiling run: the output is zeroed."""
+        if output_scale is not None or output_block_scale is not None:
+            raise NotImplementedError("pagedattn does not fuse output quantization into attention")
+        if attn_metadata is None:
+            return output.fill_(0)
+        md = attn_metadata
+        n = md.num_actual_tokens
+        features = dict(scale=self.scale, sliding_window=self.sliding_window, softcap=self.logits_soft_cap,
+                        alibi_slopes=self._slopes(query.device), alibi_sqrt=self.use_alibi_sqrt, sinks=self._sinks())
+        if self.attn_type in _NO_CACHE_TYPES:
+            pagedattn.varlen_attention(query[:n], key[:n], value[:n], md.query_start_loc, md.query_start_loc,
+                                       max_query_len=md.max_query_len, causal=False, out=output[:n], **features)
+            return output
+        if (md.prefix_ranges is not None and self.sliding_window
+                and getattr(layer, "mm_prefix_clamp_sliding_window", False)):
+            raise ValueError("mm_prefix_clamp_sliding_window: bidirectional ranges clamped by the sliding window are "
+                             "not supported (pagedattn's prefix ranges override the window)")
+        k_cache, v_cache = self.cache_views(kv_cache)
+        pagedattn.paged_attention(
+            query[:n], k_cache, v_cache, md.block_table, md.seq_lens, md.query_start_loc,
+            max_query_len=md.max_query_len, max_seq_len=md.max_seq_len, causal=md.causal,
+            prefix_ranges=md.prefix_ranges, k_scale=layer._k_scale, v_scale=layer._v_scale, out=output[:n],
+            plan=md.plan, **features,
+        )
+        return output

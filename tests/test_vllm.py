@@ -1,0 +1,497 @@
+"""pagedattn as vLLM's CUSTOM attention backend, tested against vLLM 0.33.0's own classes.
+
+Skipped where vLLM is not installed (the default environment: vLLM pins another torch and
+triton); ``.ci/run`` builds a second environment with vLLM and runs this file there. vLLM's
+backend, impl, builder, metadata, registry, KV-cache spec, layout and view code are the real
+ones; only the ``VllmConfig`` handed to the builder is a stand-in, because vLLM cannot build one
+without a GPU ("Failed to infer device type"), and ``test_config_stand_in_matches_vllm`` checks
+that every attribute the stand-in provides exists on vLLM's config classes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import types
+import zlib
+
+import pytest
+import torch
+
+try:
+    import vllm  # noqa: F401
+except ModuleNotFoundError as e:  # only a missing vLLM skips; a vLLM that fails to import fails
+    if e.name != "vllm":
+        raise
+    pytest.skip("vLLM is not installed (.ci/run runs this file in an environment with vllm==0.33.0)",
+                allow_module_level=True)
+
+from vllm.config import CUDAGraphMode  # noqa: E402
+from vllm.platforms.interface import DeviceCapability  # noqa: E402
+from vllm.v1.attention.backend import AttentionCGSupport, AttentionType, CommonAttentionMetadata  # noqa: E402
+from vllm.v1.attention.backends.registry import AttentionBackendEnum  # noqa: E402
+from vllm.v1.kv_cache_interface import (  # noqa: E402
+    EncoderOnlyAttentionSpec,
+    FullAttentionSpec,
+    KVCacheTensor,
+    create_kv_cache_views,
+)
+from vllm.v1.kv_cache_layout import KVCacheLayout  # noqa: E402
+
+import pagedattn.integrations.vllm as pa_vllm  # noqa: E402
+from pagedattn.integrations.vllm.backend import (  # noqa: E402
+    PagedAttnBackend,
+    PagedAttnImpl,
+    PagedAttnMetadataBuilder,
+)
+from pagedattn.reference import paged_attention_ref, varlen_attention_ref  # noqa: E402
+from pagedattn.testing import assert_matches_reference  # noqa: E402
+
+DEVICE = torch.device("cpu")
+NUM_Q_HEADS, NUM_KV_HEADS, HEAD_SIZE = 4, 2, 32
+PAD_TOKENS = 2  # tokens past the last request's, slot -1 (vLLM pads a batch to a graph size)
+
+
+def _softcap_runs() -> bool:
+    """Triton 3.8's interpreter rejects ``constexpr * tensor`` inside ``tl.exp2``, which the softcap
+    helper (ops/common/attention_math.py, ``tanh``) writes; compiled GPU code is not affected."""
+    import pagedattn
+
+    q = torch.randn(1, 1, 16)
+    kc = torch.randn(1, 16, 1, 16)
+    try:
+        pagedattn.paged_attention(q, kc, kc, torch.zeros(1, 1, dtype=torch.int32), torch.tensor([1], dtype=torch.int32),
+                                  torch.tensor([0, 1], dtype=torch.int32), softcap=2.0)
+    except Exception as e:  # noqa: BLE001 - the interpreter wraps the TypeError
+        if "cannot convert" in str(e):
+            return False
+        raise
+    return True
+
+
+# ---------------------------------------------------------------------------------------------
+# the stand-in config and the layer: attributes the builder and impl read, nothing more
+
+def make_config(*, cudagraph_mode=CUDAGraphMode.NONE, capture_sizes=(), dtype=torch.float16, max_model_len=256,
+                num_q_heads=NUM_Q_HEADS):
+    model_config = types.SimpleNamespace(dtype=dtype, max_model_len=max_model_len,
+                                         get_num_attention_heads=lambda parallel_config: num_q_heads)
+    compilation = types.SimpleNamespace(cudagraph_mode=cudagraph_mode, cudagraph_capture_sizes=list(capture_sizes),
+                                        static_forward_context={})
+    return types.SimpleNamespace(model_config=model_config, compilation_config=compilation,
+                                 parallel_config=types.SimpleNamespace(decode_context_parallel_size=1),
+                                 scheduler_config=types.SimpleNamespace(max_num_seqs=64), speculative_config=None)
+
+
+def make_layer(k_scale=1.0, v_scale=1.0):
+    """The attention layer's fields the impl reads (vLLM's ``AttentionLayer`` protocol)."""
+    return types.SimpleNamespace(_k_scale=torch.tensor(k_scale), _v_scale=torch.tensor(v_scale),
+                                 mm_prefix_clamp_sliding_window=False)
+
+
+def test_config_stand_in_matches_vllm():
+    from vllm.config import CompilationConfig, ModelConfig, ParallelConfig, SchedulerConfig, VllmConfig
+
+    def names(cls):
+        return {f.name for f in dataclasses.fields(cls)} | set(dir(cls))
+
+    stand_in = make_config()
+    for attr in vars(stand_in):
+        assert attr in names(VllmConfig), attr
+    for cls, obj in ((ModelConfig, stand_in.model_config), (CompilationConfig, stand_in.compilation_config),
+                     (ParallelConfig, stand_in.parallel_config), (SchedulerConfig, stand_in.scheduler_config)):
+        for attr in vars(obj):
+            assert attr in names(cls), f"{cls.__name__}.{attr}"
+
+
+# ---------------------------------------------------------------------------------------------
+# a KV cache allocated the way vLLM's worker allocates it, and one engine step
+
+def vllm_kv_cache(num_blocks, block_size, layout, cache_dtype, num_kv_heads=NUM_KV_HEADS, head_size=HEAD_SIZE,
+                  spec_cls=FullAttentionSpec):
+    """One layer's cache: a flat int8 buffer viewed by vLLM's create_kv_cache_views."""
+    spec = spec_cls(block_size=block_size, num_kv_heads=num_kv_heads, head_size=head_size, dtype=cache_dtype)
+    page = spec.page_size_bytes
+    raw = torch.zeros(num_blocks * page, dtype=torch.int8)
+    tensor = KVCacheTensor(size=num_blocks * page, layers=["layer.0"], layer_stride=num_blocks * page,
+                           block_stride=page)
+    (view,) = create_kv_cache_views(raw, spec, num_blocks, layout, tensor)
+    return spec, view
+
+
+def fill_random(kv_cache, fp8: bool, g):
+    data = torch.randn(kv_cache.shape, generator=g)
+    if fp8:
+        kv_cache.view(torch.float8_e4m3fn).copy_(data.to(torch.float8_e4m3fn))
+    else:
+        kv_cache.copy_(data.to(kv_cache.dtype))
+
+
+class Step:
+    """A batch of (query_len, seq_len) requests with vLLM's metadata, new K/V and slot mapping."""
+
+    def __init__(self, cases, *, block_size, num_blocks, dtype, g, mm_ranges=None, causal=True, seq_lens=None,
+                 num_q_heads=NUM_Q_HEADS, num_kv_heads=NUM_KV_HEADS, head_size=HEAD_SIZE, pad=PAD_TOKENS):
+        self.cases = cases
+        self.num_real = sum(q for q, _ in cases)
+        self.num_tokens = self.num_real + pad
+        kv_lens = [kv for _, kv in cases]
+        pages = [-(-kv // block_size) for kv in kv_lens]
+        width = max(pages + [1])
+        physical = torch.randperm(num_blocks, generator=g)
+        assert sum(pages) <= num_blocks
+        self.block_table = torch.randint(0, num_blocks, (len(cases), width), generator=g, dtype=torch.int32)
+        offset = 0
+        for s, n in enumerate(pages):
+            self.block_table[s, :n] = physical[offset:offset + n].to(torch.int32)
+            offset += n
+        qsl = [0]
+        for q, _ in cases:
+            qsl.append(qsl[-1] + q)
+        self.qsl = torch.tensor(qsl, dtype=torch.int32)
+        self.seq_lens = torch.tensor(seq_lens if seq_lens is not None else kv_lens, dtype=torch.int32)
+        slots = []
+        for s, (q, kv) in enumerate(cases):
+            for j in range(q):
+                p = kv - q + j
+                slots.append(int(self.block_table[s, p // block_size]) * block_size + p % block_size)
+        self.slot_mapping = torch.tensor(slots + [-1] * pad, dtype=torch.int64)
+        self.query = torch.randn(self.num_tokens, num_q_heads, head_size, generator=g).to(dtype)
+        self.key = torch.randn(self.num_tokens, num_kv_heads, head_size, generator=g).to(dtype)
+        self.value = torch.randn(self.num_tokens, num_kv_heads, head_size, generator=g).to(dtype)
+        self.common = CommonAttentionMetadata(
+            query_start_loc=self.qsl.to(DEVICE), query_start_loc_cpu=self.qsl, seq_lens=self.seq_lens.to(DEVICE),
+            num_reqs=len(cases), num_actual_tokens=self.num_tokens, max_query_len=max(q for q, _ in cases),
+            max_seq_len=int(self.seq_lens.max()), block_table_tensor=self.block_table.to(DEVICE),
+            slot_mapping=self.slot_mapping.to(DEVICE), causal=causal, seq_lens_cpu_upper_bound=self.seq_lens.clone(),
+            mm_req_doc_ranges=mm_ranges,
+        )
+
+    def output(self, num_q_heads=NUM_Q_HEADS, head_size=HEAD_SIZE):
+        return torch.full((self.num_tokens, num_q_heads, head_size), float("nan"), dtype=self.query.dtype)
+
+
+def make_builder(spec, config=None, layer_names=("layer.0",), impl=None):
+    config = config or make_config()
+    if impl is not None:
+        config.compilation_config.static_forward_context[layer_names[0]] = types.SimpleNamespace(impl=impl)
+    return PagedAttnMetadataBuilder(spec, list(layer_names), config, DEVICE)
+
+
+def run_step(impl, builder, kv_cache, step, layer):
+    impl.do_kv_cache_update(layer, step.key, step.value, kv_cache, step.common.slot_mapping)
+    md = builder.build(0, step.common)
+    out = step.output(impl.num_heads, impl.head_size)
+    impl.forward(layer, step.query, step.key, step.value, kv_cache, md, out)
+    return md, out
+
+
+# (query_len, seq_len): decode, extend, prefill, decode, a padding request (0, 0)
+MIXED = [(1, 37), (5, 18), (20, 20), (1, 9), (0, 0)]
+
+FEATURES = [
+    pytest.param("causal", {}, id="causal"),
+    pytest.param("window", {"sliding_window": 7}, id="window"),
+    pytest.param("softcap", {"logits_soft_cap": 1.5}, id="softcap"),
+    pytest.param("alibi", {"alibi_slopes": [0.25, 0.5, 0.125, 0.0625]}, id="alibi"),
+    pytest.param("alibi_sqrt", {"alibi_slopes": [0.25, 0.5, 0.125, 0.0625], "use_alibi_sqrt": True},
+                 id="alibi_sqrt"),
+    pytest.param("sinks", {"sinks": torch.tensor([0.5, -1.0, 2.0, 0.0], dtype=torch.float16), "sliding_window": 9},
+                 id="sinks_window"),
+    pytest.param("mm_prefix", {}, id="mm_prefix"),
+    pytest.param("noncausal", {}, id="noncausal"),
+    pytest.param("per_request_causal", {}, id="per_request_causal"),
+]
+
+
+def _ref_features(impl):
+    return dict(scale=impl.scale, sliding_window=impl.sliding_window, softcap=impl.logits_soft_cap,
+                alibi_slopes=impl.alibi_slopes, alibi_sqrt=impl.use_alibi_sqrt,
+                sinks=None if impl.sinks is None else impl.sinks.float())
+
+
+@pytest.mark.parametrize("name, impl_kwargs", FEATURES)
+def test_forward_features(name, impl_kwargs):
+    if name == "softcap" and not _softcap_runs():
+        pytest.skip("Triton 3.8 interpreter: softcap's tanh helper writes constexpr * tensor inside tl.exp2, which "
+                    "this interpreter rejects (GPU code is unaffected)")
+    g = torch.Generator().manual_seed(zlib.crc32(name.encode()))
+    block_size, num_blocks = 16, 12
+    spec, kv_cache = vllm_kv_cache(num_blocks, block_size, KVCacheLayout.LBNHC, torch.float16)
+    fill_random(kv_cache, False, g)
+    impl = PagedAttnImpl(NUM_Q_HEADS, HEAD_SIZE, 0.2, NUM_KV_HEADS, impl_kwargs.get("alibi_slopes"),
+                         impl_kwargs.get("sliding_window"), "auto", impl_kwargs.get("logits_soft_cap"),
+                         sinks=impl_kwargs.get("sinks"), use_alibi_sqrt=impl_kwargs.get("use_alibi_sqrt", False))
+    builder = make_builder(spec, impl=impl)
+    mm_ranges, causal, ref_causal, ref_ranges = None, True, True, None
+    if name == "mm_prefix":
+        # request 2 (a prefill of positions 0..19) holds an image at positions 3..11 (vLLM: inclusive)
+        mm_ranges = {2: [(3, 11)], 1: [(14, 16)]}
+        ref_ranges = torch.zeros(len(MIXED), 1, 2, dtype=torch.int32)
+        ref_ranges[2, 0] = torch.tensor([3, 12])
+        ref_ranges[1, 0] = torch.tensor([14, 17])
+    if name == "noncausal":
+        causal = ref_causal = False
+    step = Step(MIXED, block_size=block_size, num_blocks=num_blocks, dtype=torch.float16, g=g, mm_ranges=mm_ranges,
+                causal=causal)
+    if name == "per_request_causal":
+        step.common.causal = torch.tensor([True, False, False, True, True])
+    layer = make_layer()
+    md, out = run_step(impl, builder, kv_cache, step, layer)
+    k_cache, v_cache = impl.cache_views(kv_cache)
+    feats = _ref_features(impl)
+    n = step.num_real
+    if name == "per_request_causal":
+        for s, c in enumerate([True, False, False, True]):
+            q0, q1 = int(step.qsl[s]), int(step.qsl[s + 1])
+            one = slice(s, s + 1)
+            qsl = torch.tensor([0, q1 - q0], dtype=torch.int32)
+            ref, _ = paged_attention_ref(step.query[q0:q1], k_cache, v_cache, step.block_table[one], step.seq_lens[one],
+                                         qsl, causal=c, **feats)
+            assert_matches_reference(out[q0:q1], None, ref, None)
+        return
+    ref, _ = paged_attention_ref(step.query[:n], k_cache, v_cache, step.block_table, step.seq_lens, step.qsl,
+                                 causal=ref_causal, prefix_ranges=ref_ranges, **feats)
+    assert_matches_reference(out[:n], None, ref, None)
+
+
+@pytest.mark.parametrize("layout", [KVCacheLayout.LBNHC, KVCacheLayout.LBHNC], ids=["NHD", "HND"])
+def test_kv_update_writes_views_and_skips_padding(layout):
+    """do_kv_cache_update writes every real token into vLLM's own cache memory and nothing else."""
+    g = torch.Generator().manual_seed(1)
+    block_size, num_blocks = 8, 16
+    spec, kv_cache = vllm_kv_cache(num_blocks, block_size, layout, torch.float16)
+    fill_random(kv_cache, False, g)
+    impl = PagedAttnImpl(NUM_Q_HEADS, HEAD_SIZE, 0.2, NUM_KV_HEADS, None, None, "auto")
+    k_cache, v_cache = impl.cache_views(kv_cache)
+    assert k_cache.untyped_storage().data_ptr() == kv_cache.untyped_storage().data_ptr()  # views, not copies
+    assert tuple(k_cache.shape) == (num_blocks, block_size, NUM_KV_HEADS, HEAD_SIZE)
+    step = Step(MIXED, block_size=block_size, num_blocks=num_blocks, dtype=torch.float16, g=g)
+    before = kv_cache.clone()
+    impl.do_kv_cache_update(make_layer(), step.key, step.value, kv_cache, step.common.slot_mapping)
+    expect = before.transpose(1, 2).clone()  # [blocks, slots, heads, 2 * head_size]
+    for t, slot in enumerate(step.slot_mapping.tolist()):
+        if slot >= 0:
+            expect[slot // block_size, slot % block_size, :, :HEAD_SIZE] = step.key[t]
+            expect[slot // block_size, slot % block_size, :, HEAD_SIZE:] = step.value[t]
+    assert torch.equal(kv_cache.transpose(1, 2), expect)
+
+
+def test_fp8_cache_with_scales_gqa_odd_block_hnd():
+    """fp8 e4m3 cache (vLLM allocates uint8), per-tensor scales, 8:1 GQA, head 40, 5-token pages, HND."""
+    g = torch.Generator().manual_seed(2)
+    num_q, num_kv, head, block_size, num_blocks = 8, 1, 40, 5, 24
+    spec, kv_cache = vllm_kv_cache(num_blocks, block_size, KVCacheLayout.LBHNC, torch.uint8, num_kv_heads=num_kv,
+                                   head_size=head)
+    fill_random(kv_cache, True, g)
+    impl = PagedAttnImpl(num_q, head, head ** -0.5, num_kv, None, None, "fp8")
+    builder = make_builder(spec, config=make_config(num_q_heads=num_q), impl=impl)
+    step = Step(MIXED, block_size=block_size, num_blocks=num_blocks, dtype=torch.float16, g=g, num_q_heads=num_q,
+                num_kv_heads=num_kv, head_size=head)
+    layer = make_layer(k_scale=0.5, v_scale=2.0)
+    md, out = run_step(impl, builder, kv_cache, step, layer)
+    k_cache, v_cache = impl.cache_views(kv_cache)
+    assert k_cache.dtype == torch.float8_e4m3fn
+    n = step.num_real
+    ref, _ = paged_attention_ref(step.query[:n], k_cache, v_cache, step.block_table, step.seq_lens, step.qsl,
+                                 scale=impl.scale, k_scale=0.5, v_scale=2.0)
+    assert_matches_reference(out[:n], None, ref, None)
+
+
+def test_fp32_model():
+    g = torch.Generator().manual_seed(3)
+    spec, kv_cache = vllm_kv_cache(10, 16, KVCacheLayout.LBNHC, torch.float32)
+    fill_random(kv_cache, False, g)
+    impl = PagedAttnImpl(NUM_Q_HEADS, HEAD_SIZE, 0.3, NUM_KV_HEADS, None, None, "auto")
+    builder = make_builder(spec, config=make_config(dtype=torch.float32), impl=impl)
+    step = Step(MIXED, block_size=16, num_blocks=10, dtype=torch.float32, g=g)
+    md, out = run_step(impl, builder, kv_cache, step, make_layer())
+    k_cache, v_cache = impl.cache_views(kv_cache)
+    n = step.num_real
+    ref, _ = paged_attention_ref(step.query[:n], k_cache, v_cache, step.block_table, step.seq_lens, step.qsl, scale=0.3)
+    assert_matches_reference(out[:n], None, ref, None)
+
+
+def test_builder_maps_metadata_and_plans_the_step():
+    g = torch.Generator().manual_seed(4)
+    spec, _ = vllm_kv_cache(12, 16, KVCacheLayout.LBNHC, torch.float16)
+    builder = make_builder(spec)
+    assert builder.persistent_plan is None  # no full CUDA graphs configured
+    step = Step(MIXED, block_size=16, num_blocks=12, dtype=torch.float16, g=g)
+    md = builder.build(0, step.common)
+    assert md.query_start_loc is step.common.query_start_loc and md.seq_lens is step.common.seq_lens
+    assert md.block_table is step.common.block_table_tensor and md.slot_mapping is step.common.slot_mapping
+    assert md.num_actual_tokens == step.num_tokens and md.causal is True and md.prefix_ranges is None
+    assert md.plan.path == "unified" and md.plan.max_num_tokens >= step.num_tokens
+    prefill = Step([(1, 30), (130, 130)], block_size=16, num_blocks=12, dtype=torch.float16, g=g)
+    assert builder.build(0, prefill.common).plan.path == "prefill"
+
+
+def test_cuda_graph_steps_share_one_persistent_plan():
+    """With full CUDA graphs, decode steps (capture and replay) go through one plan updated in place."""
+    g = torch.Generator().manual_seed(5)
+    block_size, num_blocks = 16, 12
+    spec, kv_cache = vllm_kv_cache(num_blocks, block_size, KVCacheLayout.LBNHC, torch.float16)
+    fill_random(kv_cache, False, g)
+    impl = PagedAttnImpl(NUM_Q_HEADS, HEAD_SIZE, 0.2, NUM_KV_HEADS, None, 6, "auto")
+    config = make_config(cudagraph_mode=CUDAGraphMode.FULL_AND_PIECEWISE, capture_sizes=[1, 2, 4, 8])
+    assert PagedAttnMetadataBuilder.get_cudagraph_support(config, spec) == AttentionCGSupport.UNIFORM_BATCH
+    builder = make_builder(spec, config=config, impl=impl)
+    plan = builder.persistent_plan
+    assert plan is not None and plan.path == "persistent"
+    capture = Step([(1, 1)] * 4, block_size=block_size, num_blocks=num_blocks, dtype=torch.float16, g=g, pad=4)
+    assert builder.build_for_cudagraph_capture(capture.common).plan is plan
+    layer = make_layer()
+    for cases in ([(1, 40), (1, 3), (1, 17), (0, 0)], [(1, 60), (1, 33), (1, 1), (1, 9)]):
+        step = Step(cases, block_size=block_size, num_blocks=num_blocks, dtype=torch.float16, g=g,
+                    pad=8 - sum(q for q, _ in cases))
+        md, out = run_step(impl, builder, kv_cache, step, layer)
+        assert md.plan is plan
+        k_cache, v_cache = impl.cache_views(kv_cache)
+        n = step.num_real
+        ref, _ = paged_attention_ref(step.query[:n], k_cache, v_cache, step.block_table, step.seq_lens, step.qsl,
+                                     scale=0.2, sliding_window=6)
+        assert_matches_reference(out[:n], None, ref, None)
+    mixed = Step(MIXED, block_size=block_size, num_blocks=num_blocks, dtype=torch.float16, g=g)
+    assert builder.build(0, mixed.common).plan is not plan  # not a graph batch: a fresh plan
+
+
+def test_cross_attention_reads_encoder_cache():
+    """ENCODER_DECODER: decoder queries over the encoder's cached K/V, non-causal (vLLM's cross
+    builder passes seq_lens = encoder lengths, causal=False); query_len may exceed seq_len."""
+    g = torch.Generator().manual_seed(6)
+    block_size, num_blocks = 16, 8
+    spec, kv_cache = vllm_kv_cache(num_blocks, block_size, KVCacheLayout.LBNHC, torch.float16)
+    fill_random(kv_cache, False, g)
+    impl = PagedAttnImpl(NUM_Q_HEADS, HEAD_SIZE, 0.2, NUM_KV_HEADS, None, None, "auto",
+                         attn_type=AttentionType.ENCODER_DECODER)
+    builder = make_builder(spec, impl=impl)
+    step = Step([(1, 12), (20, 9), (3, 30)], block_size=block_size, num_blocks=num_blocks, dtype=torch.float16, g=g,
+                causal=False)
+    md = builder.build(0, step.common)
+    out = step.output()
+    impl.forward(make_layer(), step.query, step.key, step.value, kv_cache, md, out)
+    k_cache, v_cache = impl.cache_views(kv_cache)
+    n = step.num_real
+    ref, _ = paged_attention_ref(step.query[:n], k_cache, v_cache, step.block_table, step.seq_lens, step.qsl,
+                                 scale=0.2, causal=False)
+    assert_matches_reference(out[:n], None, ref, None)
+
+
+@pytest.mark.parametrize("attn_type", [AttentionType.ENCODER_ONLY, AttentionType.ENCODER])
+def test_encoder_attention_without_cache(attn_type):
+    g = torch.Generator().manual_seed(7)
+    spec = EncoderOnlyAttentionSpec(block_size=16, num_kv_heads=NUM_KV_HEADS, head_size=HEAD_SIZE,
+                                    dtype=torch.float16)
+    impl = PagedAttnImpl(NUM_Q_HEADS, HEAD_SIZE, 0.2, NUM_KV_HEADS, None, 5, "auto", attn_type=attn_type)
+    builder = make_builder(spec, impl=impl)
+    cases = [(7, 7), (19, 19), (1, 1)]
+    step = Step(cases, block_size=16, num_blocks=4, dtype=torch.float16, g=g, causal=False)
+    md = builder.build(0, step.common)
+    assert md.plan is None and md.causal is False
+    impl.do_kv_cache_update(make_layer(), step.key, step.value, torch.empty(0), step.common.slot_mapping)  # no cache
+    out = step.output()
+    impl.forward(make_layer(), step.query, step.key, step.value, torch.empty(0), md, out)
+    n = step.num_real
+    ref, _ = varlen_attention_ref(step.query[:n], step.key[:n], step.value[:n], step.qsl, step.qsl, scale=0.2,
+                                  causal=False, sliding_window=5)
+    assert_matches_reference(out[:n], None, ref, None)
+
+
+def test_profiling_run_without_metadata():
+    spec, kv_cache = vllm_kv_cache(4, 16, KVCacheLayout.LBNHC, torch.float16)
+    impl = PagedAttnImpl(NUM_Q_HEADS, HEAD_SIZE, 0.2, NUM_KV_HEADS, None, None, "auto")
+    out = torch.full((6, NUM_Q_HEADS, HEAD_SIZE), float("nan"), dtype=torch.float16)
+    q = torch.randn(6, NUM_Q_HEADS, HEAD_SIZE, dtype=torch.float16)
+    k = torch.randn(6, NUM_KV_HEADS, HEAD_SIZE, dtype=torch.float16)
+    assert impl.forward(make_layer(), q, k, k, kv_cache, None, out) is out
+    assert torch.equal(out, torch.zeros_like(out))
+
+
+def test_register_is_idempotent_and_selects_the_backend():
+    from vllm.v1.attention.backends.registry import _ATTN_OVERRIDES
+
+    custom = AttentionBackendEnum.CUSTOM
+    custom.clear_override()
+    overrides = dict(_ATTN_OVERRIDES)
+    pa_vllm.register()
+    pa_vllm.register()
+    assert custom.get_path() == pa_vllm.BACKEND_CLASS_PATH
+    assert custom.get_class() is PagedAttnBackend
+    assert AttentionBackendEnum[PagedAttnBackend.get_name()] is custom  # what vLLM's Attention layer looks up
+    assert {k: v for k, v in _ATTN_OVERRIDES.items() if k is not custom} == overrides
+
+
+def test_entry_point_reaches_register():
+    """The installed distribution's vllm.general_plugins entry point is pagedattn's register."""
+    from importlib.metadata import entry_points
+
+    points = [p for p in entry_points(group="vllm.general_plugins") if p.value.startswith("pagedattn")]
+    if not points:
+        pytest.skip("pagedattn is not installed as a distribution here (pip install -e . declares the entry point)")
+    assert [p.value for p in points] == ["pagedattn.integrations.vllm:register"]
+    assert points[0].load() is pa_vllm.register
+
+
+def test_validate_configuration_reasons():
+    cap = DeviceCapability(9, 0)
+
+    def reasons(**over):
+        args = dict(head_size=128, dtype=torch.bfloat16, kv_cache_dtype="auto", block_size=16, use_mla=False,
+                    has_sink=True, use_sparse=False, use_mm_prefix=True, use_per_head_quant_scales=False,
+                    device_capability=cap, attn_type=AttentionType.DECODER, has_sliding_window=True,
+                    use_non_causal=True, use_batch_invariant=True)
+        args.update(over)
+        return PagedAttnBackend.validate_configuration(**args)
+
+    assert reasons() == []
+    for ok in (dict(head_size=8), dict(head_size=80), dict(head_size=256), dict(block_size=5), dict(block_size=1),
+               dict(kv_cache_dtype="fp8"), dict(kv_cache_dtype="fp8_e4m3"), dict(dtype=torch.float32),
+               dict(attn_type=AttentionType.ENCODER_ONLY), dict(attn_type=AttentionType.ENCODER_DECODER)):
+        assert reasons(**ok) == [], ok
+    assert reasons(head_size=12) == ["head_size not supported"]
+    assert reasons(head_size=264) == ["head_size not supported"]
+    assert reasons(kv_cache_dtype="fp8_e5m2") == ["kv_cache_dtype not supported"]
+    assert reasons(kv_cache_dtype="int8_per_token_head") == ["kv_cache_dtype not supported"]
+    assert reasons(use_mla=True) == ["MLA not supported"]
+    assert reasons(use_sparse=True) == ["sparse not supported"]
+    assert reasons(use_per_head_quant_scales=True) == ["per-head quant scales not supported"]
+    assert reasons(use_dcp=True) == ["DCP not supported"]
+    assert reasons(use_pcp=True) == ["PCP not supported"]
+    assert reasons(use_rswa=True) == ["R-SWA not supported"]
+    assert reasons(use_adaptive_verification=True)[0].startswith("device-cpu query lens mismatch")
+    mismatch = reasons(kv_cache_dtype="float16")
+    assert len(mismatch) == 1 and "differs from the model dtype" in mismatch[0]
+    assert PagedAttnBackend.supported_kv_cache_layouts() is None  # the kernels take any strides
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    pytest.param(dict(head_size=12), "head_size 12", id="head_size"),
+    pytest.param(dict(num_kv_heads=3), "multiple of num_kv_heads", id="heads"),
+    pytest.param(dict(kv_cache_dtype="fp8_e5m2"), "kv_cache_dtype", id="kv_dtype"),
+    pytest.param(dict(use_alibi_sqrt=True), "alibi_slopes", id="alibi_sqrt"),
+    pytest.param(dict(sinks=torch.zeros(3)), "sinks", id="sinks"),
+    pytest.param(dict(sliding_window=0), "sliding_window", id="window"),
+])
+def test_impl_rejects_what_it_cannot_serve(kwargs, match):
+    args = dict(num_heads=NUM_Q_HEADS, head_size=HEAD_SIZE, scale=0.2, num_kv_heads=NUM_KV_HEADS, alibi_slopes=None,
+                sliding_window=None, kv_cache_dtype="auto")
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=match):
+        PagedAttnImpl(**args)
+
+
+def test_builder_rejects_different_value_head_size():
+    spec = FullAttentionSpec(block_size=16, num_kv_heads=NUM_KV_HEADS, head_size=64, head_size_v=32,
+                             dtype=torch.float16)
+    with pytest.raises(ValueError, match="head_size_v"):
+        make_builder(spec)
+
+
+def test_module_import_does_not_import_vllm():
+    """``import pagedattn.integrations.vllm`` (what the entry point loads first) stays cheap."""
+    import subprocess
+
+    code = "import sys, pagedattn.integrations.vllm; print('vllm' in sys.modules)"
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert res.stdout.strip() == "False"
