@@ -573,3 +573,27 @@ def test_bench_e2e_family_preset(tmp_path):
     assert all(r["tpot_ms"] > 0 for r in records[:2])
     assert records[2]["status"].startswith("not available") and "sinks" in records[2]["status"]
     assert "not available" in (tmp_path / "e2e.md").read_text()
+
+
+def test_gemma3_multimodal_folder_text_decoder(tmp_path):
+    """A Gemma3ForConditionalGeneration folder: the engine runs its text decoder (the vision
+    tower's tensors are skipped) and matches transformers on a text-only prompt."""
+    text = dict(FAMILY_SMALL, sliding_window=WINDOW, layer_types=["sliding_attention", "full_attention"],
+                query_pre_attn_scalar=16)
+    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, image_size=28,
+                  patch_size=14)
+    torch.manual_seed(6)
+    ref_model = transformers.Gemma3ForConditionalGeneration(
+        transformers.Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4)).eval()
+    with torch.no_grad():
+        for name, p in ref_model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.normal_(0.0, 0.5)
+    ref_model.save_pretrained(str(tmp_path))
+    llm = LLM(str(tmp_path), device="cpu", max_model_len=32)
+    assert llm.model_config.model_type == "gemma3_text"
+    ids = prompt(11, seed=10)
+    with torch.no_grad():
+        ref = ref_model(input_ids=torch.tensor([ids])).logits[0]
+    atol, rtol = TOLERANCES[torch.float32]
+    torch.testing.assert_close(llm.prompt_logits(ids), ref, atol=atol, rtol=rtol)
