@@ -35,7 +35,7 @@ def test_default_covers_every_family_and_feature(device):
 
 def test_check_streams_rows_and_writes_json(tmp_path, capsys):
     out = tmp_path / "check.json"
-    rc = check.main(["--only", "merge", "--only", "write_kv", "--json", str(out)])
+    rc = check.main(["--only", "merge halves", "--only", "write_kv", "--json", str(out)])
     text = capsys.readouterr().out
     assert rc == 0, text
     lines = text.splitlines()
@@ -64,7 +64,7 @@ def test_rows_are_printed_as_they_finish(monkeypatch):
         return real(spec, device, g)
 
     monkeypatch.setitem(check.RUNNERS, "merge", runner)
-    specs = [s for s in check.default_specs(DEVICE) if s.family == "merge"]
+    specs = [s for s in check.default_specs(DEVICE) if s.family == "merge" and not s.options]
     rows = check.run_check(DEVICE, specs=specs, stream=stream)
     assert seen == list(range(len(specs))) and all(r["ok"] for r in rows)
 
@@ -143,3 +143,24 @@ def test_bench_subcommands_dispatch(monkeypatch, capsys):
     if DEVICE == "cpu":
         assert cli_main(["bench", "tune"]) == 2
         assert "needs a GPU" in capsys.readouterr().err
+
+
+def test_nan_rows_must_match_the_reference_pattern():
+    ref_out = torch.randn(3, 2, 4, dtype=torch.float64)
+    ref_lse = torch.randn(3, 2, dtype=torch.float64)
+    ref_out[1, 0], ref_lse[1, 0] = float("nan"), float("nan")  # the row that read a NaN
+    out, lse = ref_out.to(torch.float32).clone(), ref_lse.to(torch.float32).clone()
+    assert check._poisoned_result(out, lse, ref_out, ref_lse)["ok"]
+    spread = out.clone()
+    spread[2, 1, 0] = float("nan")  # a row that read no NaN
+    assert not check._poisoned_result(spread, lse, ref_out, ref_lse)["ok"]
+    hidden = out.clone()
+    hidden[1, 0] = 0.0  # the NaN dropped: output looks finite
+    assert not check._poisoned_result(hidden, lse, ref_out, ref_lse)["ok"]
+    assert not check._poisoned_result(ref_out.float(), ref_lse.nan_to_num(0.0).float(), ref_out, ref_lse)["ok"]
+
+
+def test_merge_keeps_a_nan_state():
+    specs = [s for s in check.default_specs(DEVICE) if s.family == "merge" and s.options.get("poison")]
+    [row] = check.run_check(DEVICE, specs=specs, quiet=True)
+    assert row["ok"] and "NaN out and lse" in row["note"]
