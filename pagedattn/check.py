@@ -205,6 +205,14 @@ def full_specs(device: str) -> list[Spec]:
                               cache_dtype=cache))
             specs.append(Spec("mla", "mla_decode", "fp8-kv" if cache else "decode", "decode", dtype, cache_dtype=cache))
         specs.append(Spec("mla", "mla_decode", "spec-splits", "spec", dtype, options=dict(num_splits=3)))
+        nan = dict(poison=True)
+        for path in ATTENTION_PATHS:
+            for batch in ("decode", "mixed"):
+                specs.append(Spec("attention", path, "nan-input", batch, dtype,
+                                  options=dict(nan, num_splits=3) if path == "split_kv" else nan))
+        specs.append(Spec("varlen", "varlen", "nan-input", "prefill", dtype, options=nan))
+        specs.append(Spec("merge", "merge", "nan-input", "merge", dtype, options=nan))
+        specs.append(Spec("mla", "mla_decode", "nan-input", "spec", dtype, options=nan))
     if device != "cuda":
         specs.append(Spec("attention", "unified", "causal", "decode", torch.bfloat16, options=dict(refusal_ok=True)))
     for head_size in (8, 24, 64, 80, 96, 112, 160, 192, 256):
