@@ -263,7 +263,7 @@ def _layout_from_mask(mask, batch, q_len, kv_len, causal, window, device) -> _La
     num_ranges, segments, ranges = zero, zero, None
     if causal:
         col, real, expect, ranges, ranges_ok = _causal_expectation(m, row_seen, key_valid, lo, hi, window)
-        seq_lens = (col[-1] + 1 - lo).clamp(min=0) if q_len else (hi - lo).clamp(min=0)
+        seq_lens = (col[-1] + 1 - lo).clamp(min=0)  # the last query sits on the row's last key
         ok_rows = real
         if ranges is not None:
             num_ranges = ranges[1]
@@ -286,8 +286,8 @@ def _layout_from_mask(mask, batch, q_len, kv_len, causal, window, device) -> _La
             segments = ((q_lo > 0) | (q_hi < q_len)).any().long()
     ok = contiguous.all() & ranges_ok & ((m == expect) | ~ok_rows[..., None]).all()
     max_seq_len = seq_lens.amax() if batch else zero
-    ok, max_seq_len, num_ranges, segments = torch.stack(
-        [ok.long(), max_seq_len.long(), num_ranges.long(), segments]).tolist()  # one host sync
+    ok, max_seq_len, num_ranges, segments, all_rows = torch.stack(
+        [ok.long(), max_seq_len.long(), num_ranges.long(), segments, ok_rows.all().long()]).tolist()  # one host sync
     if not ok:
         raise ValueError(
             "attention_mask: this mask is not expressible as one paged_attention call per batch row "
@@ -311,7 +311,7 @@ def _layout_from_mask(mask, batch, q_len, kv_len, causal, window, device) -> _La
     layout = _Layout(
         causal=causal, window=window, key_index=index, padded_len=padded, block_table=block_table,
         seq_lens=seq_lens, query_start_loc=qsl, max_seq_len=max_seq_len,
-        real_rows=None if bool(ok_rows.all()) else ok_rows, prefix_ranges=prefix,
+        real_rows=None if all_rows else ok_rows, prefix_ranges=prefix,
     )
     _remember(key, layout, mask)
     return layout
@@ -469,6 +469,14 @@ def paged_attention_forward(
     Returns
     -------
     (out ``[batch, q_len, num_q_heads, head_dim]``, None)
+
+    Raises
+    ------
+    RuntimeError
+        Grad mode is on and query, key, value or the sinks require grad (no backward pass).
+    ValueError
+        ``dropout > 0``, ``output_attentions=True``, a ``position_bias``, or a mask that a paged
+        call cannot express.
     """
     from pagedattn.api import paged_attention
 
@@ -483,6 +491,8 @@ def paged_attention_forward(
         raise ValueError(f"value head_dim {value.shape[-1]} differs from query head_dim {head_dim}")
 
     causal, window, softcap, sinks = _layer_features(module, kwargs, num_q_heads, query.device)
+    if q_len == 0 or batch == 0:
+        return query.new_zeros(batch, q_len, num_q_heads, head_dim), None
     if attention_mask is None and kwargs.get("cu_seq_lens_q") is not None and kwargs.get("cu_seq_lens_k") is not None:
         return varlen_attention_forward(query, key, value, kwargs["cu_seq_lens_q"], kwargs["cu_seq_lens_k"],
                                         max_length_q=kwargs.get("max_length_q"), scaling=scaling, causal=causal,
