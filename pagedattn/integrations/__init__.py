@@ -1,5 +1,5 @@
 """Integrations with other libraries (optional dependencies, imported on use).
 
 ``pagedattn.integrations.transformers``: ``attn_implementation="pagedattn"`` for Hugging Face
-transformers (``pip install pagedattn[integrations]``).
+transformers (``pip install -e ".[integrations]"`` from a checkout; docs/transformers.md).
 """
