@@ -597,3 +597,81 @@ def test_gemma3_multimodal_folder_text_decoder(tmp_path):
         ref = ref_model(input_ids=torch.tensor([ids])).logits[0]
     atol, rtol = TOLERANCES[torch.float32]
     torch.testing.assert_close(llm.prompt_logits(ids), ref, atol=atol, rtol=rtol)
+
+
+# ---- FlashInfer attention (metadata and call sequence, with a stand-in module) --------------
+class _FakeWrapper:
+    """FlashInfer's paged wrappers as the engine calls them, each run computed with pagedattn's
+    reference from the planned indptr / indices / last_page_len (FlashInfer's documented meaning:
+    ``window_left`` keys left of the query besides its own, causal queries at the end)."""
+
+    plans: list = []
+
+    def __init__(self, workspace, layout, use_cuda_graph=False, use_tensor_cores=False,
+                 paged_kv_indptr_buffer=None, paged_kv_indices_buffer=None, paged_kv_last_page_len_buffer=None):
+        assert layout == "NHD" and workspace.dtype == torch.uint8
+        self.fixed = len(paged_kv_last_page_len_buffer) if use_cuda_graph else None
+        self.indices_room = len(paged_kv_indices_buffer) if use_cuda_graph else None
+
+    def _plan(self, qo, indptr, indices, last, hq, hkv, d, page, *, causal, window_left=-1, logits_soft_cap=None,
+              sm_scale=None, q_data_type=None, kv_data_type=None):
+        n = len(last)
+        if self.fixed is not None:
+            assert n == self.fixed and len(indices) <= self.indices_room
+        pages = (indptr[1:] - indptr[:-1]).tolist()
+        table = torch.zeros(n, max(pages + [1]), dtype=torch.int32)
+        for i, p in enumerate(pages):
+            table[i, :p] = indices[int(indptr[i]):int(indptr[i]) + p]
+        lens = torch.tensor([(p - 1) * page + int(x) for p, x in zip(pages, last)], dtype=torch.int32)
+        self.args = dict(block_table=table, seq_lens=lens, query_start_loc=qo.to(torch.int32),
+                         scale=sm_scale, causal=causal, softcap=logits_soft_cap,
+                         sliding_window=window_left + 1 if window_left >= 0 else None)
+        _FakeWrapper.plans.append((type(self).__name__, self.fixed is not None, window_left, logits_soft_cap))
+
+    def run(self, q, kv):
+        from pagedattn.reference import paged_attention_ref
+
+        return paged_attention_ref(q, kv[0], kv[1], **self.args)[0].to(q.dtype)
+
+
+class _FakeDecode(_FakeWrapper):
+    def plan(self, indptr, indices, last, *shape, **kw):
+        self._plan(torch.arange(len(last) + 1), indptr, indices, last, *shape, causal=True, **kw)
+
+
+class _FakePrefill(_FakeWrapper):
+    def plan(self, qo, indptr, indices, last, *shape, causal=False, **kw):
+        self._plan(qo, indptr, indices, last, *shape, causal=causal, **kw)
+
+
+def test_flashinfer_metadata_and_calls(monkeypatch):
+    import types
+
+    from pagedattn.engine import flashinfer_backend as fb
+
+    indptr, indices, last = fb.paged_metadata([5, 16, 17, 1], torch.tensor(
+        [[7, 0, 0], [3, 4, 0], [9, 8, 2], [6, 0, 0]], dtype=torch.int32), 16)
+    assert indptr.tolist() == [0, 1, 2, 4, 5] and indices.tolist() == [7, 3, 9, 8, 6]
+    assert last.tolist() == [5, 16, 1, 1]
+    with pytest.raises(ValueError, match="flashinfer"):
+        LLM("tiny", device="cpu", attention="flashinfer", max_model_len=32)  # not installed, or no CUDA here
+    fake = types.SimpleNamespace(BatchDecodeWithPagedKVCacheWrapper=_FakeDecode,
+                                 BatchPrefillWithPagedKVCacheWrapper=_FakePrefill, __version__="stand-in")
+    monkeypatch.setattr(fb, "import_flashinfer", lambda: fake)
+    monkeypatch.setattr(fb.FlashInferBackend, "requires_cuda", False)
+    monkeypatch.setattr(_FakeWrapper, "plans", [])
+    with pytest.raises(ValueError, match="sinks"):
+        LLM("tiny-gpt-oss", device="cpu", attention="flashinfer", max_model_len=32)
+    ps = [prompt(n, seed=40 + n) for n in (3, 12, 7)]
+    kw = dict(device="cpu", max_model_len=32, max_num_seqs=4, max_num_batched_tokens=8, cuda_graph_sizes=[2, 4])
+    expected = [o.token_ids for o in LLM("tiny-gemma2", **kw).generate(ps, max_tokens=4)]
+    llm = LLM("tiny-gemma2", attention="flashinfer", **kw)  # softcap, windows on alternate layers, scale
+    llm.engine.runner.capture_graphs(emulate=True)
+    llm.engine.step_records = []
+    assert [o.token_ids for o in llm.generate(ps, max_tokens=4)] == expected
+    records = llm.engine.step_records
+    assert any(r["graph"] for r in records) and any(not r["decode"] for r in records)
+    kinds = {plan[:3] for plan in _FakeWrapper.plans}  # (wrapper, graph mode, window_left)
+    for w in (7, -1):  # window 8 and full layers: mixed steps split decode / prefill, graph decode
+        assert {("_FakeDecode", False, w), ("_FakePrefill", False, w), ("_FakeDecode", True, w)} <= kinds
+    assert all(cap == 50.0 for *_, cap in _FakeWrapper.plans)

@@ -26,7 +26,8 @@ import torch
 
 from pagedattn.bench.serve import select_device
 
-ATTENTIONS = ("pagedattn", "pagedattn-2d", "sdpa")
+ATTENTIONS = ("pagedattn", "pagedattn-2d", "sdpa", "flashinfer")
+DEFAULT_ATTENTIONS = ("pagedattn", "pagedattn-2d", "sdpa")
 FULL = dict(model="llama-3.1-8b", prompt_len=500, output_lens=(128, 1024), batch=64, batch_context=2048,
             batch_decode_steps=16, warmup_tokens=4)
 QUICK = dict(model="tiny", prompt_len=12, output_lens=(2, 4), batch=4, batch_context=16, batch_decode_steps=2,
@@ -36,7 +37,8 @@ QUICK = dict(model="tiny", prompt_len=12, output_lens=(2, 4), batch=4, batch_con
 def build_parser() -> argparse.ArgumentParser:
     summary = " ".join(__doc__.split("\n\n")[0].split()).replace("``", "")
     p = argparse.ArgumentParser(prog="pagedattn bench e2e", description=summary)
-    p.add_argument("--attention", action="append", help=f"comma list of {', '.join(ATTENTIONS)} (default: all)")
+    p.add_argument("--attention", action="append",
+                   help=f"comma list of {', '.join(ATTENTIONS)} (default: {','.join(DEFAULT_ATTENTIONS)})")
     p.add_argument("--quick", action="store_true", help="tiny preset and short runs (seconds on the CPU)")
     p.add_argument("--model", help="a preset, e.g. gemma3-4b, gemma2-9b, gpt-oss-20b, mistral-7b (default: "
                                    "llama-3.1-8b; tiny with --quick); random weights")
@@ -110,7 +112,7 @@ def run_attention(attention: str, model, mcfg, s: dict, args, device, dtype, rng
                         dtype=str(dtype).removeprefix("torch."), cuda_graph_sizes=[1], seed=args.seed)
     try:
         engine = Engine(model, mcfg, ecfg, eos_token_ids=())
-    except ValueError as e:  # an attention that cannot compute this model (SDPA: softcap, sinks)
+    except ValueError as e:  # an attention that cannot compute this model (SDPA: softcap, sinks) or is absent
         print(f"{attention:>12s}: not available: {e}", file=sys.stderr, flush=True)
         return [dict(attention=attention, batch=1, prompt_len=s["prompt_len"], output_len=0,
                      status=f"not available: {e}")]
@@ -202,7 +204,7 @@ def main(argv=None) -> int:
     from pagedattn.engine.weights import random_model
 
     names = []
-    for a in args.attention or [",".join(ATTENTIONS)]:
+    for a in args.attention or [",".join(DEFAULT_ATTENTIONS)]:
         names += [x.strip() for x in a.split(",") if x.strip()]
     unknown = [n for n in names if n not in ATTENTIONS]
     if unknown:

@@ -18,8 +18,10 @@ near 1 means the device waited for Python.
 
 Attentions: ``pagedattn`` (automatic path, persistent kernel in the decode graphs), ``pagedattn-2d``
 (the unified kernel everywhere), ``sdpa`` (torch SDPA over a contiguous static cache; cuDNN when
-it takes the shape) and ``flashinfer``, which the engine has no attention backend for: it is
-reported as not available (with whether the package is installed).
+it takes the shape) and ``flashinfer`` (FlashInfer's decode and prefill wrappers over the same
+paged cache, decode wrappers in the graphs; needs the package and a CUDA device, else it is
+reported as not available, with the reason). An attention that fails during the trace is
+reported as failed and the others still run.
 
 ``--quick``: the tiny preset and a handful of short requests (seconds on the CPU). On the CPU
 the kernels run in Triton's interpreter: those numbers say the benchmark works, not how fast
@@ -35,6 +37,7 @@ import math
 import os
 import sys
 import time
+import traceback
 from collections import deque
 
 import torch
@@ -172,10 +175,8 @@ def summarize(seqs, steps, wall_s: float) -> dict:
     )
 
 
-def flashinfer_reason() -> str:
-    installed = importlib.util.find_spec("flashinfer") is not None
-    return ("not available: the engine has no FlashInfer attention backend"
-            f" (flashinfer is {'installed' if installed else 'not installed'} here)")
+def flashinfer_installed() -> str:
+    return f"flashinfer is {'installed' if importlib.util.find_spec('flashinfer') else 'not installed'} here"
 
 
 def run_attention(attention: str, model, mcfg, s: dict, trace, warmup, args, device, dtype) -> dict:
@@ -183,9 +184,6 @@ def run_attention(attention: str, model, mcfg, s: dict, trace, warmup, args, dev
     from pagedattn.engine.llm import Engine
 
     rec = dict(attention=attention)
-    if attention == "flashinfer":
-        rec["status"] = flashinfer_reason()
-        return rec
     max_len = max(len(r["prompt"]) + r["output_len"] for r in trace + warmup)
     ecfg = EngineConfig(max_model_len=max_len, max_num_seqs=s["max_num_seqs"],
                         max_num_batched_tokens=s["max_num_batched_tokens"], num_blocks=args.num_blocks,
@@ -194,13 +192,20 @@ def run_attention(attention: str, model, mcfg, s: dict, trace, warmup, args, dev
     try:
         engine = Engine(model, mcfg, ecfg, eos_token_ids=())
     except (ValueError, RuntimeError, torch.OutOfMemoryError) as e:
-        rec["status"] = f"not available: {type(e).__name__}: {str(e)[:300]}"
+        reason = str(e)[:300]
+        if attention == "flashinfer":
+            reason += f" ({flashinfer_installed()})"
+        rec["status"] = f"not available: {reason}"
         return rec
     rec.update(status="ok", attention_note=engine.runner.attn.note, graph_note=engine.runner.graph_note)
-    if warmup:
-        run_trace(engine, warmup)  # compiles and autotunes the kernels of every kind of step
-    seqs, steps, wall = run_trace(engine, trace)
-    rec.update(summarize(seqs, steps, wall), preemptions=engine.scheduler.num_preemptions)
+    try:
+        if warmup:
+            run_trace(engine, warmup)  # compiles and autotunes the kernels of every kind of step
+        seqs, steps, wall = run_trace(engine, trace)
+        rec.update(summarize(seqs, steps, wall), preemptions=engine.scheduler.num_preemptions)
+    except Exception as e:  # noqa: BLE001 - a failed attention is a row of the table; the others still run
+        traceback.print_exc()
+        rec["status"] = f"failed: {type(e).__name__}: {str(e)[:300]}"
     del engine
     gc.collect()
     if device.type == "cuda":

@@ -1,5 +1,6 @@
 """Attention backends of the engine: pagedattn over the paged cache, or torch SDPA over a
-contiguous static cache (the baseline).
+contiguous static cache (the baseline); FlashInfer over the same paged cache lives in
+:mod:`pagedattn.engine.flashinfer_backend`.
 
 A backend owns its KV cache and is called per layer as ``backend(layer, q, k, v, meta)`` with
 q ``[num_tokens, num_q_heads, head_size]`` and k, v ``[num_tokens, num_kv_heads, head_size]``
@@ -83,10 +84,10 @@ class PagedBackend:
     def decode_layout(self, seqs):
         return list(seqs)
 
-    def step_plan(self, qsl, lens):
+    def step_plan(self, qsl, lens, table=None):
         return self._plan(qsl, lens, self.path)
 
-    def graph_plan(self, max_rows: int):
+    def graph_plan(self, max_rows: int, **_):
         """One plan for every captured decode graph: persistent with room for ``max_rows``
         sequences (path "auto"), or unified (its kernel reads only device metadata)."""
         qsl, lens = list(range(max_rows + 1)), [1] * max_rows
@@ -95,7 +96,7 @@ class PagedBackend:
         return self._plan(qsl, lens, "persistent", max_num_seqs=max_rows, max_num_tokens=max_rows,
                           max_context_len=self.ecfg.max_model_len)
 
-    def update_graph_plan(self, plan, qsl, lens) -> None:
+    def update_graph_plan(self, plan, qsl, lens, bucket=None) -> None:
         if plan.path == "persistent":
             plan.update(qsl, lens)
 
@@ -177,13 +178,13 @@ class SdpaBackend:
             rows[s.slot] = s
         return rows
 
-    def step_plan(self, qsl, lens):
+    def step_plan(self, qsl, lens, table=None):
         return None
 
-    def graph_plan(self, max_rows: int):
+    def graph_plan(self, max_rows: int, **_):
         return None
 
-    def update_graph_plan(self, plan, qsl, lens) -> None:
+    def update_graph_plan(self, plan, qsl, lens, bucket=None) -> None:
         pass
 
     def prepare(self, meta: StepMetadata) -> None:
@@ -247,5 +248,9 @@ class SdpaBackend:
 def make_backend(mcfg: ModelConfig, ecfg: EngineConfig, *, device, dtype):
     if ecfg.attention == "sdpa":
         return SdpaBackend(mcfg, ecfg, device=device, dtype=dtype)
+    if ecfg.attention == "flashinfer":
+        from pagedattn.engine.flashinfer_backend import FlashInferBackend
+
+        return FlashInferBackend(mcfg, ecfg, device=device, dtype=dtype)
     return PagedBackend(mcfg, ecfg, device=device, dtype=dtype,
                         path="unified" if ecfg.attention == "pagedattn-2d" else "auto")

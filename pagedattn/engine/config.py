@@ -7,7 +7,7 @@ import os
 from dataclasses import dataclass, field
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "gemma3", "gpt_oss")
-ATTENTION_BACKENDS = ("pagedattn", "pagedattn-2d", "sdpa")
+ATTENTION_BACKENDS = ("pagedattn", "pagedattn-2d", "sdpa", "flashinfer")
 FULL, SLIDING = "full_attention", "sliding_attention"
 
 
@@ -125,8 +125,10 @@ GPT_OSS_YARN = {"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0, "be
 
 def _gpt_oss(**kw) -> ModelConfig:
     n = kw["num_layers"]
+    # YaRN stretches original_max_position_embeddings by factor to max_position_embeddings
+    rope = dict(GPT_OSS_YARN, original_max_position_embeddings=kw["max_position_embeddings"] // 32)
     return ModelConfig(model_type="gpt_oss", layer_types=_alternate(n, 2), sinks=True, attention_bias=True,
-                       o_bias=True, norm="fp32", rope_parameters=dict(GPT_OSS_YARN), **kw)
+                       o_bias=True, norm="fp32", rope_parameters=rope, **kw)
 
 
 _TINY = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_layers=2, num_q_heads=4, num_kv_heads=2,

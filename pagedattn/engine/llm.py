@@ -201,7 +201,8 @@ class LLM:
     ----------
     model : str
         A preset (``"tiny"``, ``"llama-3.1-8b"``) or a folder with config.json and *.safetensors.
-    attention : ``"pagedattn"`` (automatic path), ``"pagedattn-2d"`` (unified path) or ``"sdpa"``.
+    attention : ``"pagedattn"`` (automatic path), ``"pagedattn-2d"`` (unified path), ``"sdpa"`` or
+        ``"flashinfer"`` (needs the package and a GPU).
     device, dtype : default CUDA/bfloat16 when a GPU is present, else CPU/float32 (interpreter).
     max_model_len : longest prompt + output (default min(max_position_embeddings, 4096)).
     max_num_seqs, max_num_batched_tokens, block_size, num_blocks, enforce_eager,

@@ -206,7 +206,7 @@ class ModelRunner:
         if batch.is_decode and not all_tokens:
             return self._decode(batch).float()
         host = self._eager_inputs(batch)
-        ids, meta = self._metadata(host, plan=self.attn.step_plan(host[4], host[5]))
+        ids, meta = self._metadata(host, plan=self.attn.step_plan(host[4], host[5], host[6]))
         select = None
         if not all_tokens:
             select = torch.tensor([host[4][i + 1] - 1 for i in range(len(batch.seqs)) if batch.samples(i)],
@@ -220,13 +220,14 @@ class ModelRunner:
         bucket = min((b for b in self.graphs if b >= len(layout)), default=None)
         if bucket is None:
             host = self._decode_inputs(layout, len(layout))
-            ids, meta = self._metadata(host, plan=self.attn.step_plan(host[4], host[5]), decode_rows=len(layout))
+            ids, meta = self._metadata(host, plan=self.attn.step_plan(host[4], host[5], host[6]),
+                                       decode_rows=len(layout))
             select = torch.tensor(select, dtype=torch.int64).to(self.device)
             return self._timed(lambda: self._forward(ids, meta, select))
         host = self._decode_inputs(layout, bucket)
         self.graph_inputs.write(host, select)  # enqueued before plan.update's host work, which they overlap
         qsl, lens, n = host[4], host[5], len(layout)
-        self.attn.update_graph_plan(self.graph_plan, qsl[:n + 1], lens[:n])
+        self.attn.update_graph_plan(self.graph_plan, qsl[:n + 1], lens[:n], bucket=host)
         logits = self._timed(self.graphs[bucket])
         self.last_used_graph = True
         return logits.index_select(0, self.graph_inputs.select[:len(select)])
@@ -264,7 +265,7 @@ class ModelRunner:
         top = sizes[0]
         self.graph_inputs = GraphInputs(top, self.pages_per_seq, self.padding_row, self.device)
         self.static = self.graph_inputs.static
-        self.graph_plan = self.attn.graph_plan(top)
+        self.graph_plan = self.attn.graph_plan(top, sizes=sizes, pages=self.pages_per_seq)
         self.graphs = {}
         if emulate:
             self.graphs = {size: (lambda size=size: self._graph_forward(size)) for size in sizes}
@@ -273,7 +274,8 @@ class ModelRunner:
         pool = None
         try:
             for size in sizes:
-                self.attn.update_graph_plan(self.graph_plan, list(range(size + 1)), [1] * size)
+                self.attn.update_graph_plan(self.graph_plan, list(range(size + 1)), [1] * size,
+                                            bucket=self._decode_inputs([], size))
                 self._graph_forward(size)  # compiles and autotunes outside the capture
                 torch.cuda.synchronize()
                 graph = torch.cuda.CUDAGraph()
