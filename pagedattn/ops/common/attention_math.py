@@ -26,7 +26,7 @@ ALIBI_SQRT = tl.constexpr(2)
 @triton.jit
 def tanh(x):
     """tanh from exp2, portable to every backend and the interpreter."""
-    e = tl.exp2(-2.0 * LOG2E * tl.abs(x))
+    e = tl.exp2(tl.abs(x) * (-2.0 * LOG2E))  # tensor first: Triton 3.8's interpreter rejects constexpr * tensor here
     t = (1.0 - e) / (1.0 + e)
     return tl.where(x < 0, -t, t)
 
