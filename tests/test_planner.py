@@ -1,0 +1,47 @@
+"""The planner's choices that change what runs: unequal decode lengths cut at fixed positions
+(balanced work), checked against the float64 reference."""
+
+import pytest
+import torch
+
+from pagedattn import paged_attention, plan_attention
+from pagedattn.plan import MIN_SEGMENT_TOKENS, balanced_segment
+from pagedattn.reference import paged_attention_ref
+from pagedattn.testing import assert_matches_reference, make_paged_batch
+from tests.conftest import DEVICE
+
+H200 = dict(block_q=4, tile_n=64, num_kv_heads=8, sms=132, sliding_window=None)
+
+
+def test_long_among_short_is_cut_at_fixed_positions():
+    lens = [16384] * 2 + [512] * 126
+    segment = balanced_segment([1] * 128, lens, splits=1, **H200)
+    assert segment % 64 == 0 and segment >= MIN_SEGMENT_TOKENS
+    assert 16384 / segment <= 16  # the long sequences in pieces near the even share
+    assert segment < 4 * 512  # and no short sequence cut into many
+
+
+@pytest.mark.parametrize("lens, splits", [([4096] * 32, 1), ([512] * 128, 1), ([32768], 32)],
+                         ids=["uniform", "short", "single"])
+def test_uniform_batches_keep_the_uniform_rule(lens, splits):
+    """``splits``: what the uniform rule gives these batches on 132 SMs."""
+    assert balanced_segment([1] * len(lens), lens, splits=splits, **H200) == 0
+
+
+def test_window_bounds_the_work():
+    lens = [16384] * 2 + [512] * 126
+    assert balanced_segment([1] * 128, lens, splits=1, **dict(H200, sliding_window=512)) == 0
+
+
+def test_balanced_plan_is_right():
+    """A long context among short decodes, planned: split-KV at fixed positions, right result."""
+    cases = [(1, 700)] + [(1, 20)] * 6 + [(2, 33)]
+    b = make_paged_batch(cases, num_q_heads=4, num_kv_heads=2, head_size=32, device=DEVICE)
+    plan = plan_attention(b.query_start_loc.tolist(), b.seq_lens.tolist(), num_q_heads=4, num_kv_heads=2,
+                          head_size=32, device=DEVICE)
+    assert plan.path == "split_kv" and plan.segment_size > 0 and plan.num_splits > 1
+    out = torch.full_like(b.q, float("nan"))
+    lse = torch.full(b.q.shape[:2], float("nan"), device=DEVICE)
+    paged_attention(*b.args(), plan=plan, out=out, lse_out=lse)
+    ref, ref_lse = paged_attention_ref(*b.args())
+    assert_matches_reference(out, lse, ref, ref_lse)
