@@ -317,27 +317,29 @@ def _layout_key(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, out
                 sinks, prefix_ranges, k_scale, v_scale):
     """Everything a call's launches depend on but its tensors' addresses: two calls with equal keys
     launch the same kernels with the same grids and arguments up to those addresses (and pass or
-    fail the same checks)."""
-    return (
-        q.shape, q.stride(), q.dtype, q.device.index, q.requires_grad and torch.is_grad_enabled(),
-        k_cache.shape, k_cache.stride(), k_cache.dtype, k_cache.device,
-        v_cache.shape, v_cache.stride(), v_cache.dtype, v_cache.device,
-        block_table.shape, block_table.stride(), block_table.dtype, block_table.device,
-        seq_lens.shape, seq_lens.stride(), seq_lens.dtype, seq_lens.device,
-        query_start_loc.shape, query_start_loc.stride(), query_start_loc.dtype, query_start_loc.device,
-        None if out is None else (out.shape, out.stride(), out.dtype, out.device),
-        None if lse_out is None else (lse_out.shape, lse_out.stride(), lse_out.dtype, lse_out.device),
-        return_lse, max_query_len, max_seq_len, scale, causal, sliding_window, softcap,
-        None if alibi_slopes is None else (alibi_slopes.shape, alibi_slopes.stride(), alibi_slopes.dtype,
-                                           alibi_slopes.device),
-        alibi_sqrt,
-        None if sinks is None else (sinks.shape, sinks.stride(), sinks.dtype, sinks.device),
-        None if prefix_ranges is None else (prefix_ranges.shape, prefix_ranges.stride(), prefix_ranges.dtype,
-                                            prefix_ranges.device),
-        k_scale if not isinstance(k_scale, torch.Tensor) else (k_scale.shape, k_scale.dtype, k_scale.device),
-        v_scale if not isinstance(v_scale, torch.Tensor) else (v_scale.shape, v_scale.dtype, v_scale.device),
-        _current_stream(q.device.index),
+    fail the same checks). Written out flat: it runs on every call of the thin path."""
+    dev = q.get_device()
+    key = (
+        q.shape, q.stride(), q.dtype, dev, q.requires_grad and torch.is_grad_enabled(),
+        k_cache.shape, k_cache.stride(), k_cache.dtype, k_cache.get_device(),
+        v_cache.shape, v_cache.stride(), v_cache.dtype, v_cache.get_device(),
+        block_table.shape, block_table.stride(), block_table.dtype, block_table.get_device(),
+        seq_lens.shape, seq_lens.stride(), seq_lens.dtype, seq_lens.get_device(),
+        query_start_loc.shape, query_start_loc.stride(), query_start_loc.dtype, query_start_loc.get_device(),
+        return_lse, max_query_len, max_seq_len, scale, causal, sliding_window, softcap, alibi_sqrt,
+        torch._C._cuda_getCurrentRawStream(dev),
     )
+    if out is not None:
+        key += (out.shape, out.stride(), out.dtype, out.get_device())
+    if lse_out is not None:
+        key += ("lse", lse_out.shape, lse_out.stride(), lse_out.dtype, lse_out.get_device())
+    for name, t in (("alibi", alibi_slopes), ("sinks", sinks), ("prefix", prefix_ranges)):
+        if t is not None:
+            key += (name, t.shape, t.stride(), t.dtype, t.get_device())
+    for name, x in (("k_scale", k_scale), ("v_scale", v_scale)):
+        if x is not None:
+            key += (name, (x.shape, x.dtype, x.get_device()) if isinstance(x, torch.Tensor) else x)
+    return key
 
 
 def _run_unified(out, lse, args: AttentionArgs, plan: AttentionPlan) -> None:

@@ -229,10 +229,14 @@ def test_prefill_plan_short_tiles(cases, short, monkeypatch):
 def test_eager_short_tiles(kv_len, short, monkeypatch):
     """Eager paged and varlen calls apply the rule too (from host sizes, no sync), and stay correct."""
     import pagedattn.api as api
+    import pagedattn.plan as plan
 
     asked = []
     real = api.pick_prefill_tiles
-    monkeypatch.setattr(api, "pick_prefill_tiles", lambda h, d, short=False: asked.append(short) or real(h, d, short=short))
+    spy = lambda h, d, short=False: asked.append(short) or real(h, d, short=short)  # noqa: E731
+    monkeypatch.setattr(api, "pick_prefill_tiles", spy)  # varlen_attention
+    monkeypatch.setattr(plan, "pick_prefill_tiles", spy)  # the plan of a call without one
+    monkeypatch.setattr(plan, "_CALL_PLANS", {})  # plan this call afresh
     g = torch.Generator().manual_seed(kv_len)
     batch = make_paged_batch([(130, kv_len)], dtype=torch.float16, device=DEVICE, generator=g)
     out = paged_attention(*batch.args(), max_query_len=130, max_seq_len=kv_len, out=torch.full_like(batch.q, float("nan")))

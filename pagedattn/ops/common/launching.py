@@ -167,7 +167,7 @@ class Tape:
                 launches.append((op, None))
         for op, args in launches:
             if args is not None:
-                op.run(*op.grid, op.stream, op.function, op.packed_metadata, None, None, None, *args)
+                op.call(*op.prefix, *args)
             else:
                 waiter, waitee, event = op
                 event.record(waitee)
@@ -180,13 +180,29 @@ class _NotReplayable(Exception):
 
 
 class _Launch:
-    __slots__ = ("run", "function", "packed_metadata", "grid", "stream", "values", "slots")
+    """One recorded launch: ``call(*prefix, *args)`` launches it.
+
+    Through Triton 3.6's CUDA launcher the call goes to its compiled ``launch`` function directly
+    when the kernel needs no scratch memory and no tensor descriptors (the launcher's Python
+    wrapper only allocates those): one Python frame less per launch. Otherwise, and on other
+    backends, through the launcher as the JIT calls it.
+    """
+
+    __slots__ = ("call", "prefix", "values", "slots")
 
     def __init__(self, compiled, grid, stream, values, slots):
-        self.run = compiled.run  # the launcher (initializes the module's handles once)
-        self.function = compiled.function
-        self.packed_metadata = compiled.packed_metadata
-        self.grid = grid
-        self.stream = stream
+        launcher = compiled.run  # initializes the module's handles once
+        tail = (compiled.packed_metadata, None, None, None)  # launch metadata and hooks: none
+        raw = getattr(launcher, "launch", None)
+        direct = (raw is not None and type(raw).__name__ == "builtin_function_or_method"
+                  and getattr(launcher, "global_scratch_size", 1) == 0
+                  and getattr(launcher, "profile_scratch_size", 1) == 0)
+        if direct:
+            self.call = raw
+            self.prefix = (*grid, stream, compiled.function, launcher.launch_cooperative_grid, launcher.launch_pdl,
+                           None, None, *tail)
+        else:
+            self.call = launcher
+            self.prefix = (*grid, stream, compiled.function, *tail)
         self.values = values
         self.slots = slots
