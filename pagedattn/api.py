@@ -569,7 +569,8 @@ def merge_attention_states(
 
     ``out = (e^{lse_a} out_a + e^{lse_b} out_b) / (e^{lse_a} + e^{lse_b})`` and
     ``lse = log(e^{lse_a} + e^{lse_b})`` (natural log). A side with lse -inf contributes
-    nothing; both -inf gives out 0 and lse -inf.
+    nothing (it is not read); both -inf gives out 0 and lse -inf. A NaN or +inf lse on either
+    side gives out NaN and lse NaN, so a chain of merges never hides a corrupted state.
 
     Parameters
     ----------
