@@ -235,6 +235,7 @@ def mla_rows(device, dtype, *, quick, calls, runs, seed, progress) -> list[dict]
         fn()
         ref, _ = mla_decode_ref(*args, scale=scale,
                                 compute_dtype=torch.float32 if device.type == "cuda" else torch.float64)
+        ref = ref.double()  # the comparison helpers take the reference in float64
         err = max_errors(out, None, ref, None)[0]
         tol = TOLERANCES[dtype][0]
         ok = within_tolerance(out, None, ref, None)
