@@ -16,13 +16,14 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import subprocess
-import tempfile
 
-from compile_sm90 import base_fn, compile_and_report, ptxas_dir  # this folder (the script's path comes first)
+from compile_sm90 import compile_launch, intercept_launches, report  # this folder (the script's path comes first)
+
+import torch
 
 import pagedattn
-from pagedattn.ops.mla.kernel import mla_decode_kernel
+from pagedattn.ops.common import offsets
+from pagedattn.ops.mla.launch import MLAConfig, launch_mla_decode
 
 TTGIR_OPS = ("async_copy_global_to_local", "async_tma_copy", "async_wait", "warp_group_dot ", "warp_group_dot_wait",
              "local_load", "local_store", "local_alloc", "gather", "gpu.barrier", "scf.for", "scf.if")
@@ -54,47 +55,21 @@ def sass_loops(sass):
 
 def compile_one(name, *, page=16, large_cache=False, fp8=False, splits=True, dump=None):
     block_h, block_q, tile_n, value_split, warps, stages = CONFIGS[name]
-    fn = base_fn(mla_decode_kernel)
-    cache_ty = "*fp8e4nv" if fp8 else "*bf16"
-    ptrs = {"out_ptr": "*fp32" if splits else "*bf16", "lse_ptr": "*fp32", "q_nope_ptr": "*bf16",
-            "q_pe_ptr": "*bf16", "kv_cache_ptr": cache_ty, "block_table_ptr": "*i32", "seq_lens_ptr": "*i32",
-            "query_start_loc_ptr": "*i32"}
-    if fp8:
-        ptrs["kv_scale_ptr"] = "*fp32"
-    constexprs = dict(
-        LATENT_DIM=512, LATENT_PAD=512, ROPE_DIM=64, ROPE_PAD=64, PAGE_SIZE=page, BLOCK_H=block_h,
-        BLOCK_Q=block_q, BLOCK_M=block_h * block_q, TILE_N=tile_n, VALUE_SPLIT=value_split,
-        LARGE_CACHE=large_cache, DOT_PRECISION="tf32", RETURN_LSE=True, KV_FP8=fp8, USE_PDL=splits,
-    )
-    signature, cvals = {}, {}
-    for i, arg in enumerate(fn.arg_names):
-        if arg in constexprs:
-            signature[arg] = "constexpr"
-            cvals[(i,)] = constexprs[arg]
-        elif arg in ptrs:
-            signature[arg] = ptrs[arg]
-        elif arg == "kv_scale_ptr":
-            signature[arg] = "constexpr"
-            cvals[(i,)] = None
-        elif arg == "scale":
-            signature[arg] = "fp32"
-        else:
-            signature[arg] = "i32"
-    k, usage, stats = compile_and_report(fn, signature, cvals, warps, stages, ops=TTGIR_OPS)
-    bindir = ptxas_dir()
-    # spill bytes (ptxas -v on the same PTX) and spill instructions in the SASS
-    with tempfile.TemporaryDirectory() as d:
-        ptx = os.path.join(d, "k.ptx")
-        with open(ptx, "w") as f:
-            f.write(k.asm["ptx"])
-        info = subprocess.run([os.path.join(bindir, "ptxas"), "--gpu-name", "sm_90a", "-v", ptx, "-o",
-                               os.path.join(d, "k.cubin")], capture_output=True, text=True).stderr
-        sass = subprocess.run([os.path.join(bindir, "cuobjdump"), "-sass", os.path.join(d, "k.cubin")],
-                              capture_output=True, text=True).stdout
-    spill = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", info)
-    usage += f" spill_st={spill.group(1)}B spill_ld={spill.group(2)}B" if spill else ""
-    stl, ldl = len(re.findall(r"\bSTL", sass)), len(re.findall(r"\bLDL", sass))
-    usage += f" STL={stl} LDL={ldl}"
+    tokens, heads, latent, rope, blocks, seqs = 64, 128, 512, 64, 512, 16
+    bf = torch.bfloat16
+    offsets.INT32_OFFSET_LIMIT = 0 if large_cache else 2**31
+    launched = intercept_launches()
+    num_splits = 8 if splits else 1
+    launch_mla_decode(
+        torch.empty(tokens, heads, latent, dtype=bf), torch.empty(tokens, heads),
+        torch.empty(tokens, heads, latent, dtype=bf), torch.empty(tokens, heads, rope, dtype=bf),
+        torch.empty(blocks, page, latent + rope, dtype=torch.float8_e4m3fn if fp8 else bf),
+        torch.zeros(seqs, 256, dtype=torch.int32), torch.zeros(seqs, dtype=torch.int32),
+        torch.zeros(seqs + 1, dtype=torch.int32), scale=0.1, kv_scale=torch.ones(1) if fp8 else None,
+        config=MLAConfig(block_h, block_q, tile_n, value_split, warps, stages), num_splits=num_splits,
+        partial_out=torch.empty(tokens, heads, num_splits, latent), partial_lse=torch.empty(tokens, heads, num_splits))
+    k = compile_launch(*launched[0])  # the decode kernel (then the merge)
+    usage, stats, sass = report(k, TTGIR_OPS)
     loops = sass_loops(sass)
     print(f"mla {name} h{block_h}q{block_q}-n{tile_n}-v{value_split}-w{warps}-s{stages} page={page} "
           f"large={large_cache} fp8={fp8} splits={splits}: {usage} smem={k.metadata.shared} {stats}", flush=True)
@@ -105,10 +80,9 @@ def compile_one(name, *, page=16, large_cache=False, fp8=False, splits=True, dum
     if dump:
         os.makedirs(dump, exist_ok=True)
         tag = f"mla_{name}_p{page}{'_large' if large_cache else ''}{'_fp8' if fp8 else ''}"
-        for ext in ("ttgir", "ptx", "sass"):
-            if ext in k.asm:
-                with open(os.path.join(dump, f"{tag}.{ext}"), "w") as f:
-                    f.write(k.asm[ext] if isinstance(k.asm[ext], str) else "")
+        for ext, text in (("ttgir", k.asm["ttgir"]), ("ptx", k.asm["ptx"]), ("sass", sass)):
+            with open(os.path.join(dump, f"{tag}.{ext}"), "w") as f:
+                f.write(text)
 
 
 def main(argv=None) -> int:

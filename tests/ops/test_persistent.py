@@ -187,3 +187,46 @@ def test_persistent_work_list_edges():
         assert torch.equal(again[0], want[0]) and torch.equal(again[1], want[1])
     with pytest.raises(ValueError, match="sequence lengths"):
         persistent_work_list([0, 1, 2], [5], **kw)
+
+
+def test_corrupt_work_list_writes_no_row_past_num_tokens():
+    """Whatever the work list says (a sequence, KV head or split out of range, a reduce row past
+    the batch or with too many splits), the persistent kernels write no row of out or lse at or
+    past num_tokens, and the items left intact still give the reference."""
+    from pagedattn.ops.common.bundles import AttentionArgs
+    from pagedattn.ops.persistent.launch import launch_persistent
+    from tests.ops.test_unified import guard_rows_untouched, guarded_outputs
+
+    g = torch.Generator().manual_seed(41)
+    cases = [(1, 300), (3, 40), (1, 200)]
+    batch = make_paged_batch(cases, dtype=torch.float32, device=DEVICE, generator=g)
+    num_tokens, num_heads, head_size = batch.q.shape
+    plan = plan_attention(batch.query_start_loc, batch.seq_lens, num_q_heads=num_heads, num_kv_heads=2,
+                          head_size=head_size, device=DEVICE, path="persistent", num_programs=64)
+    num_items, num_rows = int(plan.work_counts[0]), int(plan.work_counts[1])
+    items, rows = plan.work_items[:num_items], plan.reduce_rows[:num_rows]
+    assert num_rows > 0 and bool((items[:, 4] > 1).any())
+    last = int((items[:, 0] == 2).nonzero()[0])  # an item of the last sequence (the last token's rows)
+    split_item = int((items[:, 4] > 1).nonzero()[-1])
+    seq_of_token = torch.repeat_interleave(torch.arange(len(cases)), torch.tensor([q for q, _ in cases]))
+    touched = {int(items[i, 0]) for i in (0, last, split_item)}
+    touched |= {int(seq_of_token[int(rows[i, 0])]) for i in (0, -1)}
+    items[last, 2] = 2  # a KV head past num_kv_heads: its query heads would address the next token's row
+    items[split_item, 3] = plan.partial_out.shape[2] + 1  # a split past the partial buffers
+    items[0, 0] = len(cases) + 3  # a sequence past the metadata
+    rows[0, 0] = num_tokens  # a reduce row past the batch
+    rows[-1, 1] = 10**6  # more splits than the buffers hold
+    plan.partial_out.fill_(float("nan"))
+    a = AttentionArgs(q=batch.q, k_cache=batch.k_cache, v_cache=batch.v_cache, block_table=batch.block_table,
+                      seq_lens=batch.seq_lens, query_start_loc=batch.query_start_loc, scale=head_size ** -0.5,
+                      causal=True, sliding_window=0, softcap=0.0, alibi_mode=0, alibi_slopes=None, sinks=None,
+                      prefix_ranges=None, k_scale=None, v_scale=None)
+    out, lse, out_buf, lse_buf = guarded_outputs(batch.q)
+    launch_persistent(out, lse, a, plan)
+    assert guard_rows_untouched(out_buf, lse_buf, num_tokens)
+    # the sequences whose items and reduce rows were left intact are exact
+    ref_out, _ = paged_attention_ref(*batch.args())
+    assert len(touched) < len(cases)
+    for s in set(range(len(cases))) - touched:
+        r = slice(int(batch.query_start_loc[s]), int(batch.query_start_loc[s + 1]))
+        torch.testing.assert_close(out[r].double(), ref_out[r], atol=2e-4, rtol=2e-4)

@@ -183,3 +183,58 @@ def test_more_sequences_than_one_search_block():
     batch = make_paged_batch(cases, num_q_heads=2, num_kv_heads=1, head_size=16, dtype=torch.float32,
                              device=DEVICE, generator=g)
     run_and_compare(batch, {"sliding_window": 20}, dtype=torch.float32)
+
+
+GUARD_ROWS = 3
+SENTINEL = 1234.5  # a finite value no kernel computes here, so a stray write of any value shows
+
+
+def guarded_outputs(q):
+    """(out, lse, out_buf, lse_buf): out / lse are the first num_tokens rows of buffers whose
+    GUARD_ROWS rows past num_tokens hold SENTINEL."""
+    num_tokens, num_heads, head_size = q.shape
+    out_buf = torch.full((num_tokens + GUARD_ROWS, num_heads, head_size), SENTINEL, dtype=q.dtype, device=q.device)
+    lse_buf = torch.full((num_tokens + GUARD_ROWS, num_heads), SENTINEL, dtype=torch.float32, device=q.device)
+    out_buf[:num_tokens] = float("nan")
+    return out_buf[:num_tokens], lse_buf[:num_tokens], out_buf, lse_buf
+
+
+def guard_rows_untouched(out_buf, lse_buf, num_tokens):
+    return bool((out_buf[num_tokens:] == SENTINEL).all()) and bool((lse_buf[num_tokens:] == SENTINEL).all())
+
+
+@pytest.mark.parametrize("path", ["unified", "split_kv", "prefill"])
+def test_corrupt_query_start_loc_writes_no_row_past_num_tokens(path):
+    """query_start_loc entries past num_tokens (and a decreasing one): the kernels write no row of
+    out or lse at or past num_tokens, and the sequence before the corruption stays exact."""
+    from pagedattn.ops.common.bundles import AttentionArgs
+    from pagedattn.ops.common.tiles import Tiles
+    from pagedattn.ops.prefill.launch import launch_prefill
+    from pagedattn.ops.split_kv.launch import launch_split_kv
+    from pagedattn.ops.unified.launch import launch_unified
+
+    g = torch.Generator().manual_seed(31)
+    cases = [(40, 70), (3, 40), (2, 35)] if path == "prefill" else [(1, 70), (3, 40), (2, 35)]
+    batch = make_paged_batch(cases, dtype=torch.float32, device=DEVICE, generator=g)
+    num_tokens, num_heads, head_size = batch.q.shape
+    ref_out, _ = paged_attention_ref(*batch.args())
+    qsl = batch.query_start_loc.clone()
+    qsl[2] = num_tokens + 5  # sequence 1 claims rows past the batch
+    qsl[3] = num_tokens + 40
+    a = AttentionArgs(q=batch.q, k_cache=batch.k_cache, v_cache=batch.v_cache, block_table=batch.block_table,
+                      seq_lens=batch.seq_lens, query_start_loc=qsl, scale=head_size ** -0.5, causal=True,
+                      sliding_window=0, softcap=0.0, alibi_mode=0, alibi_slopes=None, sinks=None, prefix_ranges=None,
+                      k_scale=None, v_scale=None)
+    out, lse, out_buf, lse_buf = guarded_outputs(batch.q)
+    if path == "unified":
+        launch_unified(out, lse, a, Tiles(16, 8, 16, 1, 1))
+    elif path == "split_kv":
+        partial_out = torch.full((num_tokens, num_heads, 4, head_size), float("nan"), device=DEVICE)
+        partial_lse = torch.full((num_tokens, num_heads, 4), float("nan"), device=DEVICE)
+        launch_split_kv(out, lse, a, Tiles(16, 8, 16, 1, 1), num_splits=4, segment_size=0,
+                        partial_out=partial_out, partial_lse=partial_lse)
+    else:
+        launch_prefill(out, lse, a, Tiles(16, 16, 16, 1, 1), max_query_len=num_tokens + 40)
+    assert guard_rows_untouched(out_buf, lse_buf, num_tokens)
+    rows = slice(0, int(qsl[1]))
+    torch.testing.assert_close(out[rows].double(), ref_out[rows], atol=2e-4, rtol=2e-4)

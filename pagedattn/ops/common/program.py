@@ -3,9 +3,16 @@
 A program owns one Q block (BLOCK_Q query tokens of one sequence x the NUM_QUERIES_PER_KV
 query heads of one KV head, BLOCK_M rows in all) and a range of that sequence's keys. The 2D
 kernel gives it every visible key; the split-KV kernel one segment; the persistent kernel takes
-(Q block, segment) items from a work list. Pointers, strides and flags follow the kernels'
-argument names.
+(Q block, segment) items from a work list. The large-tile prefill kernel shares the visibility
+rules, the score modifiers and the block-table reads.
+
+Arguments are the bundles of ``pagedattn.ops.common.bundles``: ``queries``, ``kv``, ``mods``,
+``n`` (the sizes), ``CFG`` (the constexpr config). The score modifiers are applied in two places
+only, ``mod_scores`` and ``visible``: a new modifier is a field of ``ScoreMods`` and a few lines
+there (docs/architecture.md).
 """
+
+from typing import NamedTuple
 
 import triton
 import triton.language as tl
@@ -15,11 +22,37 @@ from pagedattn.ops.common.attention_math import (
     causal_window_mask,
     finalize_softmax,
     online_softmax_step,
+    online_softmax_step_finite,
     scores_log2,
 )
 
 
 SEARCH_BLOCK = tl.constexpr(256)  # sequences compared per step of find_q_block
+
+
+class QBlock(NamedTuple):
+    """A Q block's sequence (its index, first token, query count, KV length) and its index
+    among the sequence's blocks (built in the kernels)."""
+
+    seq: object
+    q_start: object
+    q_len: object
+    seq_len: object
+    q_block_local: object
+
+
+class QTile(NamedTuple):
+    """A program's queries and what stays fixed per row while its keys stream past (built in
+    the kernels)."""
+
+    q: object  # [BLOCK_M, HEAD_SIZE_PAD]
+    q_pos: object  # [BLOCK_M] absolute positions
+    row_ok: object  # [BLOCK_M]
+    slope: object  # [BLOCK_M] ALiBi slopes (0.0 without)
+    k_scale: object  # an fp8 cache's dequantization factors (1.0 without)
+    v_scale: object
+    seq: object
+    kv_head: object
 
 
 @triton.jit
@@ -66,37 +99,8 @@ def find_q_block(query_start_loc_ptr, seq_lens_ptr, q_block_idx, num_seqs,
 
 
 @triton.jit
-def prefix_visible(prefix_ranges_ptr, seq, stride_pr_s, stride_pr_r, num_prefix_ranges, q_pos, k_pos):
-    """[M, N]: the pair (p, k) lies inside one bidirectional prefix range of sequence ``seq``."""
-    vis = (q_pos[:, None] < 0) & (k_pos[None, :] < 0)  # all False (keys are >= 0), [M, N]
-    base = prefix_ranges_ptr + seq * stride_pr_s
-    for r in range(num_prefix_ranges):
-        start = tl.load(base + r * stride_pr_r)
-        end = tl.load(base + r * stride_pr_r + 1)
-        in_q = (q_pos >= start) & (q_pos < end)
-        in_k = (k_pos >= start) & (k_pos < end)
-        vis = vis | (in_q[:, None] & in_k[None, :])
-    return vis
-
-
-@triton.jit
-def prefix_kv_bounds(prefix_ranges_ptr, seq, stride_pr_s, stride_pr_r, num_prefix_ranges,
-                     p_first, p_last, kv_lo, kv_hi):
-    """Widen [kv_lo, kv_hi) to every prefix range that holds a query position of the block."""
-    base = prefix_ranges_ptr + seq * stride_pr_s
-    for r in range(num_prefix_ranges):
-        start = tl.load(base + r * stride_pr_r)
-        end = tl.load(base + r * stride_pr_r + 1)
-        hit = (start < end) & (start <= p_last) & (end > p_first)
-        kv_lo = tl.where(hit, tl.minimum(kv_lo, start), kv_lo)
-        kv_hi = tl.where(hit, tl.maximum(kv_hi, end), kv_hi)
-    return kv_lo, kv_hi
-
-
-@triton.jit
-def locate_q_block(query_start_loc_ptr, seq_lens_ptr, q_block_idx, num_seqs, max_q_len_served,
-                   BLOCK_Q: tl.constexpr):
-    """(seq, q_start, q_len, seq_len, q_block_local, valid) of global Q block ``q_block_idx``.
+def locate_q_block(queries, q_block_idx, n, max_q_len_served, CFG: tl.constexpr):
+    """(QBlock, valid) of global Q block ``q_block_idx``.
 
     Sequences with more than ``max_q_len_served`` queries are not valid here: the large-tile
     prefill kernel serves them in the same call.
@@ -105,76 +109,150 @@ def locate_q_block(query_start_loc_ptr, seq_lens_ptr, q_block_idx, num_seqs, max
     pages inside the block table and the cache (see ``q_block_rows`` and ``attend_kv_range``).
     """
     seq, q_start, q_len, seq_len, q_block_local, found = find_q_block(
-        query_start_loc_ptr, seq_lens_ptr, q_block_idx, num_seqs, BLOCK_Q, True
+        queries.query_start_loc, queries.seq_lens, q_block_idx, n.num_seqs, CFG.BLOCK_Q, True
     )
-    valid = found & (q_block_local >= 0) & (q_block_local * BLOCK_Q < q_len) & (q_len <= max_q_len_served)
-    return seq, q_start, q_len, seq_len, q_block_local, valid
+    valid = found & (q_block_local >= 0) & (q_block_local * CFG.BLOCK_Q < q_len) & (q_len <= max_q_len_served)
+    return QBlock(seq, q_start, q_len, seq_len, q_block_local), valid
 
 
 @triton.jit
-def q_block_rows(q_start, q_len, q_block_local, context_len, kv_head, num_tokens,
-                 NUM_QUERIES_PER_KV: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr):
+def q_block_rows(blk, context_len, kv_head, num_tokens, CFG: tl.constexpr):
     """Per row of the block: (token index int64, q head int64, row valid, absolute position).
 
     A row is valid only inside its sequence and inside [0, num_tokens), whatever
     query_start_loc says.
     """
-    offs_m = tl.arange(0, BLOCK_M)
-    q_tok = q_block_local * BLOCK_Q + offs_m // NUM_QUERIES_PER_KV  # within the sequence
-    head = kv_head * NUM_QUERIES_PER_KV + offs_m % NUM_QUERIES_PER_KV
-    token = (q_start + q_tok).to(tl.int64)
-    row_ok = (offs_m < BLOCK_Q * NUM_QUERIES_PER_KV) & (q_tok < q_len) & (token >= 0) & (token < num_tokens)
+    offs_m = tl.arange(0, CFG.BLOCK_M)
+    q_tok = blk.q_block_local * CFG.BLOCK_Q + offs_m // CFG.NUM_QUERIES_PER_KV  # within the sequence
+    head = kv_head * CFG.NUM_QUERIES_PER_KV + offs_m % CFG.NUM_QUERIES_PER_KV
+    token = (blk.q_start + q_tok).to(tl.int64)
+    row_ok = ((offs_m < CFG.BLOCK_Q * CFG.NUM_QUERIES_PER_KV) & (q_tok < blk.q_len) & (token >= 0)
+              & (token < num_tokens))
     return token, head.to(tl.int64), row_ok, context_len + q_tok
 
 
 @triton.jit
-def visible_kv_bounds(prefix_ranges_ptr, seq, stride_pr_s, stride_pr_r, num_prefix_ranges,
-                      seq_len, q_len, context_len, q_block_local, sliding_window,
-                      BLOCK_Q: tl.constexpr, IS_CAUSAL: tl.constexpr, USE_PREFIX: tl.constexpr):
+def prefix_visible(mods, seq, num_prefix_ranges, q_pos, k_pos):
+    """[M, N]: the pair (p, k) lies inside one bidirectional prefix range of sequence ``seq``."""
+    vis = (q_pos[:, None] < 0) & (k_pos[None, :] < 0)  # all False (keys are >= 0), [M, N]
+    base = mods.prefix_ranges + seq * mods.stride_pr_s
+    for r in range(num_prefix_ranges):
+        start = tl.load(base + r * mods.stride_pr_r)
+        end = tl.load(base + r * mods.stride_pr_r + 1)
+        in_q = (q_pos >= start) & (q_pos < end)
+        in_k = (k_pos >= start) & (k_pos < end)
+        vis = vis | (in_q[:, None] & in_k[None, :])
+    return vis
+
+
+@triton.jit
+def visible_kv_bounds(blk, mods, n, CFG: tl.constexpr):
     """[kv_lo, kv_hi): the keys that any row of the Q block can see."""
-    p_first = context_len + q_block_local * BLOCK_Q
-    p_last = tl.minimum(p_first + BLOCK_Q, context_len + q_len) - 1
-    kv_lo = seq_len * 0
-    kv_hi = seq_len
-    if IS_CAUSAL:
+    context_len = blk.seq_len - blk.q_len
+    p_first = context_len + blk.q_block_local * CFG.BLOCK_Q
+    p_last = tl.minimum(p_first + CFG.BLOCK_Q, context_len + blk.q_len) - 1
+    kv_lo = blk.seq_len * 0
+    kv_hi = blk.seq_len
+    if CFG.IS_CAUSAL:
         kv_hi = tl.minimum(kv_hi, p_last + 1)
-    if sliding_window > 0:
-        kv_lo = tl.maximum(kv_lo, p_first - sliding_window + 1)
-        if not IS_CAUSAL:
-            kv_hi = tl.minimum(kv_hi, p_last + sliding_window)
-    if USE_PREFIX:
-        kv_lo, kv_hi = prefix_kv_bounds(
-            prefix_ranges_ptr, seq, stride_pr_s, stride_pr_r, num_prefix_ranges,
-            p_first, p_last, kv_lo, kv_hi,
-        )
+    if n.sliding_window > 0:
+        kv_lo = tl.maximum(kv_lo, p_first - n.sliding_window + 1)
+        if not CFG.IS_CAUSAL:
+            kv_hi = tl.minimum(kv_hi, p_last + n.sliding_window)
+    if mods.prefix_ranges is not None:  # widen to every range that holds a query position of the block
+        base = mods.prefix_ranges + blk.seq * mods.stride_pr_s
+        for r in range(n.num_prefix_ranges):
+            start = tl.load(base + r * mods.stride_pr_r)
+            end = tl.load(base + r * mods.stride_pr_r + 1)
+            hit = (start < end) & (start <= p_last) & (end > p_first)
+            kv_lo = tl.where(hit, tl.minimum(kv_lo, start), kv_lo)
+            kv_hi = tl.where(hit, tl.maximum(kv_hi, end), kv_hi)
         kv_lo = tl.maximum(kv_lo, 0)
-        kv_hi = tl.minimum(kv_hi, seq_len)
+        kv_hi = tl.minimum(kv_hi, blk.seq_len)
     return kv_lo, kv_hi
 
 
 @triton.jit
-def load_q_block(q_ptr, token, head, row_ok, stride_q_t, stride_q_h,
-                 HEAD_SIZE: tl.constexpr, HEAD_SIZE_PAD: tl.constexpr):
-    offs_d = tl.arange(0, HEAD_SIZE_PAD)
-    mask = row_ok[:, None] & (offs_d < HEAD_SIZE)[None, :]
-    ptrs = q_ptr + token[:, None] * stride_q_t + head[:, None] * stride_q_h + offs_d[None, :]
+def visible(qt, k_pos, key_ok, mods, n, CFG: tl.constexpr):
+    """[M, N] visibility: the causal, window and prefix-range rules, keys in key_ok, rows in qt.row_ok."""
+    vis = causal_window_mask(qt.q_pos, k_pos, n.sliding_window, CFG.IS_CAUSAL)
+    if mods.prefix_ranges is not None:
+        vis = vis | prefix_visible(mods, qt.seq, n.num_prefix_ranges, qt.q_pos, k_pos)
+    return vis & key_ok[None, :] & qt.row_ok[:, None]
+
+
+@triton.jit
+def mod_scores(qk, qt, k_pos, mods, CFG: tl.constexpr, RAW_OK: tl.constexpr):
+    """(x, c): the base-2 scores of the raw dot products ``qk`` are ``c * x``.
+
+    With RAW_OK (the caller folds c into the softmax's multiply-add) and no modifier that
+    changes the scores, x is qk itself; otherwise the scale, softcap and ALiBi are applied here
+    and c is 1.
+    """
+    if RAW_OK and CFG.POSITIVE_SCALE and mods.softcap is None and CFG.ALIBI_MODE == 0:
+        return qk, mods.scale * LOG2E
+    x = scores_log2(qk, mods.scale, qt.q_pos, k_pos, mods.softcap, qt.slope, mods.softcap is not None, CFG.ALIBI_MODE)
+    return x, 1.0
+
+
+@triton.jit
+def attend_tile(qt, k, v, m_i, l_i, acc, k_pos, key_ok, mods, n, CFG: tl.constexpr, RAW_OK: tl.constexpr,
+                MASKED: tl.constexpr, CHECK_KEYS: tl.constexpr):
+    """One online-softmax step over a loaded K tile [HEAD_SIZE_PAD, TILE_N] and V tile.
+
+    MASKED evaluates the visibility rules (and drops keys outside key_ok and rows outside
+    qt.row_ok); CHECK_KEYS alone drops keys outside key_ok; neither: every key is visible to
+    every row.
+    """
+    if mods.k_scale is not None:
+        k = (k.to(tl.float32) * qt.k_scale).to(qt.q.dtype)
+        v = (v.to(tl.float32) * qt.v_scale).to(qt.q.dtype)
+    qk = tl.dot(qt.q, k, input_precision=CFG.DOT_PRECISION)  # [BLOCK_M, TILE_N]
+    x, c = mod_scores(qk, qt, k_pos, mods, CFG, RAW_OK)
+    if MASKED:
+        p, alpha, m_i, l_i = online_softmax_step(m_i, l_i, tl.where(visible(qt, k_pos, key_ok, mods, n, CFG), x,
+                                                                     float("-inf")), c)
+    elif CHECK_KEYS:
+        p, alpha, m_i, l_i = online_softmax_step(m_i, l_i, tl.where(key_ok[None, :], x, float("-inf")), c)
+    else:  # every key of the tile is visible to every row
+        p, alpha, m_i, l_i = online_softmax_step_finite(m_i, l_i, x, c)
+    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=CFG.DOT_PRECISION)
+    return m_i, l_i, acc
+
+
+@triton.jit
+def kv_scales(mods):
+    """(k_scale, v_scale): an fp8 cache's dequantization factors, else 1.0."""
+    k_scale = 1.0
+    v_scale = 1.0
+    if mods.k_scale is not None:
+        k_scale = tl.load(mods.k_scale)
+        v_scale = tl.load(mods.v_scale)
+    return k_scale, v_scale
+
+
+@triton.jit
+def load_q_block(queries, token, head, row_ok, CFG: tl.constexpr):
+    offs_d = tl.arange(0, CFG.HEAD_SIZE_PAD)
+    mask = row_ok[:, None] & (offs_d < CFG.HEAD_SIZE)[None, :]
+    ptrs = queries.q + token[:, None] * queries.stride_q_t + head[:, None] * queries.stride_q_h + offs_d[None, :]
     return tl.load(ptrs, mask=mask, other=0.0)  # [BLOCK_M, HEAD_SIZE_PAD]
 
 
 @triton.jit
-def init_softmax_state(sinks_ptr, head, row_ok, with_sink,
-                       BLOCK_M: tl.constexpr, HEAD_SIZE_PAD: tl.constexpr, USE_SINKS: tl.constexpr):
-    """(m_i, l_i, acc) in base 2; the sink logit enters as a key of weight e^sink and no value.
+def init_softmax_state(mods, head, row_ok, with_sink, BLOCK_M: tl.constexpr, WIDTH: tl.constexpr):
+    """(m_i, l_i, acc [BLOCK_M, WIDTH]) in base 2; the sink logit enters as a key of weight
+    e^sink and no value.
 
     ``with_sink`` is False for programs that must not count the sink (all split-KV segments but
     the first), so the merged result counts it exactly once.
     """
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    if USE_SINKS:
-        sink = tl.load(sinks_ptr + head, mask=row_ok, other=float("-inf")).to(tl.float32)
+    if mods.sinks is not None:
+        sink = tl.load(mods.sinks + head, mask=row_ok, other=float("-inf")).to(tl.float32)
         m_i = tl.where(with_sink, sink * LOG2E, m_i)
     l_i = tl.where(m_i > float("-inf"), 1.0, 0.0)
-    acc = tl.zeros([BLOCK_M, HEAD_SIZE_PAD], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, WIDTH], dtype=tl.float32)
     return m_i, l_i, acc
 
 
@@ -226,26 +304,15 @@ def page_of_keys(pages, first_page, k_pos, PAGE_SIZE: tl.constexpr):
 def page_of_tile_keys(pages, first_page, start, PAGE_SIZE: tl.constexpr, TILE_N: tl.constexpr):
     """``page_of_keys`` for the TILE_N keys from ``start``, when the tile holds whole pages
     (``start`` a page boundary, TILE_N a multiple of PAGE_SIZE): one gather per page, broadcast
-    to its keys (6% faster than one per key in the paged prefill kernel, experiment 20)."""
+    to its keys (6% faster than one per key in the paged prefill kernel on the H200, S=8192)."""
     TILE_PAGES: tl.constexpr = TILE_N // PAGE_SIZE
     ids = tl.gather(pages, start // PAGE_SIZE - first_page + tl.arange(0, TILE_PAGES), 0)
     return tl.reshape(tl.broadcast_to(ids[:, None], (TILE_PAGES, PAGE_SIZE)), (TILE_N,))
 
 
 @triton.jit
-def attend_kv_range(
-    q, m_i, l_i, acc, q_pos, row_ok, slope, k_scale, v_scale,
-    k_cache_ptr, v_cache_ptr, block_row_ptr, prefix_ranges_ptr,
-    seq, kv_head, tile_lo, kv_lo, kv_hi, num_blocks, max_blocks_per_seq,
-    stride_k_b, stride_k_s, stride_k_h,
-    stride_v_b, stride_v_s, stride_v_h,
-    stride_pr_s, stride_pr_r, num_prefix_ranges,
-    scale, softcap, sliding_window,
-    HEAD_SIZE: tl.constexpr, HEAD_SIZE_PAD: tl.constexpr, PAGE_SIZE: tl.constexpr,
-    TILE_N: tl.constexpr, IS_CAUSAL: tl.constexpr, USE_SOFTCAP: tl.constexpr,
-    ALIBI_MODE: tl.constexpr, DOT_PRECISION: tl.constexpr, USE_PREFIX: tl.constexpr,
-    KV_FP8: tl.constexpr, LARGE_CACHE: tl.constexpr, PAGE_WORK_HOISTED: tl.constexpr,
-):
+def attend_kv_range(qt, m_i, l_i, acc, kv, block_row_ptr, mods, n, tile_lo, kv_lo, kv_hi,
+                    CFG: tl.constexpr, HOIST_PAGE_WORK: tl.constexpr):
     """Online softmax over keys [max(tile_lo, kv_lo), kv_hi) in TILE_N steps from ``tile_lo``.
 
     Each key is found through the block table: position k lives in physical block
@@ -254,101 +321,68 @@ def attend_kv_range(
     lies past the table's row or whose block id lies outside [0, num_blocks) is masked, never
     dereferenced. Offsets are int32 unless LARGE_CACHE (a cache spanning 2**31 elements or more):
     64-bit per-key offsets cost about 35 registers per thread at 16x64 tiles, a third of the
-    programs an SM can hold (docs/perf-notes.md, experiments 16-17).
+    programs an SM can hold (docs/perf-notes.md).
     """
-    offs_d = tl.arange(0, HEAD_SIZE_PAD)
+    PAGE_SIZE: tl.constexpr = CFG.PAGE_SIZE
+    TILE_N: tl.constexpr = CFG.TILE_N
+    offs_d = tl.arange(0, CFG.HEAD_SIZE_PAD)
     offs_n = tl.arange(0, TILE_N)
-    dim_ok = offs_d < HEAD_SIZE
+    dim_ok = offs_d < CFG.HEAD_SIZE
     CHUNK_PAGES: tl.constexpr = chunk_pages(PAGE_SIZE, TILE_N, 1024)
     CHUNK_KEYS: tl.constexpr = chunk_keys(PAGE_SIZE, TILE_N, 1024)
-    # PAGE_WORK_HOISTED (the 2D kernel's choice): a chunk's block ids are checked once, and a
-    # key's slot in its page and its page's place among the tile's pages are computed once, not
+    # HOIST_PAGE_WORK (the 2D and persistent kernels): a chunk's block ids are checked once, and
+    # a key's slot in its page and its page's place among the tile's pages are computed once, not
     # per tile. Tiles advance by whole pages (TILE_N a multiple of the page), so both are the
-    # same in every tile, from the first tile's phase in its page (experiment 20 on the prefill
-    # kernel). Measured on the decode grid (experiment 24, session 6 run A): up to 6% faster in
-    # the 2D kernel (148 registers against 160), up to 6% slower in split-KV (168 + a spill
-    # against 146); so the split-KV kernel keeps the per-key form.
-    HOIST: tl.constexpr = PAGE_WORK_HOISTED and TILE_N % PAGE_SIZE == 0
+    # same in every tile, from the first tile's phase in its page. On the H200 decode grid: up to
+    # 6% faster in the 2D kernel (148 registers against 160), up to 6% slower in split-KV (168 +
+    # a spill against 146); so the split-KV kernel keeps the per-key form.
+    HOIST: tl.constexpr = HOIST_PAGE_WORK and TILE_N % PAGE_SIZE == 0
     if HOIST:
         phase = tile_lo % PAGE_SIZE
         rel_page = (phase + offs_n) // PAGE_SIZE
         slot = (phase + offs_n) % PAGE_SIZE
-        if LARGE_CACHE:
+        if CFG.LARGE_CACHE:
             slot = slot.to(tl.int64)
-        slot_k = slot * stride_k_s + kv_head * stride_k_h
-        slot_v = slot * stride_v_s + kv_head * stride_v_h
+        slot_k = slot * kv.stride_k_s + qt.kv_head * kv.stride_k_h
+        slot_v = slot * kv.stride_v_s + qt.kv_head * kv.stride_v_h
     for chunk_lo in range(tile_lo, kv_hi, CHUNK_KEYS):
-        first_page, pages = load_page_chunk(block_row_ptr, chunk_lo, max_blocks_per_seq, PAGE_SIZE, CHUNK_PAGES)
+        first_page, pages = load_page_chunk(block_row_ptr, chunk_lo, n.max_blocks_per_seq, PAGE_SIZE, CHUNK_PAGES)
         chunk_hi = tl.minimum(chunk_lo + CHUNK_KEYS, kv_hi)
         if HOIST:
-            clean = chunk_pages_in_cache(pages, first_page, chunk_hi, num_blocks, PAGE_SIZE)
+            clean = chunk_pages_in_cache(pages, first_page, chunk_hi, n.num_blocks, PAGE_SIZE)
         for start in range(chunk_lo, chunk_hi, TILE_N):
             k_pos = start + offs_n  # [TILE_N]
             # Keys whose block id lies outside the cache are masked, never dereferenced (with
             # HOIST, checked per key only in a chunk that holds such an id). (Clamping the id and
             # zeroing V instead measured 1.7x slower: the select between V's load and the dot
-            # costs the async-copy pipeline; docs/perf-notes.md, experiment 6.)
+            # costs the async-copy pipeline.)
             if HOIST:
                 page = tl.gather(pages, (start - phase) // PAGE_SIZE - first_page + rel_page, 0)
-                k_ok = (k_pos >= kv_lo) & (k_pos < kv_hi) & (clean | ((page >= 0) & (page < num_blocks)))
-                if LARGE_CACHE:  # offsets of 2**31 elements or more; otherwise int32 saves registers
+                k_ok = (k_pos >= kv_lo) & (k_pos < kv_hi) & (clean | ((page >= 0) & (page < n.num_blocks)))
+                if CFG.LARGE_CACHE:  # offsets of 2**31 elements or more; otherwise int32 saves registers
                     page = page.to(tl.int64)
-                k_off = page * stride_k_b + slot_k
-                v_off = page * stride_v_b + slot_v
+                k_off = page * kv.stride_k_b + slot_k
+                v_off = page * kv.stride_v_b + slot_v
             else:
                 page = page_of_keys(pages, first_page, k_pos, PAGE_SIZE)
-                k_ok = (k_pos >= kv_lo) & (k_pos < kv_hi) & (page >= 0) & (page < num_blocks)
+                k_ok = (k_pos >= kv_lo) & (k_pos < kv_hi) & (page >= 0) & (page < n.num_blocks)
                 in_page = k_pos % PAGE_SIZE
-                if LARGE_CACHE:
+                if CFG.LARGE_CACHE:
                     page = page.to(tl.int64)
                     in_page = in_page.to(tl.int64)
-                k_off = page * stride_k_b + in_page * stride_k_s + kv_head * stride_k_h
-                v_off = page * stride_v_b + in_page * stride_v_s + kv_head * stride_v_h
-            k = tl.load(
-                k_cache_ptr + k_off[None, :] + offs_d[:, None],
-                mask=dim_ok[:, None] & k_ok[None, :],
-                other=0.0,
-            )  # [HEAD_SIZE_PAD, TILE_N]
-            v = tl.load(
-                v_cache_ptr + v_off[:, None] + offs_d[None, :],
-                mask=k_ok[:, None] & dim_ok[None, :],
-                other=0.0,
-            )  # [TILE_N, HEAD_SIZE_PAD]
-            if KV_FP8:
-                k = (k.to(tl.float32) * k_scale).to(q.dtype)
-                v = (v.to(tl.float32) * v_scale).to(q.dtype)
-
-            qk = tl.dot(q, k, input_precision=DOT_PRECISION)  # [BLOCK_M, TILE_N]
-            s = scores_log2(qk, scale, q_pos, k_pos, softcap, slope, USE_SOFTCAP, ALIBI_MODE)
-            vis = causal_window_mask(q_pos, k_pos, sliding_window, IS_CAUSAL)
-            if USE_PREFIX:
-                vis = vis | prefix_visible(
-                    prefix_ranges_ptr, seq, stride_pr_s, stride_pr_r, num_prefix_ranges, q_pos, k_pos
-                )
-            vis = vis & k_ok[None, :] & row_ok[:, None]
-            s = tl.where(vis, s, float("-inf"))
-
-            p, alpha, m_i, l_i = online_softmax_step(m_i, l_i, s, 1.0)
-            acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
+                k_off = page * kv.stride_k_b + in_page * kv.stride_k_s + qt.kv_head * kv.stride_k_h
+                v_off = page * kv.stride_v_b + in_page * kv.stride_v_s + qt.kv_head * kv.stride_v_h
+            k = tl.load(kv.k_cache + k_off[None, :] + offs_d[:, None], mask=dim_ok[:, None] & k_ok[None, :],
+                        other=0.0)  # [HEAD_SIZE_PAD, TILE_N]
+            v = tl.load(kv.v_cache + v_off[:, None] + offs_d[None, :], mask=k_ok[:, None] & dim_ok[None, :],
+                        other=0.0)  # [TILE_N, HEAD_SIZE_PAD]
+            m_i, l_i, acc = attend_tile(qt, k, v, m_i, l_i, acc, k_pos, k_ok, mods, n, CFG, False, True, False)
     return m_i, l_i, acc
 
 
 @triton.jit
-def attend_segment(
-    q_ptr, k_cache_ptr, v_cache_ptr, block_table_ptr,
-    sinks_ptr, alibi_slopes_ptr, prefix_ranges_ptr, k_scale_ptr, v_scale_ptr,
-    seq, q_start, q_len, seq_len, q_block_local, kv_head, split, num_splits, segment_size,
-    stride_q_t, stride_q_h,
-    stride_k_b, stride_k_s, stride_k_h,
-    stride_v_b, stride_v_s, stride_v_h,
-    stride_bt_s, stride_pr_s, stride_pr_r,
-    scale, softcap, sliding_window, num_tokens, num_blocks, max_blocks_per_seq, num_prefix_ranges,
-    NUM_QUERIES_PER_KV: tl.constexpr, HEAD_SIZE: tl.constexpr, HEAD_SIZE_PAD: tl.constexpr,
-    PAGE_SIZE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, TILE_N: tl.constexpr,
-    IS_CAUSAL: tl.constexpr, USE_SOFTCAP: tl.constexpr, ALIBI_MODE: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, USE_SINKS: tl.constexpr, USE_PREFIX: tl.constexpr, KV_FP8: tl.constexpr,
-    LARGE_CACHE: tl.constexpr, PAGE_WORK_HOISTED: tl.constexpr,
-):
+def attend_segment(queries, kv, mods, n, blk, kv_head, split, num_splits, segment_size,
+                   CFG: tl.constexpr, HOIST_PAGE_WORK: tl.constexpr):
     """Attention of one Q block over segment ``split`` of ``num_splits`` of its visible keys.
 
     Returns (out, lse, token, head, row_ok): out [BLOCK_M, HEAD_SIZE_PAD] normalized fp32, lse
@@ -356,17 +390,14 @@ def attend_segment(
     equal tile-aligned pieces (one piece: the whole range, the 2D kernel); ``segment_size > 0``
     gives split i the absolute positions [i * segment_size, (i + 1) * segment_size), the same
     cut whatever else is in the batch (batch-invariant mode). The sink joins split 0 only.
-    The sequence's metadata (q_start, q_len, seq_len) comes from the caller (``locate_q_block``,
-    or the persistent kernel's work item).
+    The Q block ``blk`` comes from the caller (``locate_q_block``, or the persistent kernel's
+    work item).
     """
-    context_len = seq_len - q_len  # negative for cross attention with more queries than keys
-    token, head, row_ok, q_pos = q_block_rows(
-        q_start, q_len, q_block_local, context_len, kv_head, num_tokens, NUM_QUERIES_PER_KV, BLOCK_Q, BLOCK_M
-    )
-    kv_lo, kv_hi = visible_kv_bounds(
-        prefix_ranges_ptr, seq, stride_pr_s, stride_pr_r, num_prefix_ranges,
-        seq_len, q_len, context_len, q_block_local, sliding_window, BLOCK_Q, IS_CAUSAL, USE_PREFIX,
-    )
+    TILE_N: tl.constexpr = CFG.TILE_N
+    BLOCK_M: tl.constexpr = CFG.BLOCK_M
+    context_len = blk.seq_len - blk.q_len  # negative for cross attention with more queries than keys
+    token, head, row_ok, q_pos = q_block_rows(blk, context_len, kv_head, n.num_tokens, CFG)
+    kv_lo, kv_hi = visible_kv_bounds(blk, mods, n, CFG)
     first_tile = (kv_lo // TILE_N) * TILE_N
     if segment_size > 0:
         seg_start = split * segment_size
@@ -379,50 +410,35 @@ def attend_segment(
         tile_lo = seg_start
     seg_end = tl.minimum(seg_end, kv_hi)
 
-    q = load_q_block(q_ptr, token, head, row_ok, stride_q_t, stride_q_h, HEAD_SIZE, HEAD_SIZE_PAD)
+    q = load_q_block(queries, token, head, row_ok, CFG)
     slope = tl.zeros([BLOCK_M], dtype=tl.float32)
-    if ALIBI_MODE != 0:
-        slope = tl.load(alibi_slopes_ptr + head, mask=row_ok, other=0.0)
-    k_scale = 1.0
-    v_scale = 1.0
-    if KV_FP8:
-        k_scale = tl.load(k_scale_ptr)
-        v_scale = tl.load(v_scale_ptr)
-    m_i, l_i, acc = init_softmax_state(sinks_ptr, head, row_ok, split == 0, BLOCK_M, HEAD_SIZE_PAD, USE_SINKS)
-    m_i, l_i, acc = attend_kv_range(
-        q, m_i, l_i, acc, q_pos, row_ok, slope, k_scale, v_scale,
-        k_cache_ptr, v_cache_ptr, block_table_ptr + seq.to(tl.int64) * stride_bt_s, prefix_ranges_ptr,
-        seq, kv_head, tile_lo, kv_lo, seg_end, num_blocks, max_blocks_per_seq,
-        stride_k_b, stride_k_s, stride_k_h, stride_v_b, stride_v_s, stride_v_h,
-        stride_pr_s, stride_pr_r, num_prefix_ranges, scale, softcap, sliding_window,
-        HEAD_SIZE, HEAD_SIZE_PAD, PAGE_SIZE, TILE_N, IS_CAUSAL, USE_SOFTCAP, ALIBI_MODE,
-        DOT_PRECISION, USE_PREFIX, KV_FP8, LARGE_CACHE, PAGE_WORK_HOISTED,
-    )
+    if CFG.ALIBI_MODE != 0:
+        slope = tl.load(mods.alibi_slopes + head, mask=row_ok, other=0.0)
+    k_scale, v_scale = kv_scales(mods)
+    qt = QTile(q, q_pos, row_ok, slope, k_scale, v_scale, blk.seq, kv_head)
+    m_i, l_i, acc = init_softmax_state(mods, head, row_ok, split == 0, BLOCK_M, CFG.HEAD_SIZE_PAD)
+    block_row_ptr = kv.block_table + blk.seq.to(tl.int64) * kv.stride_bt_s
+    m_i, l_i, acc = attend_kv_range(qt, m_i, l_i, acc, kv, block_row_ptr, mods, n, tile_lo, kv_lo, seg_end, CFG,
+                                    HOIST_PAGE_WORK)
     out, lse = finalize_softmax(acc, m_i, l_i)
     return out, lse, token, head, row_ok
 
 
 @triton.jit
-def store_rows(out_ptr, lse_ptr, out, lse, token, head, row_ok, stride_o_t, stride_o_h, stride_lse_t, stride_lse_h,
-               HEAD_SIZE: tl.constexpr, HEAD_SIZE_PAD: tl.constexpr, RETURN_LSE: tl.constexpr):
-    """Store a Q block's final rows (out in out_ptr's dtype; lse when RETURN_LSE)."""
-    offs_d = tl.arange(0, HEAD_SIZE_PAD)
-    tl.store(
-        out_ptr + token[:, None] * stride_o_t + head[:, None] * stride_o_h + offs_d[None, :],
-        out.to(out_ptr.dtype.element_ty),
-        mask=row_ok[:, None] & (offs_d < HEAD_SIZE)[None, :],
-    )
-    if RETURN_LSE:
-        tl.store(lse_ptr + token * stride_lse_t + head * stride_lse_h, lse, mask=row_ok)
+def store_rows(dst, out, lse, token, head, row_ok, CFG: tl.constexpr):
+    """Store a Q block's final rows (out in dst.out's dtype; lse when dst.lse is given)."""
+    offs_d = tl.arange(0, CFG.HEAD_SIZE_PAD)
+    tl.store(dst.out + token[:, None] * dst.stride_o_t + head[:, None] * dst.stride_o_h + offs_d[None, :],
+             out.to(dst.out.dtype.element_ty), mask=row_ok[:, None] & (offs_d < CFG.HEAD_SIZE)[None, :])
+    if dst.lse is not None:
+        tl.store(dst.lse + token * dst.stride_lse_t + head * dst.stride_lse_h, lse, mask=row_ok)
 
 
 @triton.jit
-def store_partial(partial_out_ptr, partial_lse_ptr, out, lse, token, head, row_ok, split,
-                  stride_po_t, stride_po_h, stride_po_s, stride_pl_t, stride_pl_h,
-                  HEAD_SIZE: tl.constexpr, HEAD_SIZE_PAD: tl.constexpr):
+def store_partial(part, out, lse, token, head, row_ok, split, CFG: tl.constexpr):
     """Store a Q block's partial rows for split ``split`` (fp32 out, lse)."""
-    offs_d = tl.arange(0, HEAD_SIZE_PAD)
-    row = token * stride_po_t + head * stride_po_h + split * stride_po_s
-    tl.store(partial_out_ptr + row[:, None] + offs_d[None, :], out,
-             mask=row_ok[:, None] & (offs_d < HEAD_SIZE)[None, :])
-    tl.store(partial_lse_ptr + token * stride_pl_t + head * stride_pl_h + split, lse, mask=row_ok)
+    offs_d = tl.arange(0, CFG.HEAD_SIZE_PAD)
+    row = token * part.stride_po_t + head * part.stride_po_h + split * part.stride_po_s
+    tl.store(part.out + row[:, None] + offs_d[None, :], out, mask=row_ok[:, None] & (offs_d < CFG.HEAD_SIZE)[None, :])
+    tl.store(part.lse + token * part.stride_pl_t + head * part.stride_pl_h + split * part.stride_pl_s, lse,
+             mask=row_ok)

@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
 import torch
 
-from pagedattn.ops.common.device import cuda_sm90_or_newer
+from pagedattn.ops.common.bundles import AttentionArgs, kernel_args, output_rows
+from pagedattn.ops.common.device import cuda_sm90_or_newer, interpreter_on
 from pagedattn.ops.common.host_math import cdiv, next_power_of_2
+from pagedattn.ops.common.launching import launch
 from pagedattn.ops.prefill.kernel import prefill_attention_kernel
 from pagedattn.ops.prefill.tuning import autotune_enabled, candidates, choose_tiles, query_bucket, remembered
-from pagedattn.ops.unified.launch import AttentionArgs
-from pagedattn.ops.common.device import interpreter_on
 from pagedattn.ops.common.tiles import Tiles
-from pagedattn.ops.common.launching import launch
 
 
 def tma_wanted(k: torch.Tensor) -> bool:
@@ -94,6 +94,8 @@ def launch_prefill(
     may time other candidates and use the fastest from then on (``tuning.py``)."""
     if a.q.shape[0] == 0 or a.query_start_loc.shape[0] < 2 or max_query_len == 0:
         return
+    if tiles.block_q != tiles.block_m:  # a program's query tokens are its BLOCK_M rows
+        tiles = replace(tiles, block_q=tiles.block_m)
 
     def run(t: Tiles) -> None:
         _launch_prefill_kernel(out, lse, a, t, max_query_len=max_query_len, min_q_len=min_q_len,
@@ -128,65 +130,7 @@ def _out_aliases_inputs(out, lse, a: AttentionArgs) -> bool:
 
 def _launch_prefill_kernel(out, lse, a: AttentionArgs, tiles: Tiles, *, max_query_len: int, min_q_len: int,
                            cu_seqlens_k: torch.Tensor | None) -> None:
-    q, k, v = a.q, a.k_cache, a.v_cache
-    num_tokens, num_q_heads, head_size = q.shape
-    num_seqs = a.query_start_loc.shape[0] - 1
-    paged = cu_seqlens_k is None
-    if paged:
-        k_strides, v_strides = (k.stride(0), k.stride(1), k.stride(2)), (v.stride(0), v.stride(1), v.stride(2))
-        num_blocks, page_size, num_kv_heads = k.shape[0], k.shape[1], k.shape[2]
-        max_blocks = a.block_table.shape[1]
-    else:
-        k_strides, v_strides = (0, k.stride(0), k.stride(1)), (0, v.stride(0), v.stride(1))
-        num_blocks, page_size, num_kv_heads, max_blocks = 1, 1, k.shape[1], 1
-    k_desc, v_desc = (None, None) if paged else tma_descriptors(k, v, tiles.tile_n)
-    pr = a.prefix_ranges
-    grid = (num_q_heads, num_seqs, cdiv(max_query_len, tiles.block_m))  # the kernel's launch order
-    launch(prefill_attention_kernel, grid,
-        out_ptr=out,
-        lse_ptr=lse,
-        q_ptr=q,
-        k_ptr=k,
-        v_ptr=v,
-        k_desc=k_desc,
-        v_desc=v_desc,
-        block_table_ptr=a.block_table if paged else None,
-        kv_lens_ptr=a.seq_lens if paged else cu_seqlens_k,
-        cu_seqlens_q_ptr=a.query_start_loc,
-        sinks_ptr=a.sinks,
-        alibi_slopes_ptr=a.alibi_slopes,
-        prefix_ranges_ptr=pr,
-        k_scale_ptr=a.k_scale,
-        v_scale_ptr=a.v_scale,
-        stride_q_t=q.stride(0), stride_q_h=q.stride(1),
-        stride_o_t=out.stride(0), stride_o_h=out.stride(1),
-        stride_lse_t=lse.stride(0) if lse is not None else 0,
-        stride_lse_h=lse.stride(1) if lse is not None else 0,
-        stride_k_b=k_strides[0], stride_k_s=k_strides[1], stride_k_h=k_strides[2],
-        stride_v_b=v_strides[0], stride_v_s=v_strides[1], stride_v_h=v_strides[2],
-        stride_bt_s=a.block_table.stride(0) if paged else 0,
-        stride_pr_s=pr.stride(0) if pr is not None else 0,
-        stride_pr_r=pr.stride(1) if pr is not None else 0,
-        scale=a.scale,
-        softcap=a.softcap,
-        sliding_window=a.sliding_window,
-        num_tokens=num_tokens,
-        num_blocks=num_blocks,
-        max_blocks_per_seq=max_blocks,
-        num_prefix_ranges=pr.shape[1] if pr is not None else 0,
-        min_q_len=min_q_len,
-        NUM_QUERIES_PER_KV=num_q_heads // num_kv_heads,
-        HEAD_SIZE=head_size,
-        HEAD_SIZE_PAD=max(16, next_power_of_2(head_size)),
-        HEAD_SIZE_V=v.shape[-1],
-        HEAD_SIZE_V_PAD=max(16, next_power_of_2(v.shape[-1])),
-        PAGE_SIZE=page_size,
-        BLOCK_M=tiles.block_m,
-        BLOCK_N=tiles.tile_n,
-        IS_CAUSAL=a.causal,
-        USE_SOFTCAP=a.softcap > 0,
-        ALIBI_MODE=a.alibi_mode,
-        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        num_warps=tiles.num_warps,
-        num_stages=tiles.num_stages,
-    )
+    k_desc, v_desc = (None, None) if cu_seqlens_k is None else tma_descriptors(a.k_cache, a.v_cache, tiles.tile_n)
+    grid = (a.q.shape[1], a.query_start_loc.shape[0] - 1, cdiv(max_query_len, tiles.block_m))  # the kernel's launch order
+    launch(prefill_attention_kernel, grid, dst=output_rows(out, lse), k_desc=k_desc, v_desc=v_desc,
+           **kernel_args(a, tiles, contiguous_kv=cu_seqlens_k), min_q_len=min_q_len)

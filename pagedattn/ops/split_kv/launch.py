@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import torch
 
+from pagedattn.ops.common.bundles import AttentionArgs, output_rows, partial_rows
 from pagedattn.ops.common.host_math import next_power_of_2
-from pagedattn.ops.common.pdl import use_pdl
-from pagedattn.ops.split_kv.kernel import reduce_splits_kernel, split_kv_attention_kernel
-from pagedattn.ops.unified.launch import AttentionArgs, common_kernel_args, q_block_grid_size
-from pagedattn.ops.common.tiles import Tiles
 from pagedattn.ops.common.launching import launch
+from pagedattn.ops.common.pdl import use_pdl
+from pagedattn.ops.common.tiles import Tiles
+from pagedattn.ops.split_kv.kernel import reduce_splits_kernel, split_kv_attention_kernel
+from pagedattn.ops.unified.launch import common_kernel_args, q_block_grid_size
 
 
 def launch_split_kv(
@@ -28,15 +29,8 @@ def launch_split_kv(
         return
     grid = (q_block_grid_size(a, tiles), a.k_cache.shape[2], num_splits)
     pdl = use_pdl(a.q.device)
-    launch(split_kv_attention_kernel, grid,
-        partial_out_ptr=partial_out,
-        partial_lse_ptr=partial_lse,
-        stride_po_t=partial_out.stride(0), stride_po_h=partial_out.stride(1), stride_po_s=partial_out.stride(2),
-        stride_pl_t=partial_lse.stride(0), stride_pl_h=partial_lse.stride(1),
-        segment_size=segment_size,
-        USE_PDL=pdl,
-        **common_kernel_args(a, tiles),
-    )
+    launch(split_kv_attention_kernel, grid, part=partial_rows(partial_out, partial_lse), segment_size=segment_size,
+           USE_PDL=pdl, **common_kernel_args(a, tiles))
     launch_merge_splits(out, lse, partial_out, partial_lse, num_splits, pdl=pdl,
                         num_warps=1 if head_size <= 64 else 2)
 
@@ -46,20 +40,6 @@ def launch_merge_splits(out, lse, partial_out, partial_lse, num_splits: int, *, 
     out / lse, one program per (token, head) row; ``pdl``: the kernel before it was launched with
     USE_PDL (split-KV, MLA decode)."""
     num_tokens, num_heads, head_size = out.shape
-    launch(reduce_splits_kernel, (num_tokens, num_heads),
-        out_ptr=out,
-        lse_ptr=lse,
-        partial_out_ptr=partial_out,
-        partial_lse_ptr=partial_lse,
-        stride_o_t=out.stride(0), stride_o_h=out.stride(1),
-        stride_lse_t=lse.stride(0) if lse is not None else 0,
-        stride_lse_h=lse.stride(1) if lse is not None else 0,
-        stride_po_t=partial_out.stride(0), stride_po_h=partial_out.stride(1), stride_po_s=partial_out.stride(2),
-        stride_pl_t=partial_lse.stride(0), stride_pl_h=partial_lse.stride(1), stride_pl_s=partial_lse.stride(2),
-        num_splits=num_splits,
-        HEAD_SIZE=head_size,
-        HEAD_SIZE_PAD=next_power_of_2(head_size),
-        USE_PDL=pdl,
-        num_warps=num_warps,
-        launch_pdl=pdl,
-    )
+    launch(reduce_splits_kernel, (num_tokens, num_heads), dst=output_rows(out, lse),
+           part=partial_rows(partial_out, partial_lse), num_splits=num_splits, HEAD_SIZE=head_size,
+           HEAD_SIZE_PAD=next_power_of_2(head_size), USE_PDL=pdl, num_warps=num_warps, launch_pdl=pdl)
