@@ -30,16 +30,19 @@ TTGIR_OPS = ("async_copy_global_to_local", "async_tma_copy", "async_wait", "warp
              "local_store", "gather", "gpu.barrier", "scf.for")
 
 
+_LAUNCHED: list = []
+
+
 def intercept_launches():
-    """Make every launcher record (kernel, kwargs) in the returned list instead of launching."""
+    """Make every launcher record (kernel, kwargs) in the returned list instead of launching
+    (the list is emptied at each call)."""
     import pagedattn.ops.common.launching as launching
 
-    launched = []
-    original = launching.launch
+    _LAUNCHED.clear()
     for name, mod in list(sys.modules.items()):
-        if name.startswith("pagedattn.ops") and getattr(mod, "launch", None) is original:
-            mod.launch = lambda kernel, grid, **kwargs: launched.append((kernel, kwargs))
-    return launched
+        if name.startswith("pagedattn.ops") and mod is not launching and getattr(mod, "launch", None) is launching.launch:
+            mod.launch = lambda kernel, grid, **kwargs: _LAUNCHED.append((kernel, kwargs))
+    return _LAUNCHED
 
 
 def compile_launch(kernel, kwargs):

@@ -96,51 +96,17 @@ def _load_rows(ptr, rows, rows_ok, col0, offs_c, DIM: tl.constexpr, EXACT: tl.co
     return tl.load(ptr + rows[:, None] + cols[None, :], mask=(cols < DIM)[None, :], other=0.0)
 
 
-@triton.heuristics(
-    {
-        "RETURN_LSE": lambda args: args["lse_ptr"] is not None,
-        "KV_FP8": lambda args: args["kv_scale_ptr"] is not None,
-    }
-)
 @triton.jit(do_not_specialize=["num_seqs", "num_tokens", "num_blocks", "max_blocks_per_seq", "num_splits"])
 def mla_decode_kernel(
     out_ptr,  # [num_tokens, num_heads, LATENT_DIM] (q's dtype), or partials [.., num_splits, LATENT_DIM] fp32
     lse_ptr,  # [num_tokens, num_heads] or partials [num_tokens, num_heads, num_splits] fp32, or None
-    q_nope_ptr,  # [num_tokens, num_heads, LATENT_DIM]
-    q_pe_ptr,  # [num_tokens, num_heads, ROPE_DIM]
+    q_nope_ptr, q_pe_ptr,  # [num_tokens, num_heads, LATENT_DIM], [num_tokens, num_heads, ROPE_DIM]
     kv_cache_ptr,  # [num_blocks, block_size, LATENT_DIM + ROPE_DIM]
-    block_table_ptr,  # [num_seqs, max_blocks_per_seq] int32
-    seq_lens_ptr,  # [num_seqs] int32
-    query_start_loc_ptr,  # [num_seqs + 1] int32
+    block_table_ptr, seq_lens_ptr, query_start_loc_ptr,  # [num_seqs, max_blocks_per_seq], [num_seqs], [num_seqs + 1]
     kv_scale_ptr,  # [1] fp32 for an fp8 cache, else None
-    stride_qn_t, stride_qn_h,
-    stride_qp_t, stride_qp_h,
-    stride_o_t, stride_o_h, stride_o_s,
-    stride_lse_t, stride_lse_h, stride_lse_s,
-    stride_c_b, stride_c_s,
-    stride_bt_s,
-    scale,
-    num_heads,
-    num_seqs,
-    num_tokens,
-    num_blocks,
-    max_blocks_per_seq,
-    num_splits,
-    LATENT_DIM: tl.constexpr,
-    LATENT_PAD: tl.constexpr,
-    ROPE_DIM: tl.constexpr,
-    ROPE_PAD: tl.constexpr,
-    PAGE_SIZE: tl.constexpr,
-    BLOCK_H: tl.constexpr,
-    BLOCK_Q: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    TILE_N: tl.constexpr,
-    VALUE_SPLIT: tl.constexpr,
-    LARGE_CACHE: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-    RETURN_LSE: tl.constexpr,
-    KV_FP8: tl.constexpr,
-    USE_PDL: tl.constexpr,
+    st,  # MLAStrides: the strides of all of the above
+    scale, num_heads, num_seqs, num_tokens, num_blocks, max_blocks_per_seq, num_splits,
+    CFG: tl.constexpr,  # MLAConstants
 ):
     """(out, lse) of softmax(scale * (q_nope c_kv^T + q_pe k_pe^T) + causal) c_kv over one key split.
 
@@ -150,6 +116,10 @@ def mla_decode_kernel(
     every chunk feeds the score dot and the first is also V of the output dot, so nothing is
     loaded twice and no elementwise op sits between a bf16/fp16 load and its dot.
 
+    The tensors are separate parameters in the order of the unbundled kernel, which ptxas compiles to
+    the same code (bundles that group each tensor with its strides changed its spills); their strides
+    travel as one bundle and the compile-time shape as the constexpr CFG (``pagedattn.ops.mla.launch``).
+
     Cache offsets are int32 unless LARGE_CACHE (2**31 elements or more): 64-bit row offsets
     cost registers that the accumulator needs.
 
@@ -157,65 +127,67 @@ def mla_decode_kernel(
     (out, lse) at ``stride_o_s * i`` for the ordered merge. For an fp8 cache the scale
     multiplies the scores and the output, not the loaded tile.
     """
-    VALUE_BLOCK: tl.constexpr = LATENT_PAD // VALUE_SPLIT
-    LATENT_EXACT: tl.constexpr = LATENT_PAD == LATENT_DIM
-    ROPE_EXACT: tl.constexpr = ROPE_PAD == ROPE_DIM
-    if USE_PDL:  # the merge kernel may launch now; it waits for this grid in the kernel
+    BLOCK_M: tl.constexpr = CFG.BLOCK_M
+    FP8: tl.constexpr = kv_scale_ptr is not None
+    VALUE_BLOCK: tl.constexpr = CFG.LATENT_PAD // CFG.VALUE_SPLIT
+    LATENT_EXACT: tl.constexpr = CFG.LATENT_PAD == CFG.LATENT_DIM
+    ROPE_EXACT: tl.constexpr = CFG.ROPE_PAD == CFG.ROPE_DIM
+    if CFG.USE_PDL:  # the merge kernel may launch now; it waits for this grid in the kernel
         tl.extra.cuda.gdc_launch_dependents()
     pid = tl.program_id(0)
-    value_part = pid % VALUE_SPLIT
-    rest = pid // VALUE_SPLIT
-    num_head_groups = tl.cdiv(num_heads, BLOCK_H)
+    value_part = pid % CFG.VALUE_SPLIT
+    rest = pid // CFG.VALUE_SPLIT
+    num_head_groups = tl.cdiv(num_heads, CFG.BLOCK_H)
     head_group = rest % num_head_groups
     rest = rest // num_head_groups
     split = rest % num_splits
     seq, q_start, q_len, q_block_local, seq_len, valid = _locate_q_block(
-        query_start_loc_ptr, seq_lens_ptr, rest // num_splits, num_seqs, BLOCK_Q
+        query_start_loc_ptr, seq_lens_ptr, rest // num_splits, num_seqs, CFG.BLOCK_Q
     )
     if not valid:
         return
 
     # rows: BLOCK_Q tokens x BLOCK_H heads, token-major
     offs_m = tl.arange(0, BLOCK_M)
-    q_tok = q_block_local * BLOCK_Q + offs_m // BLOCK_H  # within the sequence
-    head = (head_group * BLOCK_H + offs_m % BLOCK_H).to(tl.int64)
+    q_tok = q_block_local * CFG.BLOCK_Q + offs_m // CFG.BLOCK_H  # within the sequence
+    head = (head_group * CFG.BLOCK_H + offs_m % CFG.BLOCK_H).to(tl.int64)
     token = (q_start + q_tok).to(tl.int64)
     row_ok = (q_tok < q_len) & (head < num_heads) & (token >= 0) & (token < num_tokens)
     q_pos = seq_len - q_len + q_tok
 
     # causal: the block's last row sees keys [0, kv_hi); this split takes whole tiles of them
-    kv_hi = tl.maximum(seq_len - q_len + tl.minimum((q_block_local + 1) * BLOCK_Q, q_len), 0)
-    tiles_per_split = tl.cdiv(tl.cdiv(kv_hi, TILE_N), num_splits)
-    seg_lo = split * tiles_per_split * TILE_N
-    seg_hi = tl.minimum(seg_lo + tiles_per_split * TILE_N, kv_hi)
+    kv_hi = tl.maximum(seq_len - q_len + tl.minimum((q_block_local + 1) * CFG.BLOCK_Q, q_len), 0)
+    tiles_per_split = tl.cdiv(tl.cdiv(kv_hi, CFG.TILE_N), num_splits)
+    seg_lo = split * tiles_per_split * CFG.TILE_N
+    seg_hi = tl.minimum(seg_lo + tiles_per_split * CFG.TILE_N, kv_hi)
 
     # column chunks of the latent, this program's value chunk first
     offs_v = tl.arange(0, VALUE_BLOCK)
-    offs_r = tl.arange(0, ROPE_PAD)
+    offs_r = tl.arange(0, CFG.ROPE_PAD)
     col0 = value_part * VALUE_BLOCK
-    qn_rows = token * stride_qn_t + head * stride_qn_h
-    q0 = _load_tile(q_nope_ptr, qn_rows, row_ok, col0, offs_v, LATENT_DIM, LATENT_EXACT)  # [BLOCK_M, VALUE_BLOCK]
-    if VALUE_SPLIT > 1:
-        col1 = ((value_part + 1) % VALUE_SPLIT) * VALUE_BLOCK
-        q1 = _load_tile(q_nope_ptr, qn_rows, row_ok, col1, offs_v, LATENT_DIM, LATENT_EXACT)
-    if VALUE_SPLIT > 2:
-        col2 = ((value_part + 2) % VALUE_SPLIT) * VALUE_BLOCK
-        col3 = ((value_part + 3) % VALUE_SPLIT) * VALUE_BLOCK
-        q2 = _load_tile(q_nope_ptr, qn_rows, row_ok, col2, offs_v, LATENT_DIM, LATENT_EXACT)
-        q3 = _load_tile(q_nope_ptr, qn_rows, row_ok, col3, offs_v, LATENT_DIM, LATENT_EXACT)
-    q_pe = _load_tile(q_pe_ptr, token * stride_qp_t + head * stride_qp_h, row_ok, 0, offs_r, ROPE_DIM, ROPE_EXACT)
+    qn_rows = token * st.stride_qn_t + head * st.stride_qn_h
+    q0 = _load_tile(q_nope_ptr, qn_rows, row_ok, col0, offs_v, CFG.LATENT_DIM, LATENT_EXACT)  # [BLOCK_M, VALUE_BLOCK]
+    if CFG.VALUE_SPLIT > 1:
+        col1 = ((value_part + 1) % CFG.VALUE_SPLIT) * VALUE_BLOCK
+        q1 = _load_tile(q_nope_ptr, qn_rows, row_ok, col1, offs_v, CFG.LATENT_DIM, LATENT_EXACT)
+    if CFG.VALUE_SPLIT > 2:
+        col2 = ((value_part + 2) % CFG.VALUE_SPLIT) * VALUE_BLOCK
+        col3 = ((value_part + 3) % CFG.VALUE_SPLIT) * VALUE_BLOCK
+        q2 = _load_tile(q_nope_ptr, qn_rows, row_ok, col2, offs_v, CFG.LATENT_DIM, LATENT_EXACT)
+        q3 = _load_tile(q_nope_ptr, qn_rows, row_ok, col3, offs_v, CFG.LATENT_DIM, LATENT_EXACT)
+    q_pe = _load_tile(q_pe_ptr, token * st.stride_qp_t + head * st.stride_qp_h, row_ok, 0, offs_r, CFG.ROPE_DIM, ROPE_EXACT)
     qk_scale = scale * LOG2E
     kv_scale = 1.0
-    if KV_FP8:
+    if FP8:
         kv_scale = tl.load(kv_scale_ptr)
         qk_scale = qk_scale * kv_scale
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, VALUE_BLOCK], dtype=tl.float32)
-    block_row_ptr = block_table_ptr + seq.to(tl.int64) * stride_bt_s
-    offs_n = tl.arange(0, TILE_N)
-    rope_ptr = kv_cache_ptr + LATENT_DIM
+    block_row_ptr = block_table_ptr + seq.to(tl.int64) * st.stride_bt_s
+    offs_n = tl.arange(0, CFG.TILE_N)
+    rope_ptr = kv_cache_ptr + CFG.LATENT_DIM
     # The block table is read a chunk of ids at a time (``load_page_chunk``), outside the tile
     # loops: a tile's K/V addresses then depend on no load of the same step and the pipeliner
     # issues them num_stages - 1 tiles ahead. A chunk's ids are checked at once
@@ -224,21 +196,21 @@ def mla_decode_kernel(
     # row, and the segment's last partial tile, run the checked loop (loop 1). The two loops run
     # in sequence, one of them usually empty: as two branches of an if, each would get its own
     # shared-memory pipeline buffers (prefill kernel, experiment 20).
-    CHUNK_PAGES: tl.constexpr = _pages_per_chunk(PAGE_SIZE, TILE_N)
-    CHUNK_KEYS: tl.constexpr = _keys_per_chunk(PAGE_SIZE, TILE_N)
+    CHUNK_PAGES: tl.constexpr = _pages_per_chunk(CFG.PAGE_SIZE, CFG.TILE_N)
+    CHUNK_KEYS: tl.constexpr = _keys_per_chunk(CFG.PAGE_SIZE, CFG.TILE_N)
     # Tiles of whole pages (TILE_N a multiple of the page; tiles start at multiples of TILE_N): a
     # key's slot in its page is the same in every tile (computed once here) and a tile's ids are
     # gathered once per page, broadcast to the page's keys.
-    PAGE_ALIGNED: tl.constexpr = TILE_N % PAGE_SIZE == 0
-    if LARGE_CACHE:
-        slot = (offs_n % PAGE_SIZE).to(tl.int64) * stride_c_s
+    PAGE_ALIGNED: tl.constexpr = CFG.TILE_N % CFG.PAGE_SIZE == 0
+    if CFG.LARGE_CACHE:
+        slot = (offs_n % CFG.PAGE_SIZE).to(tl.int64) * st.stride_c_s
     else:
-        slot = (offs_n % PAGE_SIZE) * stride_c_s
+        slot = (offs_n % CFG.PAGE_SIZE) * st.stride_c_s
     for chunk_lo in range(seg_lo, seg_hi, CHUNK_KEYS):
         chunk_hi = tl.minimum(chunk_lo + CHUNK_KEYS, seg_hi)
-        first_page, pages = load_page_chunk(block_row_ptr, chunk_lo, max_blocks_per_seq, PAGE_SIZE, CHUNK_PAGES)
-        clean = chunk_pages_in_cache(pages, first_page, chunk_hi, num_blocks, PAGE_SIZE)
-        full_hi = tl.where(clean, chunk_lo + (chunk_hi - chunk_lo) // TILE_N * TILE_N, chunk_lo)
+        first_page, pages = load_page_chunk(block_row_ptr, chunk_lo, max_blocks_per_seq, CFG.PAGE_SIZE, CHUNK_PAGES)
+        clean = chunk_pages_in_cache(pages, first_page, chunk_hi, num_blocks, CFG.PAGE_SIZE)
+        full_hi = tl.where(clean, chunk_lo + (chunk_hi - chunk_lo) // CFG.TILE_N * CFG.TILE_N, chunk_lo)
         for loop in tl.static_range(2):
             if loop == 0:  # whole tiles, every id in the cache: no per-key check, no load mask
                 tile_lo = chunk_lo
@@ -246,67 +218,67 @@ def mla_decode_kernel(
             else:  # checked: a chunk with a bad id, or the segment's last partial tile
                 tile_lo = full_hi
                 tile_hi = chunk_hi
-            for start in range(tile_lo, tile_hi, TILE_N):
+            for start in range(tile_lo, tile_hi, CFG.TILE_N):
                 k_pos = start + offs_n  # [TILE_N]
                 if PAGE_ALIGNED:
-                    page = page_of_tile_keys(pages, first_page, start, PAGE_SIZE, TILE_N)
+                    page = page_of_tile_keys(pages, first_page, start, CFG.PAGE_SIZE, CFG.TILE_N)
                     in_page = slot
                 else:
-                    page = page_of_keys(pages, first_page, k_pos, PAGE_SIZE)
-                    in_page = k_pos % PAGE_SIZE
-                    if LARGE_CACHE:
+                    page = page_of_keys(pages, first_page, k_pos, CFG.PAGE_SIZE)
+                    in_page = k_pos % CFG.PAGE_SIZE
+                    if CFG.LARGE_CACHE:
                         in_page = in_page.to(tl.int64)
-                    in_page = in_page * stride_c_s
+                    in_page = in_page * st.stride_c_s
                 # keys past the segment or the table row (id -1), and bad block ids: masked in the
                 # checked loop, never dereferenced
                 k_ok = (k_pos < seg_hi) & (page >= 0) & (page < num_blocks)
-                if LARGE_CACHE:
+                if CFG.LARGE_CACHE:
                     page = page.to(tl.int64)
-                row = page * stride_c_b + in_page  # [TILE_N]; int64 for a large cache
+                row = page * st.stride_c_b + in_page  # [TILE_N]; int64 for a large cache
                 CHECK: tl.constexpr = loop == 1
-                kv0 = _load_rows(kv_cache_ptr, row, k_ok, col0, offs_v, LATENT_DIM, LATENT_EXACT, CHECK)
-                k_pe = _load_rows(rope_ptr, row, k_ok, 0, offs_r, ROPE_DIM, ROPE_EXACT, CHECK)  # [TILE_N, ROPE_PAD]
-                if KV_FP8:
+                kv0 = _load_rows(kv_cache_ptr, row, k_ok, col0, offs_v, CFG.LATENT_DIM, LATENT_EXACT, CHECK)
+                k_pe = _load_rows(rope_ptr, row, k_ok, 0, offs_r, CFG.ROPE_DIM, ROPE_EXACT, CHECK)  # [TILE_N, ROPE_PAD]
+                if FP8:
                     kv0 = kv0.to(q0.dtype)  # exact: every e4m3 value is an fp16 / bf16 / fp32 value
                     k_pe = k_pe.to(q0.dtype)
-                s = tl.dot(q0, tl.trans(kv0), input_precision=DOT_PRECISION)
-                if VALUE_SPLIT > 1:
-                    kv1 = _load_rows(kv_cache_ptr, row, k_ok, col1, offs_v, LATENT_DIM, LATENT_EXACT, CHECK)
-                    if KV_FP8:
+                s = tl.dot(q0, tl.trans(kv0), input_precision=CFG.DOT_PRECISION)
+                if CFG.VALUE_SPLIT > 1:
+                    kv1 = _load_rows(kv_cache_ptr, row, k_ok, col1, offs_v, CFG.LATENT_DIM, LATENT_EXACT, CHECK)
+                    if FP8:
                         kv1 = kv1.to(q0.dtype)
-                    s = tl.dot(q1, tl.trans(kv1), acc=s, input_precision=DOT_PRECISION)
-                if VALUE_SPLIT > 2:
-                    kv2 = _load_rows(kv_cache_ptr, row, k_ok, col2, offs_v, LATENT_DIM, LATENT_EXACT, CHECK)
-                    kv3 = _load_rows(kv_cache_ptr, row, k_ok, col3, offs_v, LATENT_DIM, LATENT_EXACT, CHECK)
-                    if KV_FP8:
+                    s = tl.dot(q1, tl.trans(kv1), acc=s, input_precision=CFG.DOT_PRECISION)
+                if CFG.VALUE_SPLIT > 2:
+                    kv2 = _load_rows(kv_cache_ptr, row, k_ok, col2, offs_v, CFG.LATENT_DIM, LATENT_EXACT, CHECK)
+                    kv3 = _load_rows(kv_cache_ptr, row, k_ok, col3, offs_v, CFG.LATENT_DIM, LATENT_EXACT, CHECK)
+                    if FP8:
                         kv2 = kv2.to(q0.dtype)
                         kv3 = kv3.to(q0.dtype)
-                    s = tl.dot(q2, tl.trans(kv2), acc=s, input_precision=DOT_PRECISION)
-                    s = tl.dot(q3, tl.trans(kv3), acc=s, input_precision=DOT_PRECISION)
-                s = tl.dot(q_pe, tl.trans(k_pe), acc=s, input_precision=DOT_PRECISION)  # [BLOCK_M, TILE_N]
+                    s = tl.dot(q2, tl.trans(kv2), acc=s, input_precision=CFG.DOT_PRECISION)
+                    s = tl.dot(q3, tl.trans(kv3), acc=s, input_precision=CFG.DOT_PRECISION)
+                s = tl.dot(q_pe, tl.trans(k_pe), acc=s, input_precision=CFG.DOT_PRECISION)  # [BLOCK_M, TILE_N]
                 if CHECK:
                     # Keys with a bad block id read zeros and stay in the softmax (score 0) instead of
                     # being dropped: only a corrupt sequence's output changes and it stays finite.
                     vis = (k_pos[None, :] <= q_pos[:, None]) & (k_pos < seg_hi)[None, :] & row_ok[:, None]
                     p, alpha, m_i, l_i = online_softmax_step(m_i, l_i, tl.where(vis, s * qk_scale, float("-inf")), 1.0)
-                elif BLOCK_Q > 1:  # whole tiles inside the segment: only the causal rule and the rows
+                elif CFG.BLOCK_Q > 1:  # whole tiles inside the segment: only the causal rule and the rows
                     vis = (k_pos[None, :] <= q_pos[:, None]) & row_ok[:, None]
                     p, alpha, m_i, l_i = online_softmax_step(m_i, l_i, tl.where(vis, s * qk_scale, float("-inf")), 1.0)
                 else:  # one query token: every key below seg_hi <= q_pos + 1 is visible to every row
                     p, alpha, m_i, l_i = online_softmax_step_finite(m_i, l_i, s * qk_scale, 1.0)
-                acc = tl.dot(p.to(kv0.dtype), kv0, acc=acc * alpha[:, None], input_precision=DOT_PRECISION)
+                acc = tl.dot(p.to(kv0.dtype), kv0, acc=acc * alpha[:, None], input_precision=CFG.DOT_PRECISION)
 
     out, lse = finalize_softmax(acc, m_i, l_i)
-    if KV_FP8:
+    if FP8:
         out = out * kv_scale
     split64 = split.to(tl.int64)
-    o_rows = token * stride_o_t + head * stride_o_h + split64 * stride_o_s
+    o_rows = token * st.stride_o_t + head * st.stride_o_h + split64 * st.stride_o_s
     cols = col0 + offs_v
-    o_mask = row_ok[:, None] & (cols < LATENT_DIM)[None, :]
+    o_mask = row_ok[:, None] & (cols < CFG.LATENT_DIM)[None, :]
     tl.store(out_ptr + o_rows[:, None] + cols[None, :], out.to(out_ptr.dtype.element_ty), mask=o_mask)
-    if RETURN_LSE:  # every value part computes the same lse; the first writes it
+    if lse_ptr is not None:  # every value part computes the same lse; the first writes it
         first_part = (offs_m * 0 + value_part) == 0  # (interpreter: no scalar & vector)
-        tl.store(lse_ptr + token * stride_lse_t + head * stride_lse_h + split64 * stride_lse_s, lse,
+        tl.store(lse_ptr + token * st.stride_lse_t + head * st.stride_lse_h + split64 * st.stride_lse_s, lse,
                  mask=row_ok & first_part)
 
 

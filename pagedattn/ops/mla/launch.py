@@ -25,6 +25,7 @@ shorter than ~128 keys write more than they read) and at most ``MLA_MAX_SPLITS``
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 import torch
 
@@ -42,6 +43,42 @@ MLA_MIN_SEGMENT_TOKENS = 128
 MLA_MAX_SPLITS = 64
 SMEM_BYTES = 227 * 1024  # per block on sm_90 (opt-in maximum); the budget the configs are sized for
 ROW_WIDTH_BYTES = 576 * 2  # DeepSeek's latent + rope row at 16 bits: the sizing unit below
+
+
+class MLAStrides(NamedTuple):
+    """The strides of the MLA decode kernel's tensors, in its parameter order."""
+
+    stride_qn_t: int
+    stride_qn_h: int
+    stride_qp_t: int
+    stride_qp_h: int
+    stride_o_t: int
+    stride_o_h: int
+    stride_o_s: int  # 0 when the kernel writes the final output (one split)
+    stride_lse_t: int
+    stride_lse_h: int
+    stride_lse_s: int
+    stride_c_b: int
+    stride_c_s: int
+    stride_bt_s: int
+
+
+class MLAConstants(NamedTuple):
+    """The compile-time shape of an MLA decode launch (the kernel's constexpr CFG)."""
+
+    LATENT_DIM: int
+    LATENT_PAD: int
+    ROPE_DIM: int
+    ROPE_PAD: int
+    PAGE_SIZE: int
+    BLOCK_H: int
+    BLOCK_Q: int
+    BLOCK_M: int
+    TILE_N: int
+    VALUE_SPLIT: int
+    LARGE_CACHE: bool
+    DOT_PRECISION: str
+    USE_PDL: bool
 
 
 @dataclass(frozen=True)
@@ -219,45 +256,20 @@ def launch_mla_decode(
     head_groups = -(-num_heads // config.block_h)
     grid = (mla_grid_q_blocks(num_tokens, num_seqs, config) * num_splits * head_groups * config.value_split,)
     pdl = num_splits > 1 and use_pdl(q_nope.device)
+    cfg = MLAConstants(LATENT_DIM=latent_dim, LATENT_PAD=latent_pad, ROPE_DIM=rope_dim,
+                       ROPE_PAD=max(16, next_power_of_2(rope_dim)), PAGE_SIZE=kv_cache.shape[1],
+                       BLOCK_H=config.block_h, BLOCK_Q=config.block_q, BLOCK_M=config.block_m, TILE_N=config.tile_n,
+                       VALUE_SPLIT=config.value_split, LARGE_CACHE=needs_int64_offsets(kv_cache),
+                       DOT_PRECISION="ieee" if q_nope.dtype == torch.float32 else "tf32", USE_PDL=pdl)
     launch(mla_decode_kernel, grid,
-        out_ptr=dst,
-        lse_ptr=dst_lse,
-        q_nope_ptr=q_nope,
-        q_pe_ptr=q_pe,
-        kv_cache_ptr=kv_cache,
-        block_table_ptr=block_table,
-        seq_lens_ptr=seq_lens,
-        query_start_loc_ptr=query_start_loc,
-        kv_scale_ptr=kv_scale,
-        stride_qn_t=q_nope.stride(0), stride_qn_h=q_nope.stride(1),
-        stride_qp_t=q_pe.stride(0), stride_qp_h=q_pe.stride(1),
-        stride_o_t=o_strides[0], stride_o_h=o_strides[1], stride_o_s=o_strides[2],
-        stride_lse_t=l_strides[0], stride_lse_h=l_strides[1], stride_lse_s=l_strides[2],
-        stride_c_b=kv_cache.stride(0), stride_c_s=kv_cache.stride(1),
-        stride_bt_s=block_table.stride(0),
-        scale=scale,
-        num_heads=num_heads,
-        num_seqs=num_seqs,
-        num_tokens=num_tokens,
-        num_blocks=kv_cache.shape[0],
-        max_blocks_per_seq=block_table.shape[1],
-        num_splits=num_splits,
-        LATENT_DIM=latent_dim,
-        LATENT_PAD=latent_pad,
-        ROPE_DIM=rope_dim,
-        ROPE_PAD=max(16, next_power_of_2(rope_dim)),
-        PAGE_SIZE=kv_cache.shape[1],
-        BLOCK_H=config.block_h,
-        BLOCK_Q=config.block_q,
-        BLOCK_M=config.block_m,
-        TILE_N=config.tile_n,
-        VALUE_SPLIT=config.value_split,
-        LARGE_CACHE=needs_int64_offsets(kv_cache),
-        DOT_PRECISION="ieee" if q_nope.dtype == torch.float32 else "tf32",
-        USE_PDL=pdl,
-        num_warps=config.num_warps,
-        num_stages=config.num_stages,
-    )
+           out_ptr=dst, lse_ptr=dst_lse, q_nope_ptr=q_nope, q_pe_ptr=q_pe, kv_cache_ptr=kv_cache,
+           block_table_ptr=block_table, seq_lens_ptr=seq_lens, query_start_loc_ptr=query_start_loc,
+           kv_scale_ptr=kv_scale,
+           st=MLAStrides(q_nope.stride(0), q_nope.stride(1), q_pe.stride(0), q_pe.stride(1), *o_strides, *l_strides,
+                         kv_cache.stride(0), kv_cache.stride(1), block_table.stride(0)),
+           scale=scale, num_heads=num_heads, num_seqs=num_seqs, num_tokens=num_tokens, num_blocks=kv_cache.shape[0],
+           max_blocks_per_seq=block_table.shape[1], num_splits=num_splits, CFG=cfg,
+           num_warps=config.num_warps, num_stages=config.num_stages)
     if num_splits == 1:
         return
     launch_merge_splits(out, lse, partial_out, partial_lse, num_splits, pdl=pdl,
