@@ -195,7 +195,7 @@ def mla_decode_kernel(
     # run without per-key checks (loop 0); a chunk holding an id outside the cache or the table
     # row, and the segment's last partial tile, run the checked loop (loop 1). The two loops run
     # in sequence, one of them usually empty: as two branches of an if, each would get its own
-    # shared-memory pipeline buffers (prefill kernel, experiment 20).
+    # shared-memory pipeline buffers (as measured on the prefill kernel).
     CHUNK_PAGES: tl.constexpr = _pages_per_chunk(CFG.PAGE_SIZE, CFG.TILE_N)
     CHUNK_KEYS: tl.constexpr = _keys_per_chunk(CFG.PAGE_SIZE, CFG.TILE_N)
     # Tiles of whole pages (TILE_N a multiple of the page; tiles start at multiples of TILE_N): a

@@ -4,7 +4,7 @@ Config (``MLAConfig``, default from ``pick_mla_config``): a program owns ``block
 block_q`` rows (heads of query tokens of one sequence) and ``latent / value_split`` output
 columns, and streams ``tile_n`` keys a step through ``num_stages`` shared-memory buffers. The
 budget on Hopper-class GPUs, from compiling the kernel for sm_90a (ptxas register and spill
-counts, Triton's shared-memory figure; docs/perf-notes.md experiment 10):
+counts, Triton's shared-memory figure; docs/perf-notes.md):
 
 * the fp32 accumulator takes ``block_m * latent / value_split / (32 * num_warps)`` registers a
   thread; at 128 (64 rows x 512 columns on 8 warps, or x 256 on 4) the rest still fits in the
@@ -140,7 +140,7 @@ def pick_mla_config(num_heads: int, max_query_len: int, row_bytes: int = ROW_WID
     registers a thread; the two warp groups split the columns and both compute the scores), 64-key
     tiles, 2 stages (216 KB). For 128 heads of a decode token that is 2 head groups: 2 programs
     read each latent tile, the second from L2. In the static model of docs/perf-notes.md
-    (experiment 10) this beats 2 value parts on 4 warps (4 readers per tile, 32-key tiles),
+    this beats 2 value parts on 4 warps (4 readers per tile, 32-key tiles),
     which an fp8 cache gets instead (its in-register up-conversion spills at 64-key tiles).
     Fewer rows (16 or 32: few heads, one token) take the mma.sync path, where the queries also
     sit in registers, so the value split keeps the accumulator at <= 64 registers. Wider rows
@@ -149,7 +149,7 @@ def pick_mla_config(num_heads: int, max_query_len: int, row_bytes: int = ROW_WID
 
     A grid of fewer than a quarter program per SM unsplit (``num_seqs`` and ``sms`` given: small
     batches, which split the keys) takes the 4-warp value-split config instead: in the H200
-    sweep (docs/bench/s3-runE) it ran B=1 L=32768 in 58 us against 96 us for the 8-warp one,
+    sweep it ran B=1 L=32768 in 58 us against 96 us for the 8-warp one,
     which in turn was 19% faster at B=32 (64 head groups on 132 SMs). Batches between were not
     measured; the quarter is the middle of that range.
     """

@@ -45,7 +45,7 @@ def tma_descriptors(k: torch.Tensor, v: torch.Tensor, block_n: int):
     """(k_desc, v_desc) over contiguous ``[total_k, num_kv_heads, head_size]`` K/V, or (None, None).
 
     On by default on sm90+ CUDA: 3-10% faster than the pointer loads at S = 512-32768 (graph
-    replays) with no added eager time (docs/perf-notes.md, experiments 18 and 21);
+    replays) with no added eager time (docs/perf-notes.md);
     ``PAGEDATTN_TMA=0`` turns it off, ``=1`` also turns it on in the interpreter. Taken only
     where usable (``tma_usable``).
     """
@@ -109,7 +109,7 @@ def launch_prefill(
                a.k_cache.dtype, q.shape[2], a.v_cache.shape[-1], q.shape[1] // a.k_cache.shape[-2], paged,
                a.k_cache.shape[1] if paged else 0, tma, a.causal, query_bucket(max_query_len),
                # the grid's size and the table's choice (short prefills differ from extends of the
-               # same query length: session 6 run B tuned an extend on a prefill's tiles, 16% slower)
+               # same query length: an extend tuned on a short prefill's tiles ran 16% slower on the H200)
                q.shape[1], next_power_of_2(a.query_start_loc.shape[0] - 1), tiles)
         if _out_aliases_inputs(out, lse, a):
             tiles = remembered(key, tiles)
