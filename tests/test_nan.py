@@ -157,8 +157,6 @@ def run_paged(batch, path, **kwargs):
 # The large-tile prefill kernel (paged_attention path "prefill", varlen_attention) and the MLA
 # kernel form their scores outside scores_log2: until they pass their raw dot products through
 # nonfinite_to_nan, an inf key whose score is -inf is dropped there like a masked key.
-PREFILL_RAW_SCORES = pytest.mark.xfail(strict=True, reason="prefill kernel: raw q.k not passed through nonfinite_to_nan")
-MLA_RAW_SCORES = pytest.mark.xfail(strict=True, reason="MLA kernel: scores not passed through nonfinite_to_nan")
 
 PATHS = [
     pytest.param("unified", id="unified"),
@@ -181,9 +179,7 @@ def check_scenario(batch, scenario, run):
 
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("scenario", list(SCENARIOS))
-def test_paged_paths(scenario, path, request):
-    if scenario == "key-inf" and path == "prefill":
-        request.applymarker(PREFILL_RAW_SCORES)
+def test_paged_paths(scenario, path):
     batch = make_batch(torch.float32, seed=len(scenario))
     check_scenario(batch, scenario, lambda b, kw: run_paged(b, path, **kw))
 
@@ -215,9 +211,7 @@ def run_varlen(batch, kwargs):
 
 
 @pytest.mark.parametrize("scenario", list(SCENARIOS))
-def test_varlen(scenario, request):
-    if scenario == "key-inf":
-        request.applymarker(PREFILL_RAW_SCORES)
+def test_varlen(scenario):
     batch = make_batch(torch.float32, seed=10 + len(scenario))
     check_scenario(batch, scenario, run_varlen)
 
@@ -283,9 +277,7 @@ MLA_SCENARIOS = {"visible": poison_mla_visible, "rope-inf": poison_mla_rope_inf,
 
 @pytest.mark.parametrize("num_splits", [1, 3], ids=["1-split", "3-splits"])
 @pytest.mark.parametrize("scenario", list(MLA_SCENARIOS))
-def test_mla_decode(scenario, num_splits, request):
-    if scenario == "rope-inf":
-        request.applymarker(MLA_RAW_SCORES)
+def test_mla_decode(scenario, num_splits):
     batch = make_mla(torch.float32, seed=20 + len(scenario))
     scale = 1.0 / math.sqrt(LATENT + ROPE)
     ref_out, ref_lse = mla_decode_ref(*mla_args(batch), scale=scale)

@@ -21,6 +21,7 @@ from pagedattn.ops.common.attention_math import (
     LOG2E,
     causal_window_mask,
     finalize_softmax,
+    nonfinite_to_nan,
     online_softmax_step,
     online_softmax_step_finite,
     scores_log2,
@@ -190,7 +191,7 @@ def mod_scores(qk, qt, k_pos, mods, CFG: tl.constexpr, RAW_OK: tl.constexpr):
     and c is 1.
     """
     if RAW_OK and CFG.POSITIVE_SCALE and mods.softcap is None and CFG.ALIBI_MODE == 0:
-        return qk, mods.scale * LOG2E
+        return nonfinite_to_nan(qk), mods.scale * LOG2E  # an inf key's -inf score must not read as masked
     x = scores_log2(qk, mods.scale, qt.q_pos, k_pos, mods.softcap, qt.slope, mods.softcap is not None, CFG.ALIBI_MODE)
     return x, 1.0
 

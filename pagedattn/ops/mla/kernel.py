@@ -22,6 +22,7 @@ import triton.language as tl
 from pagedattn.ops.common.attention_math import (
     LOG2E,
     finalize_softmax,
+    nonfinite_to_nan,
     online_softmax_step,
     online_softmax_step_finite,
     round_to_fp8e4m3,
@@ -256,6 +257,7 @@ def mla_decode_kernel(
                     s = tl.dot(q2, tl.trans(kv2), acc=s, input_precision=CFG.DOT_PRECISION)
                     s = tl.dot(q3, tl.trans(kv3), acc=s, input_precision=CFG.DOT_PRECISION)
                 s = tl.dot(q_pe, tl.trans(k_pe), acc=s, input_precision=CFG.DOT_PRECISION)  # [BLOCK_M, TILE_N]
+                s = nonfinite_to_nan(s)  # an inf key's -inf score must not read as masked
                 if CHECK:
                     # Keys with a bad block id read zeros and stay in the softmax (score 0) instead of
                     # being dropped: only a corrupt sequence's output changes and it stays finite.
