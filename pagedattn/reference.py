@@ -193,7 +193,7 @@ def paged_attention_ref(
     v_scale=None,
     compute_dtype: torch.dtype = torch.float64,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Reference for :func:`pagedattn.paged_attention` (same arguments, see SPEC.md).
+    """Reference for :func:`pagedattn.paged_attention` (same arguments, see docs/contract.md).
 
     Returns ``(out, lse)`` in ``compute_dtype``: out ``[num_tokens, num_q_heads, head_size]``,
     lse ``[num_tokens, num_q_heads]``.

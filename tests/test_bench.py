@@ -116,7 +116,7 @@ def test_bench_quick_router_against_unified(tmp_path):
         assert math.isfinite(r["time_us"]) and r["time_us"] > 0
     notes = {r["workload"]: r["note"] for r in records if r["provider"] == "router"}
     assert "1 extend" in notes["decode-heavy"] and "reordered once" in notes["decode-heavy"]
-    assert "extend" not in notes["mixed"]  # SPEC's mixed: one prefill and 63 (here 3) decodes
+    assert "extend" not in notes["mixed"]  # the reference mixed batch: one prefill and 63 (here 3) decodes
 
 
 def test_report_marks_eager_timing_after_failed_capture():

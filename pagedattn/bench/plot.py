@@ -4,7 +4,7 @@ decode.png: GB/s against context, one panel per batch size, one line per provide
 ceiling dashed). prefill.png: TFLOP/s against sequence length (the matmul ceiling dashed).
 
 waves.png, from what ``python -m pagedattn.bench.waves`` writes (its JSON, or the JSON lines it
-prints, e.g. docs/bench/run8/waves.log): one panel per replayed batch (1 x 500, 8 x 4096,
+prints, e.g. docs/bench/results/waves.json): one panel per replayed batch (1 x 500, 8 x 4096,
 64 x 2048), bars for the variable grid captured at the maximum, the persistent kernel
 captured at the maximum (static and atomic schedules) and the best plan at the true size, with
 the target (persistent within 10% of the true-size time) dashed.

@@ -1,11 +1,11 @@
-"""Benchmark workloads (SPEC.md "Reference workloads"): cases, their inputs and their work counts.
+"""Benchmark workloads (the reference workloads of BENCHMARKS.md): cases, their inputs and their work counts.
 
 A case is a batch written as segments ``(count, query_len, seq_len)``: ``count`` consecutive
 sequences with the same query and KV length. Decode B=8 L=4096 is ``[(8, 1, 4096)]``; the mixed
 batch is ``[(1, 2048, 2048), (63, 1, 2049)]``.
 
-The router comparison adds two mixes beside SPEC.md's ``mixed``, each with prefill,
-extend and decode sequences (SPEC.md names no such mixes; these are this suite's choice):
+The router comparison adds two mixes beside the reference ``mixed`` batch, each with prefill,
+extend and decode sequences (this suite's choice):
 
 * ``prefill-heavy``: 2 prefills of 4096 tokens, 2 extends of 512 tokens on 4096 cached, 16
   decodes at 4096 (compute-bound: ~97% of the FLOPs are prefill and extend);
@@ -199,7 +199,7 @@ def make_cases(workloads=WORKLOADS, *, quick: bool = False, tiny_heads: bool = F
 def _visible_keys(q_len: int, kv_len: int, window: int | None) -> tuple[float, int]:
     """(query-key pairs a causal call computes, keys it must read) for one sequence.
 
-    Without a window the pairs follow the spec's convention ``q*(kv-q) + q*q/2`` (S*S/2 for a
+    Without a window the pairs follow the usual convention ``q*(kv-q) + q*q/2`` (S*S/2 for a
     prefill); with one they are counted exactly.
     """
     first = kv_len - q_len  # position of the first query

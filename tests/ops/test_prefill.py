@@ -206,8 +206,8 @@ def test_short_prefill_tiles(monkeypatch):
 
 
 @pytest.mark.parametrize("cases, short", [
-    ([(2048, 2048)] + [(1, 2049)] * 63, True),  # SPEC's mixed batch: the prefill's grid is 3.9 waves
-    ([(512, 4608)] * 4, False),  # SPEC's extend: long context, programs of equal work
+    ([(2048, 2048)] + [(1, 2049)] * 63, True),  # the reference mixed batch: the prefill's grid is 3.9 waves
+    ([(512, 4608)] * 4, False),  # the reference extend: long context, programs of equal work
     ([(8192, 8192)], False),  # 15.5 waves
 ])
 def test_prefill_plan_short_tiles(cases, short, monkeypatch):

@@ -3,7 +3,7 @@
 Scores handled here are in natural-log units until ``online_softmax_step``, which works in
 base 2 (scores are multiplied by log2(e) once, so the exponentials are ``exp2``).
 
-NaN and inf (SPEC.md): a row that reads a NaN or inf in its query or in a key or value it sees
+NaN and inf (docs/contract.md): a row that reads a NaN or inf in its query or in a key or value it sees
 ends with output NaN and lse NaN; lse -inf means only "no visible key". Three places keep it:
 ``nonfinite_to_nan`` turns a +-inf dot product into NaN before the mask (a -inf score from the
 data would otherwise look like a masked key and drop out); NaN scores then make the running sum

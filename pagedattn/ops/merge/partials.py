@@ -20,7 +20,7 @@ def merge_partials(partial_out_row, partial_lse_row, num_splits, stride_po_s, st
     read. A partial with lse NaN (a segment that read a NaN or inf) or +inf makes its weight NaN,
     so the row comes out NaN (out and lse), never as if the segment held no keys. SPLIT_BLOCK partials are loaded per step as one tile and merged online (a loop of one
     load per split waited on the L2 once per split: at batch 1 with 66 splits the call went from
-    62.5 to 56.3 us with the tiles; docs/perf-notes.md, experiment 17). The blocks start at fixed split indices and reduce in a
+    62.5 to 56.3 us with the tiles on the H200). The blocks start at fixed split indices and reduce in a
     fixed order, so the result is deterministic, and splits with lse -inf add exact zeros
     (batch-invariant mode relies on both).
     """

@@ -10,17 +10,14 @@ being captured never tunes (timing needs host synchronization): it takes a remem
 or the fallback. Candidates that do not fit the device (too much shared memory, too many
 registers) are skipped, so the same list serves every GPU Triton targets.
 
-Measured on the H200 (session 6, run B): it found faster tiles at S=2048 (107 against 118 us)
-and slower ones at S=8192 (1449 against 1375) and for an extend (which shared a key with a short
-prefill then). Since then the key holds the grid's size and the table's tiles, and the options
-are timed in interleaved rounds (``choose_tiles``). Session 7 run D: as fast as the table on
-S=2048, the extend and the mixed batch, slower at S=512 (20.0 against 16.5 us: the events timed
-the host's launch too, mended in ``time_call``) and S=8192 (1351 against 1291 us). Run E, with
-the mend: S=512 16.4 us, as the table; at S=8192 and 32768 it still takes 64-row tiles, which
-the benchmark times 1-5% slower (1331 against 1291 us, 20.6 against 19.7 ms; run F, with the L2
-flushed before each timed call, chose the same). It stays opt-in.
+Measured on the H200 with the key holding the grid's size and the table's tiles, and the
+options timed in interleaved rounds (``choose_tiles``) behind a sleep kernel (``time_call``):
+as fast as the planner's table at S=512 and 2048, on the extend and on the mixed batch; at
+S=8192 and 32768 it takes 64-row tiles that the benchmark times 1-5% slower (1331 against 1291
+us, 20.6 against 19.7 ms), with or without the L2 flushed before each timed call. It stays
+opt-in.
 
-Candidate lists come from the H200 sweeps (docs/perf-notes.md, experiments 11 and 20): the
+Candidate lists come from the H200 sweeps (docs/perf-notes.md, "Prefill tiles and TMA"): the
 winners and runners-up per head size, in the fallback's neighbourhood.
 """
 
@@ -101,8 +98,8 @@ def time_call(fn: Callable[[], None], device: torch.device) -> float:
     warms up first and takes the median over rounds).
 
     On a GPU a sleep kernel is queued first, so the host has launched the call before the GPU
-    reaches the start event: the events time the kernels, not the host's launch work (session 7
-    run D: without it, an S=512 prefill, 16.5 us of kernel behind tens of microseconds of launch,
+    reaches the start event: the events time the kernels, not the host's launch work (on the
+    H200, without it, an S=512 prefill, 16.5 us of kernel behind tens of microseconds of launch,
     was tuned to tiles that run 20 us)."""
     if device.type == "cuda":
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -128,8 +125,8 @@ def choose_tiles(key: tuple, fallback: Tiles, options: list[Tiles], run: Callabl
     device)``), so a drift of the clocks or the temperature during tuning weighs on every option
     alike; at least TUNE_MIN_ROUNDS rounds, more for short calls (until an option has
     TUNE_TARGET_SECONDS of timed calls, at most TUNE_MAX_ROUNDS). The lowest median wins.
-    Session 6 run B: five timed calls of each option in turn picked tiles 5% slower than the
-    table's at S=8192 (1449 against 1375 us)."""
+    On the H200, five timed calls of each option in turn (not interleaved) picked tiles 5% slower
+    than the table's at S=8192 (1449 against 1375 us)."""
     if key in _chosen:
         return _chosen[key]
     if not autotune_enabled(device) or capturing(device):
