@@ -1,6 +1,6 @@
 """NaN and inf in the inputs propagate the same way on every path and through the merge.
 
-The contract (SPEC.md): a NaN or inf in a query, or in a key or value that a query sees, makes
+The contract (docs/contract.md): a NaN or inf in a query, or in a key or value that a query sees, makes
 that row's output and lse NaN on every path, so no merge of states can hide it; keys a query
 cannot see (masked, outside its window, other sequences, padding) never change its result; lse
 -inf stays the mark of a row with no visible key (output 0). Outputs start at a finite sentinel
@@ -111,8 +111,22 @@ def poison_outside_window(batch):
     return torch.zeros(batch.q.shape[:2], dtype=torch.bool)
 
 
+def poison_value_hidden_in_tile(batch):
+    """NaN and inf in the values of keys that the causal rule hides from earlier queries of the
+    same sequence, inside the key tile those queries read too: only the rows that see them NaN."""
+    bad = torch.zeros(batch.q.shape[:2], dtype=torch.bool)
+    b, o = _slot(batch, 2, 39)
+    batch.v_cache[b, o, 0, 4] = NAN  # position 39: seen by token 3 only
+    bad[3, 0:2] = True
+    b, o = _slot(batch, 2, 38)
+    batch.v_cache[b, o, 1, 2] = INF  # position 38: seen by tokens 2 and 3, not token 1 (position 37)
+    bad[2:4, 2:4] = True
+    return bad
+
+
 SCENARIOS = {
     "visible": (poison_visible, {}),
+    "value-hidden-in-tile": (poison_value_hidden_in_tile, {}),
     "key-inf": (poison_key_inf, {}),
     "invisible": (poison_invisible, {}),
     "outside-window": (poison_outside_window, {"sliding_window": WINDOW}),
@@ -272,7 +286,17 @@ def poison_mla_invisible(batch):
     return torch.zeros(batch.q.shape[:2], dtype=torch.bool)
 
 
-MLA_SCENARIOS = {"visible": poison_mla_visible, "rope-inf": poison_mla_rope_inf, "invisible": poison_mla_invisible}
+def poison_mla_value_hidden_in_tile(batch):
+    """NaN in c_kv (a value) of token 2's own key, which token 1 of the same step does not see."""
+    bad = torch.zeros(batch.q.shape[:2], dtype=torch.bool)
+    b, o = _slot(batch, 2, 39)
+    batch.k_cache[b, o, 7] = NAN
+    bad[2] = True
+    return bad
+
+
+MLA_SCENARIOS = {"visible": poison_mla_visible, "rope-inf": poison_mla_rope_inf, "invisible": poison_mla_invisible,
+                 "value-hidden-in-tile": poison_mla_value_hidden_in_tile}
 
 
 @pytest.mark.parametrize("num_splits", [1, 3], ids=["1-split", "3-splits"])
