@@ -10,7 +10,7 @@ import triton
 import triton.language as tl
 
 from pagedattn.ops.common.bundles import SIZES, Sizes
-from pagedattn.ops.common.program import attend_segment, locate_q_block, store_partial
+from pagedattn.ops.common.program import attend_segment, locate_q_block, q_block_rows, store_partial
 from pagedattn.ops.merge.partials import merge_row
 
 
@@ -26,6 +26,13 @@ def split_kv_attention_kernel(part, segment_size, queries, kv, mods, num_seqs, n
     if not valid:
         return
     split = tl.program_id(2)
+    if segment_size > 0 and split > 0 and split * segment_size >= blk.seq_len:
+        # a fixed-position segment past the sequence's keys (a short sequence beside long ones):
+        # the merge reads only its lse, -inf, so nothing else is loaded or stored
+        token, head, row_ok, _ = q_block_rows(blk, blk.seq_len - blk.q_len, tl.program_id(1), n.num_tokens, CFG)
+        tl.store(part.lse + token * part.stride_pl_t + head * part.stride_pl_h + split * part.stride_pl_s,
+                 tl.full([CFG.BLOCK_M], float("-inf"), tl.float32), mask=row_ok)
+        return
     out, lse, token, head, row_ok = attend_segment(queries, kv, mods, n, blk, tl.program_id(1), split,
                                                    tl.num_programs(2), segment_size, CFG, False)
     store_partial(part, out, lse, token, head, row_ok, split, CFG)
