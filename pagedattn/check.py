@@ -292,8 +292,8 @@ def _poison_position(cases) -> tuple[int, int]:
 
 
 def _poison_paged(cache_pairs, block_table, cases, block_size: int, q) -> None:
-    """NaN into a key and its value (see _poison_position), into one query, and into every cache
-    block no sequence uses (which no call may read)."""
+    """NaN into a key (see _poison_position), into a value every query of that sequence reads,
+    into one query, and into every cache block no sequence uses (which no call may read)."""
     import torch
 
     s, pos = _poison_position(cases)
@@ -301,7 +301,10 @@ def _poison_paged(cache_pairs, block_table, cases, block_size: int, q) -> None:
     k_cache, v_cache = cache_pairs
     k_cache[block, offset, ..., 3] = float("nan")
     if v_cache is not None:
-        v_cache[block, offset, ..., 5] = float("nan")  # hidden from the earlier queries of its tile
+        # the value NaN at the sequence's first key, which every one of its queries sees: a
+        # non-finite value at a key hidden from a query of the same tile still reaches that
+        # query (docs/contract.md, "NaN and inf")
+        v_cache[int(block_table[s, 0]), 0, ..., 5] = float("nan")
     if q.shape[0]:
         q[0, q.shape[1] - 1, 0] = float("nan")
     used = set()
@@ -423,11 +426,11 @@ def _run_varlen(spec: Spec, device: str, g) -> dict:
     q, k, v, cu_q, cu_k = _varlen_inputs(cases, hq, hk, d, dv, spec.dtype, device, g)
     kwargs = _features(spec.feature, hq, len(cases), device, g)
     poison = spec.options.get("poison")
-    if poison:  # a key and its value (see _poison_position) and a query
+    if poison:  # a key (see _poison_position), a value every query of that sequence reads, a query
         seq, pos = _poison_position(cases)
         key = int(cu_k[seq]) + pos
         k[key, 0, 3] = float("nan")
-        v[key, -1, 1] = float("nan")
+        v[int(cu_k[seq]), -1, 1] = float("nan")  # see _poison_paged
         q[0, -1, 0] = float("nan")
     out = _nan_like((q.shape[0], hq, dv), spec.dtype, device)
     lse = _nan_like((q.shape[0], hq), torch.float32, device)

@@ -111,6 +111,11 @@ def poison_outside_window(batch):
     return torch.zeros(batch.q.shape[:2], dtype=torch.bool)
 
 
+# docs/contract.md, "NaN and inf": the one known exception, kept visible as a strict xfail
+HIDDEN_VALUE = pytest.mark.xfail(strict=True, reason="a non-finite value hidden from a row of the same tile reaches it "
+                                 "through 0 x NaN (the fix measured 1.2-2.1x the decode time)")
+
+
 def poison_value_hidden_in_tile(batch):
     """NaN and inf in the values of keys that the causal rule hides from earlier queries of the
     same sequence, inside the key tile those queries read too: only the rows that see them NaN."""
@@ -193,7 +198,9 @@ def check_scenario(batch, scenario, run):
 
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("scenario", list(SCENARIOS))
-def test_paged_paths(scenario, path):
+def test_paged_paths(scenario, path, request):
+    if scenario == "value-hidden-in-tile":
+        request.applymarker(HIDDEN_VALUE)
     batch = make_batch(torch.float32, seed=len(scenario))
     check_scenario(batch, scenario, lambda b, kw: run_paged(b, path, **kw))
 
@@ -225,7 +232,9 @@ def run_varlen(batch, kwargs):
 
 
 @pytest.mark.parametrize("scenario", list(SCENARIOS))
-def test_varlen(scenario):
+def test_varlen(scenario, request):
+    if scenario == "value-hidden-in-tile":
+        request.applymarker(HIDDEN_VALUE)
     batch = make_batch(torch.float32, seed=10 + len(scenario))
     check_scenario(batch, scenario, run_varlen)
 
@@ -301,7 +310,9 @@ MLA_SCENARIOS = {"visible": poison_mla_visible, "rope-inf": poison_mla_rope_inf,
 
 @pytest.mark.parametrize("num_splits", [1, 3], ids=["1-split", "3-splits"])
 @pytest.mark.parametrize("scenario", list(MLA_SCENARIOS))
-def test_mla_decode(scenario, num_splits):
+def test_mla_decode(scenario, num_splits, request):
+    if scenario == "value-hidden-in-tile":
+        request.applymarker(HIDDEN_VALUE)
     batch = make_mla(torch.float32, seed=20 + len(scenario))
     scale = 1.0 / math.sqrt(LATENT + ROPE)
     ref_out, ref_lse = mla_decode_ref(*mla_args(batch), scale=scale)

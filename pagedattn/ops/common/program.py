@@ -211,16 +211,8 @@ def attend_tile(qt, k, v, m_i, l_i, acc, k_pos, key_ok, mods, n, CFG: tl.constex
     qk = tl.dot(qt.q, k, input_precision=CFG.DOT_PRECISION)  # [BLOCK_M, TILE_N]
     x, c = mod_scores(qk, qt, k_pos, mods, CFG, RAW_OK)
     if MASKED:
-        vis = visible(qt, k_pos, key_ok, mods, n, CFG)
-        p, alpha, m_i, l_i = online_softmax_step(m_i, l_i, tl.where(vis, x, float("-inf")), c)
-        # A non-finite value of a key that some rows of the tile cannot see would reach them
-        # through their zero weight (0 * NaN): zero it, and make NaN the rows that do see it.
-        # Only masked tiles hold keys hidden from some rows; elsewhere NaN flows as it should.
-        v_fin = (v - v) == 0  # [TILE_N, HEAD_SIZE_PAD]: False for NaN and inf
-        bad_key = tl.min(v_fin.to(tl.int32), 1) == 0  # [TILE_N]
-        v = tl.where(v_fin, v, 0.0)
-        sees_bad = tl.max((vis & bad_key[None, :]).to(tl.int32), 1) > 0  # [BLOCK_M]
-        l_i = tl.where(sees_bad, float("nan"), l_i)
+        p, alpha, m_i, l_i = online_softmax_step(m_i, l_i, tl.where(visible(qt, k_pos, key_ok, mods, n, CFG), x,
+                                                                     float("-inf")), c)
     elif CHECK_KEYS:
         p, alpha, m_i, l_i = online_softmax_step(m_i, l_i, tl.where(key_ok[None, :], x, float("-inf")), c)
     else:  # every key of the tile is visible to every row

@@ -268,10 +268,6 @@ def mla_decode_kernel(
                     p, alpha, m_i, l_i = online_softmax_step(m_i, l_i, tl.where(vis, s * qk_scale, float("-inf")), 1.0)
                 else:  # one query token: every key below seg_hi <= q_pos + 1 is visible to every row
                     p, alpha, m_i, l_i = online_softmax_step_finite(m_i, l_i, s * qk_scale, 1.0)
-                if CHECK or CFG.BLOCK_Q > 1:
-                    # a non-finite latent hidden from some rows would reach them through their zero
-                    # weight (0 * NaN); the rows that see it already have a NaN score
-                    kv0 = tl.where((kv0 - kv0) == 0, kv0, 0.0)
                 acc = tl.dot(p.to(kv0.dtype), kv0, acc=acc * alpha[:, None], input_precision=CFG.DOT_PRECISION)
 
     out, lse = finalize_softmax(acc, m_i, l_i)
