@@ -199,13 +199,11 @@ def markdown_table(results: dict) -> str:
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     device = select_device()  # before anything imports a Triton kernel
-    from pagedattn.bench.report import machine_info, write_json, write_outputs
+    from pagedattn.bench.report import comma_list, machine_info, write_json, write_outputs
     from pagedattn.engine.config import PRESETS
     from pagedattn.engine.weights import random_model
 
-    names = []
-    for a in args.attention or [",".join(DEFAULT_ATTENTIONS)]:
-        names += [x.strip() for x in a.split(",") if x.strip()]
+    names = comma_list(args.attention, DEFAULT_ATTENTIONS)
     unknown = [n for n in names if n not in ATTENTIONS]
     if unknown:
         build_parser().error(f"unknown attention(s) {unknown}; choose from {', '.join(ATTENTIONS)}")

@@ -161,3 +161,11 @@ def markdown_table(results: dict) -> str:
         for r in eager:
             lines.append(f"- {r['provider']} on {r['case']}: timed eagerly, {r['method']}")
     return "\n".join(lines) + "\n"
+
+
+def comma_list(values, default) -> list[str]:
+    """Names from repeatable comma-list options (``--attention a,b --attention c``), or ``default``."""
+    names = []
+    for v in values or [",".join(default)]:
+        names += [x.strip() for x in v.split(",") if x.strip()]
+    return names

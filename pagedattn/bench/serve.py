@@ -266,14 +266,12 @@ def markdown_table(results: dict) -> str:
 
 def main(args: argparse.Namespace) -> int:
     device = select_device()  # before anything imports a Triton kernel
-    from pagedattn.bench.report import machine_info, write_json, write_outputs
+    from pagedattn.bench.report import comma_list, machine_info, write_json, write_outputs
     from pagedattn.engine.config import resolve_model
     from pagedattn.engine.llm import parse_dtype
     from pagedattn.engine.weights import load_model
 
-    names = []
-    for a in args.attention or [",".join(DEFAULT_ATTENTIONS)]:
-        names += [x.strip() for x in a.split(",") if x.strip()]
+    names = comma_list(args.attention, DEFAULT_ATTENTIONS)
     unknown = [n for n in names if n not in ATTENTIONS]
     if unknown:
         print(f"pagedattn bench serve: error: unknown attention(s) {unknown}; choose from {', '.join(ATTENTIONS)}",
