@@ -30,7 +30,7 @@ __all__ = [
 logger = logging.getLogger("pagedattn.backends")
 
 ENV_VAR = "PAGEDATTN_BACKEND"
-# The automatic choice, best first. "router" is chosen by name only.
+# The automatic choice, best first. "router" and "mla" (MLA layers' latent cache) are chosen by name only.
 AUTO_PRIORITY = ["triton", "flashinfer", "sdpa", "flex", "torch"]
 
 _REGISTRY: dict[str, AttentionBackend] = {}
@@ -44,12 +44,14 @@ def _load_builtins() -> None:
     _BUILTINS_LOADED = True
     from pagedattn.backends.flashinfer import FlashInferBackend
     from pagedattn.backends.flex import FlexBackend
+    from pagedattn.backends.mla import MLABackend
     from pagedattn.backends.router import RouterBackend
     from pagedattn.backends.sdpa import SdpaBackend
     from pagedattn.backends.torch_backend import TorchBackend
     from pagedattn.backends.triton_backend import TritonBackend
 
-    for cls in (TritonBackend, TorchBackend, SdpaBackend, FlexBackend, FlashInferBackend, RouterBackend):
+    for cls in (TritonBackend, TorchBackend, SdpaBackend, FlexBackend, FlashInferBackend, RouterBackend,
+                MLABackend):
         if cls.name not in _REGISTRY:
             _REGISTRY[cls.name] = cls()
 
