@@ -1,6 +1,7 @@
 """The ``mla`` backend against MLA attention computed directly in float64, and its routing."""
 
 import math
+from dataclasses import dataclass
 
 import pytest
 import torch
@@ -15,13 +16,31 @@ from tests.conftest import DEVICE
 
 # (query_len, seq_len) per sequence: prefill, decode, extend, spec decode, empty, short prompt, decode
 MIXED = [(20, 20), (1, 33), (12, 40), (4, 29), (0, 7), (3, 3), (1, 1)]
-HEADS, NOPE, ROPE, V_DIM, LATENT, BLOCK = 4, 16, 16, 16, 32, 16
+@dataclass(frozen=True)
+class Dims:
+    heads: int = 4
+    nope: int = 16
+    rope: int = 16
+    v: int = 16
+    latent: int = 32
+    block: int = 16
+
+    @property
+    def scale(self) -> float:
+        return 1.0 / math.sqrt(self.nope + self.rope)
 
 
-def make_mla_case(cases, dtype, seed=0):
-    """Random latent rows in a shuffled paged cache, random per-head queries and a random kv_b_proj."""
+TINY = Dims()
+DEEPSEEK = Dims(heads=2, nope=128, rope=64, v=128, latent=512, block=16)  # q/k head 192, v head 128
+HEADS, NOPE, ROPE, V_DIM, LATENT, BLOCK = TINY.heads, TINY.nope, TINY.rope, TINY.v, TINY.latent, TINY.block
+
+
+def make_mla_case(cases, dtype, seed=0, dims=TINY, cache_dtype=None, kv_scale=None):
+    """Random latent rows in a shuffled paged cache, random per-head queries and a random kv_b_proj.
+
+    With an fp8 ``cache_dtype`` the cache holds ``randn / kv_scale`` rounded to fp8."""
     g = torch.Generator().manual_seed(seed)
-    pages = [-(-n // BLOCK) for _, n in cases]
+    pages = [-(-n // dims.block) for _, n in cases]
     num_blocks = sum(pages) + 2
     perm = torch.randperm(num_blocks, generator=g)
     block_table = torch.zeros(len(cases), max(pages), dtype=torch.int32)
@@ -32,13 +51,17 @@ def make_mla_case(cases, dtype, seed=0):
     num_tokens = sum(q for q, _ in cases)
     f = dict(generator=g, dtype=torch.float32)
     case = dict(
-        kv_cache=torch.randn(num_blocks, BLOCK, LATENT + ROPE, **f),
-        q_nope=torch.randn(num_tokens, HEADS, NOPE, **f),
-        q_pe=torch.randn(num_tokens, HEADS, ROPE, **f),
+        q_nope=torch.randn(num_tokens, dims.heads, dims.nope, **f),
+        q_pe=torch.randn(num_tokens, dims.heads, dims.rope, **f),
         # unit-variance K and V after decompression
-        kv_b_proj=torch.randn(HEADS * (NOPE + V_DIM), LATENT, **f) / math.sqrt(LATENT),
+        kv_b_proj=torch.randn(dims.heads * (dims.nope + dims.v), dims.latent, **f) / math.sqrt(dims.latent),
     )
     case = {k: v.to(dtype=dtype, device=DEVICE) for k, v in case.items()}
+    cache = torch.randn(num_blocks, dims.block, dims.latent + dims.rope, **f)
+    if cache_dtype is None:
+        case["kv_cache"] = cache.to(dtype=dtype, device=DEVICE)
+    else:
+        case["kv_cache"] = (cache / (1.0 if kv_scale is None else kv_scale)).to(device=DEVICE, dtype=cache_dtype)
     qsl = [0]
     for q, _ in cases:
         qsl.append(qsl[-1] + q)
@@ -50,17 +73,20 @@ def make_mla_case(cases, dtype, seed=0):
     return case
 
 
-def mla_attention_ref(case, cases, scale):
+def mla_attention_ref(case, cases, scale, dims=TINY, kv_scale=None):
     """Decompress every sequence's latent rows with kv_b_proj and attend in float64, causally."""
     f64 = torch.float64
-    w = case["kv_b_proj"].to(f64).view(HEADS, NOPE + V_DIM, LATENT)
+    d = dims
+    w = case["kv_b_proj"].to(f64).view(d.heads, d.nope + d.v, d.latent)
     ks, vs = [], []
     for s, (_, n) in enumerate(cases):
-        pages = case["block_table"][s, : -(-n // BLOCK)].long()
-        rows = case["kv_cache"][pages].reshape(-1, LATENT + ROPE)[:n].to(f64)
-        kv = torch.einsum("tl,hdl->thd", rows[:, :LATENT], w)
-        ks.append(torch.cat([kv[..., :NOPE], rows[:, None, LATENT:].expand(-1, HEADS, ROPE)], dim=-1))
-        vs.append(kv[..., NOPE:])
+        pages = case["block_table"][s, : -(-n // d.block)].long()
+        rows = case["kv_cache"][pages].reshape(-1, d.latent + d.rope)[:n].to(f64)
+        if case["kv_cache"].dtype == torch.float8_e4m3fn:
+            rows = rows * (1.0 if kv_scale is None else float(kv_scale))
+        kv = torch.einsum("tl,hdl->thd", rows[:, :d.latent], w)
+        ks.append(torch.cat([kv[..., :d.nope], rows[:, None, d.latent:].expand(-1, d.heads, d.rope)], dim=-1))
+        vs.append(kv[..., d.nope:])
     cu_k = [0]
     for _, n in cases:
         cu_k.append(cu_k[-1] + n)
@@ -70,18 +96,21 @@ def mla_attention_ref(case, cases, scale):
     return out
 
 
-def mla_config(dtype):
-    return BackendConfig(DEVICE, dtype, head_size=NOPE + ROPE, num_q_heads=HEADS, num_kv_heads=1)
+def mla_config(dtype, dims=TINY, fp8=False):
+    return BackendConfig(DEVICE, dtype, head_size=dims.nope + dims.rope, num_q_heads=dims.heads, num_kv_heads=1,
+                         features={"causal", "fp8"} if fp8 else {"causal"})
 
 
-def run_backend(case, dtype, **plan_options):
+def run_backend(case, dtype, dims=TINY, kv_scale=None, **plan_options):
     backend = get_backend("mla")
-    md = backend.plan(case["block_table"], case["seq_lens"], case["query_start_loc"], mla_config(dtype),
+    fp8 = case["kv_cache"].dtype == torch.float8_e4m3fn
+    md = backend.plan(case["block_table"], case["seq_lens"], case["query_start_loc"], mla_config(dtype, dims, fp8),
                       **plan_options)
-    weights = MLAWeights.from_kv_b_proj(case["kv_b_proj"], num_heads=HEADS, qk_nope_head_dim=NOPE, v_head_dim=V_DIM)
-    out = torch.full((case["q_nope"].shape[0], HEADS, V_DIM), float("nan"), dtype=dtype, device=DEVICE)
-    res = backend.forward(case["q_nope"], case["q_pe"], case["kv_cache"], md, weights=weights,
-                          scale=1.0 / math.sqrt(NOPE + ROPE), out=out)
+    weights = MLAWeights.from_kv_b_proj(case["kv_b_proj"], num_heads=dims.heads, qk_nope_head_dim=dims.nope,
+                                        v_head_dim=dims.v)
+    out = torch.full((case["q_nope"].shape[0], dims.heads, dims.v), float("nan"), dtype=dtype, device=DEVICE)
+    res = backend.forward(case["q_nope"], case["q_pe"], case["kv_cache"], md, weights=weights, scale=dims.scale,
+                          kv_scale=kv_scale, out=out)
     assert res is out
     return out
 
@@ -96,9 +125,39 @@ def run_backend(case, dtype, **plan_options):
 def test_mla_backend_matches_reference(cases, dtype):
     case = make_mla_case(cases, dtype)
     out = run_backend(case, dtype)
-    ref = mla_attention_ref(case, cases, 1.0 / math.sqrt(NOPE + ROPE))
+    ref = mla_attention_ref(case, cases, TINY.scale)
     atol, rtol = TOLERANCES[dtype]
     torch.testing.assert_close(out.cpu().double(), ref, atol=atol, rtol=rtol)
+
+
+def test_mla_backend_deepseek_dims():
+    """The DeepSeek-V2 head shapes: latent 512 + rope 64, decompressed q/k head 192, v head 128."""
+    cases = [(9, 9), (1, 20), (3, 12), (10, 24)]
+    case = make_mla_case(cases, torch.float32, seed=3, dims=DEEPSEEK)
+    out = run_backend(case, torch.float32, dims=DEEPSEEK)
+    ref = mla_attention_ref(case, cases, DEEPSEEK.scale, dims=DEEPSEEK)
+    atol, rtol = TOLERANCES[torch.float32]
+    torch.testing.assert_close(out.cpu().double(), ref, atol=atol, rtol=rtol)
+
+
+@pytest.mark.parametrize("dtype, kv_scale", [
+    pytest.param(torch.float32, 0.5, id="fp32-scale-float"),
+    pytest.param(torch.float16, torch.tensor([0.25]), id="fp16-scale-tensor"),
+])
+def test_mla_backend_fp8_cache(dtype, kv_scale):
+    if isinstance(kv_scale, torch.Tensor):
+        kv_scale = kv_scale.to(DEVICE)
+    case = make_mla_case(MIXED, dtype, seed=5, cache_dtype=torch.float8_e4m3fn, kv_scale=kv_scale)
+    out = run_backend(case, dtype, kv_scale=kv_scale)
+    ref = mla_attention_ref(case, MIXED, TINY.scale, kv_scale=kv_scale)
+    atol, rtol = TOLERANCES[dtype]
+    torch.testing.assert_close(out.cpu().double(), ref, atol=atol, rtol=rtol)
+    # an fp8 cache under a config without "fp8" is refused by name
+    backend = get_backend("mla")
+    md = backend.plan(case["block_table"], case["seq_lens"], case["query_start_loc"], mla_config(dtype))
+    weights = MLAWeights.from_kv_b_proj(case["kv_b_proj"], num_heads=HEADS, qk_nope_head_dim=NOPE, v_head_dim=V_DIM)
+    with pytest.raises(TypeError, match="kv_cache"):
+        backend.forward(case["q_nope"], case["q_pe"], case["kv_cache"], md, weights=weights)
 
 
 def counting(monkeypatch):

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 import torch
 
-from pagedattn._checks import FLOAT_DTYPES, check_shape, check_tensor, head_size_supported
+from pagedattn._checks import FLOAT_DTYPES, check_scale_arg, check_shape, check_tensor, head_size_supported
 from pagedattn.backends.base import AttentionBackend, BackendConfig, BatchMetadata
 from pagedattn.backends.triton_backend import triton_device_reason
 
@@ -134,7 +134,8 @@ class MLABackend(AttentionBackend):
     ``BackendConfig``: ``head_size`` = ``qk_nope_head_dim + qk_rope_head_dim`` (the
     decompressed q/k head, 192 for DeepSeek), ``num_q_heads`` the attention heads,
     ``num_kv_heads`` 1 (the latent row is shared by every head), ``dtype`` q's and the cache's;
-    features: ``causal`` only (no window, softcap, ALiBi, sinks, prefix, fp8 cache or lse).
+    features: ``causal``, and ``fp8`` for a float8_e4m3fn latent cache (no window, softcap,
+    ALiBi, sinks, prefix or lse).
 
     ``plan`` options: ``decode_threshold`` (default 8, at most 8): sequences with at most this
     many query tokens take the absorbed path; ``block_size`` (the cache's page size): given, the
@@ -143,7 +144,7 @@ class MLABackend(AttentionBackend):
     """
 
     name = "mla"
-    feature_names = frozenset({"causal"})
+    feature_names = frozenset({"causal", "fp8"})
 
     def supports_head_size(self, head_size: int) -> bool:
         return head_size_supported(head_size)  # the decompressed path's q/k head in varlen_attention
@@ -208,7 +209,7 @@ class MLABackend(AttentionBackend):
         return part.slots
 
     def forward(self, q_nope, q_pe, kv_cache, metadata, *, weights: MLAWeights, scale: float | None = None,
-                out: torch.Tensor | None = None):
+                kv_scale: float | torch.Tensor | None = None, out: torch.Tensor | None = None):
         """MLA attention of the planned batch; returns ``out`` ``[num_tokens, num_heads, v_head_dim]``.
 
         Parameters
@@ -218,13 +219,16 @@ class MLABackend(AttentionBackend):
             queries of the absorbed path itself).
         q_pe : ``[num_tokens, num_heads, qk_rope_head_dim]`` q_nope's dtype
             The rotary part, rotary embedding applied.
-        kv_cache : ``[num_blocks, block_size, kv_lora_rank + qk_rope_head_dim]`` q_nope's dtype
+        kv_cache : ``[num_blocks, block_size, kv_lora_rank + qk_rope_head_dim]`` q_nope's dtype, or
+            float8_e4m3fn when the config has ``fp8``
             Per token ``[c_kv | k_pe]`` (``k_pe`` rotated), as :func:`pagedattn.write_mla_kv` writes
-            it; the step's new tokens must be in it.
+            it; the step's new tokens must be in it. An fp8 row's value is ``kv_cache * kv_scale``.
         metadata : BatchMetadata from :meth:`plan`.
         weights : :class:`MLAWeights` of the layer (``kv_b_proj``), in q_nope's dtype.
         scale : float, optional
             Score scale (default ``1 / sqrt(qk_nope_head_dim + qk_rope_head_dim)``).
+        kv_scale : float or 1-element float32 tensor, optional
+            Dequantization scale of an fp8 cache (default 1.0; ignored for other caches).
         out : ``[num_tokens, num_heads, v_head_dim]`` q_nope's dtype, optional
             Written in place and returned. Rows of sequences with no query are not written.
         """
@@ -243,8 +247,10 @@ class MLABackend(AttentionBackend):
         check_tensor("q_pe", q_pe, ndim=3, dtypes=(cfg.dtype,), device=device)
         check_shape("q_pe", q_pe, (num_tokens, num_heads, cfg.head_size - nope))
         latent, rope = weights.kv_lora_rank, q_pe.shape[2]
-        check_tensor("kv_cache", kv_cache, ndim=3, dtypes=(cfg.dtype,), device=device)
+        check_tensor("kv_cache", kv_cache, ndim=3, dtypes=(cfg.cache_dtype,), device=device)
         check_shape("kv_cache", kv_cache, (None, None, latent + rope))
+        check_scale_arg("kv_scale", kv_scale, device)
+        fp8 = kv_cache.dtype == torch.float8_e4m3fn
         if weights.num_heads != num_heads:
             raise ValueError(f"weights has {weights.num_heads} heads, q_nope {num_heads}")
         for name, w in (("weights.kv_b_proj", weights.kv_b_proj), ("weights.w_uk", weights.w_uk),
@@ -265,10 +271,13 @@ class MLABackend(AttentionBackend):
             if kind == "absorbed":
                 q_lat = torch.bmm(qn.transpose(0, 1), weights.w_uk).transpose(0, 1).contiguous()  # [t, H, latent]
                 o_lat = mla_decode(q_lat, qp.contiguous(), kv_cache, md.block_table, md.seq_lens, md.query_start_loc,
-                                   scale=float(scale), max_query_len=md.max_query_len, max_seq_len=md.max_seq_len)
+                                   scale=float(scale), max_query_len=md.max_query_len, max_seq_len=md.max_seq_len,
+                                   kv_scale=kv_scale)
                 o = torch.bmm(o_lat.transpose(0, 1), weights.w_uv).transpose(0, 1)  # [t, H, v]
             else:
                 rows = kv_cache.view(-1, latent + rope).index_select(0, self._slots(part, kv_cache.shape[1], device))
+                if fp8:  # dequantized in fp32, then q's dtype (a tensor scale stays on the device)
+                    rows = (rows.float() * (1.0 if kv_scale is None else kv_scale)).to(q_nope.dtype)
                 kv = (rows[:, :latent] @ weights.kv_b_proj.t()).view(-1, num_heads, nope + v_dim)
                 k_pe = rows[:, None, latent:].expand(-1, num_heads, rope)
                 k = torch.cat([kv[..., :nope], k_pe], dim=-1)  # [keys, H, nope + rope]
