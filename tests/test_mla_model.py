@@ -61,7 +61,7 @@ def reference_logits(model, ids: list) -> torch.Tensor:
     return hs[-1] @ d(model.lm_head).t()
 
 
-@pytest.mark.parametrize("dtype", [pytest.param(torch.float32, id="fp32")])
+@pytest.mark.parametrize("dtype", [pytest.param(torch.float32, id="fp32"), pytest.param(torch.float16, id="fp16")])
 def test_tiny_mla_generates_like_full_recomputation(dtype, monkeypatch):
     calls = {"mla_decode": 0, "varlen_attention": 0}
     for mod, name in ((mla, "mla_decode"), (api, "varlen_attention")):
