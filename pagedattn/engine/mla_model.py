@@ -23,6 +23,7 @@ and mixed batches (prefill, extend and decode sequences in one step); it is not 
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
@@ -31,7 +32,8 @@ from torch import nn
 
 from pagedattn.engine.model import MLP, Rotary, RMSNorm
 
-__all__ = ["MLAModelConfig", "MLA_PRESETS", "MLAAttention", "MLADecoder", "random_mla_model", "MLAStepper"]
+__all__ = ["MLAModelConfig", "MLA_PRESETS", "MLAAttention", "MLADecoder", "random_mla_model", "SdpaMLA",
+           "MLAStepper"]
 
 
 @dataclass(frozen=True)
@@ -186,6 +188,58 @@ def random_mla_model(cfg: MLAModelConfig, *, device="cpu", dtype=torch.float32, 
     return model
 
 
+class SdpaMLA:
+    """The baseline MLA attention: per sequence, its latent rows decompressed with ``kv_b_proj``
+    into K ``[seq_len, H, qk_nope + qk_rope]`` and V ``[seq_len, H, v_head_dim]``, then torch
+    SDPA with an explicit causal mask (the new tokens are the last queries). Same ``plan`` /
+    ``forward`` calls as the ``mla`` backend; every step decompresses every context."""
+
+    name = "sdpa"
+
+    def plan(self, block_table, seq_lens, query_start_loc, config, **_options):
+        from pagedattn.backends.base import BatchMetadata
+
+        return BatchMetadata.from_tensors(block_table, seq_lens, query_start_loc, backend=self.name)
+
+    def forward(self, q_nope, q_pe, kv_cache, metadata, *, weights, scale, kv_scale=None, out=None):
+        from pagedattn.backends._common import query_positions, scale_value, visible
+
+        n, heads, nope = q_nope.shape
+        latent, v_dim = weights.kv_lora_rank, weights.v_head_dim
+        block_size = kv_cache.shape[1]
+        if out is None:
+            out = torch.empty(n, heads, v_dim, dtype=q_nope.dtype, device=q_nope.device)
+        qsl, lens = metadata.query_start_loc_host, metadata.seq_lens_host
+        for s, seq_len in enumerate(lens):
+            q0, q1 = qsl[s], qsl[s + 1]
+            if q1 == q0:
+                continue
+            pages = metadata.block_table[s, : -(-seq_len // block_size)].long()
+            rows = kv_cache.index_select(0, pages).flatten(0, 1)[:seq_len]
+            if kv_cache.dtype == torch.float8_e4m3fn:
+                rows = rows.float() * scale_value(kv_scale)
+            rows = rows.to(q_nope.dtype)
+            kv = (rows[:, :latent] @ weights.kv_b_proj.t()).view(seq_len, heads, nope + v_dim)
+            k = torch.cat([kv[..., :nope], rows[:, None, latent:].expand(-1, heads, -1)], dim=-1)
+            q = torch.cat([q_nope[q0:q1], q_pe[q0:q1]], dim=-1)
+            mask = visible(query_positions(q1 - q0, seq_len, q.device), seq_len, causal=True, sliding_window=None,
+                           prefix_rows=None)
+            o = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), kv[..., nope:].transpose(0, 1),
+                                               attn_mask=mask, scale=scale)
+            out[q0:q1] = o.transpose(0, 1)
+        return out
+
+    def latency(self) -> dict:
+        """Of the last :meth:`generate`, in ms: ``ttft`` (mean over sequences of the time to the
+        first token) and ``tpot`` (mean over sequences of the time per later token)."""
+        times = [t for t in self.token_times if t]
+        if not times:
+            raise ValueError("latency: generate has not produced a token yet")
+        ttft = sum(t[0] for t in times) / len(times)
+        later = [(t[-1] - t[0]) / (len(t) - 1) for t in times if len(t) > 1]
+        return {"ttft": 1e3 * ttft, "tpot": 1e3 * sum(later) / len(later) if later else None}
+
+
 @dataclass
 class _Step:
     backend: object
@@ -200,11 +254,11 @@ class MLAStepper:
     remaining prompt, or its one decode token. Sequence s owns pages ``block_ids[s]`` (a fixed
     share of the cache, shuffled so that pages are not in order). ``step_log`` keeps per step the
     scheduled sequences, their ``(query_len, seq_len)``, the sequences that sampled and their
-    logits ``[sampled, vocab_size]``.
+    logits ``[sampled, vocab_size]``; :meth:`latency` gives TTFT / TPOT of the last generation.
     """
 
     def __init__(self, model: MLADecoder, *, num_seqs: int, max_len: int, block_size: int = 16,
-                 chunk_tokens: int = 16, seed: int = 0):
+                 chunk_tokens: int = 16, seed: int = 0, attention: str = "mla"):
         from pagedattn.backends import BackendConfig, get_backend
 
         cfg = model.config
@@ -216,10 +270,14 @@ class MLAStepper:
                                      cfg.kv_lora_rank + cfg.qk_rope_head_dim, device=model.device, dtype=model.dtype)
         self.config = BackendConfig(model.device, model.dtype, head_size=cfg.qk_head_dim,
                                     num_q_heads=cfg.num_heads, num_kv_heads=1)
-        self.backend = get_backend("mla")
+        if attention not in ("mla", "sdpa"):
+            raise ValueError(f"attention must be 'mla' (the mla backend) or 'sdpa' (decompressed K/V), "
+                             f"got {attention!r}")
+        self.backend = get_backend("mla") if attention == "mla" else SdpaMLA()
         model.rotary.build(max_len)
         self.max_len = max_len
         self.step_log = []
+        self.token_times = []  # per sequence of the last generate: seconds from its start to each token
 
     @torch.no_grad()
     def generate(self, prompts: list, max_tokens: int) -> list:
@@ -234,6 +292,8 @@ class MLAStepper:
         done = [0] * len(prompts)  # tokens in the cache
         out = [[] for _ in prompts]
         dev = self.model.device
+        self.step_log, self.token_times = [], [[] for _ in prompts]
+        start = time.perf_counter()
         while any(len(o) < max_tokens for o in out):
             seqs = [s for s in range(len(prompts)) if len(out[s]) < max_tokens]
             ids, pos, slots, qsl, lens, cases = [], [], [], [0], [], []
@@ -258,9 +318,22 @@ class MLAStepper:
             self.step_log.append((seqs, cases, [seqs[i] for i in sampling], logits))
             for i, s in enumerate(seqs):
                 done[s] = lens[i]
+            picked = logits.argmax(-1).tolist()  # the host read waits for the step's kernels
+            now = time.perf_counter() - start
             for row, i in enumerate(sampling):
                 s = seqs[i]
-                tok = int(logits[row].argmax())
+                tok = picked[row]
+                self.token_times[s].append(now)
                 tokens[s].append(tok)
                 out[s].append(tok)
         return out
+
+    def latency(self) -> dict:
+        """Of the last :meth:`generate`, in ms: ``ttft`` (mean over sequences of the time to the
+        first token) and ``tpot`` (mean over sequences of the time per later token)."""
+        times = [t for t in self.token_times if t]
+        if not times:
+            raise ValueError("latency: generate has not produced a token yet")
+        ttft = sum(t[0] for t in times) / len(times)
+        later = [(t[-1] - t[0]) / (len(t) - 1) for t in times if len(t) > 1]
+        return {"ttft": 1e3 * ttft, "tpot": 1e3 * sum(later) / len(later) if later else None}
