@@ -339,9 +339,13 @@ def _plan_for_call(num_seqs, num_tokens, max_query_len, max_seq_len, *, num_q_he
                   sliding_window=sliding_window)
     if path == "prefill":
         short = short_prefill(max_query_len, num_seqs, num_q_heads, sms, diagonal=max_seq_len <= 2 * max_query_len)
+        # one sequence: the large-tile kernel serves it whatever its length (max_query_len may
+        # be a loose bound), so the call is one launch without a unified launch for short ones
+        one = num_seqs == 1
         return AttentionPlan(path=path, num_splits=1, partial_out=None, partial_lse=None,
                              prefill_tiles=pick_prefill_tiles(head_size, dtype, short=short),
-                             prefill_min_q_len=PREFILL_MIN_QUERY_LEN, **common)
+                             prefill_min_q_len=0 if one else PREFILL_MIN_QUERY_LEN,
+                             rest_max_query_len=0 if one else None, **common)
     partial_out = partial_lse = None
     if path == "split_kv":
         partial_out = torch.empty(num_tokens, num_q_heads, splits, head_size, dtype=torch.float32, device=device)

@@ -45,3 +45,21 @@ def test_balanced_plan_is_right():
     paged_attention(*b.args(), plan=plan, out=out, lse_out=lse)
     ref, ref_lse = paged_attention_ref(*b.args())
     assert_matches_reference(out, lse, ref, ref_lse)
+
+
+@pytest.mark.parametrize("q_len, kv_len", [(130, 200), (5, 40), (1, 33)], ids=["prefill", "short", "decode"])
+def test_one_sequence_without_a_plan_is_one_launch_and_right(q_len, kv_len, monkeypatch):
+    """A call without a plan whose maxima say prefill, on one sequence: the large-tile kernel
+    alone serves it, whatever its real length (the maxima are only bounds)."""
+    import pagedattn.api as api
+    import pagedattn.plan as plan_mod
+
+    monkeypatch.setattr(plan_mod, "_CALL_PLANS", {})
+    unified = []
+    real = api.launch_unified
+    monkeypatch.setattr(api, "launch_unified", lambda *a, **k: unified.append(1) or real(*a, **k))
+    b = make_paged_batch([(q_len, kv_len)], num_q_heads=4, num_kv_heads=2, head_size=32, dtype=torch.float16,
+                         device=DEVICE)
+    out = paged_attention(*b.args(), max_query_len=256, max_seq_len=512, out=torch.full_like(b.q, float("nan")))
+    assert_matches_reference(out, None, paged_attention_ref(*b.args())[0], None)
+    assert not unified
