@@ -229,16 +229,6 @@ class SdpaMLA:
             out[q0:q1] = o.transpose(0, 1)
         return out
 
-    def latency(self) -> dict:
-        """Of the last :meth:`generate`, in ms: ``ttft`` (mean over sequences of the time to the
-        first token) and ``tpot`` (mean over sequences of the time per later token)."""
-        times = [t for t in self.token_times if t]
-        if not times:
-            raise ValueError("latency: generate has not produced a token yet")
-        ttft = sum(t[0] for t in times) / len(times)
-        later = [(t[-1] - t[0]) / (len(t) - 1) for t in times if len(t) > 1]
-        return {"ttft": 1e3 * ttft, "tpot": 1e3 * sum(later) / len(later) if later else None}
-
 
 @dataclass
 class _Step:
