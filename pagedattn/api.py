@@ -22,8 +22,8 @@ from pagedattn._checks import (
 from pagedattn._streams import side_stream
 from pagedattn.ops.common.attention_math import ALIBI_LINEAR, ALIBI_NONE, ALIBI_SQRT
 from pagedattn.ops.common.host_math import next_power_of_2
-from pagedattn.ops.common.device import interpreter_on
-from pagedattn.ops.common.launching import Tape, launch, wait_stream
+from pagedattn.ops.common.device import current_stream_handle, interpreter_on
+from pagedattn.ops.common.launching import launch, record, wait_stream
 from pagedattn.ops.kv_write.kernel import write_kv_kernel
 from pagedattn.ops.merge.kernel import merge_states_kernel
 from pagedattn.ops.persistent.launch import launch_persistent
@@ -35,10 +35,6 @@ from pagedattn.plan import AttentionPlan, num_sms, pick_prefill_tiles, pick_tile
 from pagedattn.validate import validate_metadata, validation_requested
 
 __all__ = ["paged_attention", "varlen_attention", "write_kv", "merge_attention_states"]
-
-
-def _current_stream(index: int) -> int:
-    return torch._C._cuda_getCurrentRawStream(index)
 
 
 def _scale_tensor(x, device: torch.device) -> torch.Tensor:
@@ -298,13 +294,8 @@ def paged_attention(
         binds = (q, k_cache, v_cache, block_table, seq_lens, query_start_loc, out, lse, alibi_slopes, sinks,
                  prefix_ranges, k_scale if isinstance(k_scale, torch.Tensor) else None,
                  v_scale if isinstance(v_scale, torch.Tensor) else None)
-        with Tape(binds) as tape:
-            _RUN_PATH[plan.path](out, lse, args, plan)
-        if tape.usable:
-            tapes = plan._tapes if plan_given else _CALL_TAPES
-            if len(tapes) >= TAPES_KEPT:
-                tapes.pop(next(iter(tapes)))
-            tapes[key] = tape
+        record(plan._tapes if plan_given else _CALL_TAPES, key, binds,
+               lambda: _RUN_PATH[plan.path](out, lse, args, plan), TAPES_KEPT)
     return (out, lse) if return_lse else out
 
 
@@ -327,7 +318,7 @@ def _layout_key(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, out
         seq_lens.shape, seq_lens.stride(), seq_lens.dtype, seq_lens.get_device(),
         query_start_loc.shape, query_start_loc.stride(), query_start_loc.dtype, query_start_loc.get_device(),
         return_lse, max_query_len, max_seq_len, scale, causal, sliding_window, softcap, alibi_sqrt,
-        torch._C._cuda_getCurrentRawStream(dev),
+        current_stream_handle(q.device),
     )
     if out is not None:
         key += (out.shape, out.stride(), out.dtype, out.get_device())

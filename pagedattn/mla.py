@@ -28,9 +28,9 @@ from pagedattn.ops.mla.launch import (
     launch_write_mla_kv,
     resolve_mla_config,
 )
-from pagedattn.api import _current_stream, _rounded_into, _scale_tensor
-from pagedattn.ops.common.device import interpreter_on
-from pagedattn.ops.common.launching import Tape
+from pagedattn.api import _rounded_into, _scale_tensor
+from pagedattn.ops.common.device import current_stream_handle, interpreter_on
+from pagedattn.ops.common.launching import record
 from pagedattn.plan import num_sms
 
 __all__ = ["mla_decode", "write_mla_kv"]
@@ -139,7 +139,7 @@ def _mla_decode(q_nope, q_pe, kv_cache, block_table, seq_lens, query_start_loc, 
                 None if out is None else (out.shape, out.stride(), out.dtype, out.device),
                 q_nope.requires_grad and torch.is_grad_enabled(), scale, max_query_len, max_seq_len,
                 kv_scale if not isinstance(kv_scale, torch.Tensor) else (kv_scale.shape, kv_scale.dtype),
-                num_splits, return_lse, _current_stream(q_nope.device.index))
+                num_splits, return_lse, current_stream_handle(q_nope.device))
         except AttributeError:  # not tensors: the checks below name the argument
             key = None
         tape = None if key is None else _TAPES.get(key)
@@ -221,13 +221,8 @@ def _mla_decode(q_nope, q_pe, kv_cache, block_table, seq_lens, query_start_loc, 
     if key is None:
         run()
     else:  # recorded, so that the next call with this layout replays it
-        with Tape((q_nope, q_pe, kv_cache, block_table, seq_lens, query_start_loc, out, lse,
-                   kv_scale if isinstance(kv_scale, torch.Tensor) else None)) as tape:
-            run()
-        if tape.usable:
-            if len(_TAPES) >= TAPES_KEPT:
-                _TAPES.pop(next(iter(_TAPES)))
-            _TAPES[key] = tape
+        record(_TAPES, key, (q_nope, q_pe, kv_cache, block_table, seq_lens, query_start_loc, out, lse,
+                             kv_scale if isinstance(kv_scale, torch.Tensor) else None), run, TAPES_KEPT)
     return (out, lse) if return_lse else out
 
 

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 import torch
 
 from pagedattn._streams import side_stream
-from pagedattn.ops.common.device import interpreter_on
+from pagedattn.ops.common.device import current_stream_handle, interpreter_on
 from pagedattn.ops.common.host_math import cdiv, next_power_of_2
 from pagedattn.ops.common.tiles import Tiles
 
@@ -307,7 +307,7 @@ def plan_for_call(num_seqs: int, num_tokens: int, max_query_len: int, max_seq_le
     the host maxima alone (no per-sequence lengths: every sequence counted at ``max_query_len``,
     and the prefill kernel's grid covering every sequence). Cached per shape and stream, so that
     repeated calls reuse the split-KV workspaces and the recorded launches."""
-    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    stream = current_stream_handle(device)
     key = (num_seqs, num_tokens, max_query_len, max_seq_len, num_q_heads, num_kv_heads, head_size, dtype, device,
            sliding_window, stream)
     plan = _CALL_PLANS.pop(key, None)

@@ -20,6 +20,13 @@ def cuda_sm90_or_newer(device: torch.device) -> bool:
     return _sm90_or_newer(device.index if device.index is not None else torch.cuda.current_device())
 
 
+def current_stream_handle(device: torch.device) -> int:
+    """The raw handle of ``device``'s current CUDA stream (0 off CUDA): a key part, cheaply read."""
+    if device.type != "cuda":
+        return 0
+    return torch._C._cuda_getCurrentRawStream(device.index if device.index is not None else torch.cuda.current_device())
+
+
 def interpreter_on() -> bool:
     """Whether Triton runs its interpreter (``TRITON_INTERPRET=1``), read at each call (the tests
     and the CPU fallbacks set it after import)."""

@@ -32,6 +32,17 @@ def launch(kernel, grid, **kwargs):
     return compiled
 
 
+def record(tapes: dict, key, bindables, run, kept: int) -> None:
+    """Run ``run()`` while a :class:`Tape` over ``bindables`` records it, and keep the tape under
+    ``key`` in ``tapes`` (at most ``kept``, the oldest dropped first) if it can be replayed."""
+    with Tape(bindables) as tape:
+        run()
+    if tape.usable:
+        if len(tapes) >= kept:
+            tapes.pop(next(iter(tapes)))
+        tapes[key] = tape
+
+
 def wait_stream(waiter: torch.cuda.Stream, waitee: torch.cuda.Stream) -> None:
     """``waiter.wait_stream(waitee)``, recorded into the active tape if there is one."""
     waiter.wait_stream(waitee)
