@@ -33,6 +33,14 @@ def test_default_covers_every_family_and_feature(device):
     assert len(check.full_specs(device)) > 4 * len(specs)
 
 
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_every_row_names_a_batch_of_its_device(device):
+    batches = check._device_config(device)["batches"]
+    for s in check.default_specs(device) + check.full_specs(device):
+        if s.batch != "-":
+            assert s.batch in batches, (s.name, device)
+
+
 def test_check_streams_rows_and_writes_json(tmp_path, capsys):
     out = tmp_path / "check.json"
     rc = check.main(["--only", "merge halves", "--only", "write_kv", "--json", str(out)])
