@@ -1,4 +1,6 @@
-"""The tiny MLA decoder generating through the mla backend, against a float64 full recomputation."""
+"""The tiny MLA decoder generating through the engine (continuous batching, chunked prefill,
+mixed steps, preemption, emulated CUDA-graph decode), with the mla backend and with SDPA over
+decompressed K/V, against a float64 full recomputation; ``bench e2e --quick`` on it."""
 
 import math
 
@@ -7,11 +9,17 @@ import torch
 
 import pagedattn.api as api
 import pagedattn.mla as mla
-from pagedattn.engine.mla_model import MLA_PRESETS, MLAStepper, random_mla_model
+from pagedattn.engine import LLM, SamplingParams
 from pagedattn.testing import TOLERANCES
 from tests.conftest import DEVICE
 
 PROMPTS = [list(range(5, 18)), [7, 3, 9], [(11 * i) % 128 for i in range(21)], [42]]  # 13, 3, 21, 1 tokens
+# 14 tokens a step, 4 sequences: a 13-token prefill chunk (decompressed), a 2-token extend
+# (absorbed), a 10-token extend (decompressed), decodes beside them, then pure decode steps of 3
+# and 1 sequences (graph buckets 4 and 2, both padded)
+ENGINE = dict(device=DEVICE, max_model_len=32, max_num_seqs=4, max_num_batched_tokens=14, block_size=8,
+              cuda_graph_sizes=[2, 4])
+POISON = 100.0  # the latent cache before any write: a row read but never written moves the logits far
 
 
 def _rms(x, w, eps):
@@ -61,8 +69,41 @@ def reference_logits(model, ids: list) -> torch.Tensor:
     return hs[-1] @ d(model.lm_head).t()
 
 
-@pytest.mark.parametrize("dtype", [pytest.param(torch.float32, id="fp32"), pytest.param(torch.float16, id="fp16")])
-def test_tiny_mla_generates_like_full_recomputation(dtype, monkeypatch):
+
+
+def generate_logged(llm, prompts, max_tokens: int):
+    """Greedy outputs and, per step, the scheduled ``(sequence index, new tokens, seq_len)`` and the
+    logits ``[sampled, vocab]`` of the sequences that sampled (batch order)."""
+    runner, log = llm.engine.runner, []
+    forward = runner.forward
+
+    def logged(batch, all_tokens=False):
+        logits = forward(batch, all_tokens=all_tokens)
+        log.append(([(s, n, s.num_computed + n) for s, n in zip(batch.seqs, batch.num_new)],
+                    [s for i, s in enumerate(batch.seqs) if batch.samples(i)], logits, runner.last_used_graph))
+        return logits
+
+    runner.forward = logged
+    try:
+        seqs = llm.engine.generate(prompts, [SamplingParams(max_tokens=max_tokens)] * len(prompts))
+    finally:
+        runner.forward = forward
+    index = {id(s): i for i, s in enumerate(seqs)}
+    steps = [([(index[id(s)], n, length) for s, n, length in cases], [index[id(s)] for s in sampled], logits, graph)
+             for cases, sampled, logits, graph in log]
+    return [s.output_ids for s in seqs], steps
+
+
+@pytest.mark.parametrize("attention, dtype, extra", [
+    pytest.param("pagedattn", torch.float32, {}, id="mla-fp32"),
+    pytest.param("pagedattn", torch.float16, {"graphs": True}, id="mla-fp16-graphs"),
+    pytest.param("pagedattn", torch.float32, {"graphs": True}, id="mla-fp32-graphs"),
+    pytest.param("pagedattn", torch.float32, {"block_size": 4, "num_blocks": 10}, id="mla-fp32-preempt"),
+    pytest.param("sdpa", torch.float32, {}, id="sdpa-fp32"),
+    pytest.param("sdpa", torch.float32, {"graphs": True}, id="sdpa-fp32-graphs"),
+])
+def test_tiny_mla_engine_matches_full_recomputation(attention, dtype, extra, monkeypatch):
+    """Every sampled row's logits and greedy token against the float64 recomputation of its sequence so far."""
     calls = {"mla_decode": 0, "varlen_attention": 0}
     for mod, name in ((mla, "mla_decode"), (api, "varlen_attention")):
         real = getattr(mod, name)
@@ -72,19 +113,34 @@ def test_tiny_mla_generates_like_full_recomputation(dtype, monkeypatch):
             return _real(*a, **k)
 
         monkeypatch.setattr(mod, name, counted)
-    model = random_mla_model(MLA_PRESETS["tiny-mla"], device=DEVICE, dtype=dtype, seed=1)
-    stepper = MLAStepper(model, num_seqs=len(PROMPTS), max_len=32, block_size=8, chunk_tokens=10)
-    out = stepper.generate(PROMPTS, max_tokens=3)
+    extra = dict(extra)
+    graphs = extra.pop("graphs", False)
+    llm = LLM("tiny-mla", attention=attention, dtype=dtype, seed=1, **dict(ENGINE, **extra))
+    runner = llm.engine.runner
+    if graphs:  # the replays run the captured forward over the static buffers (the CPU has no graphs)
+        runner.capture_graphs(emulate=True)
+    with torch.inference_mode():  # the engine made the cache in inference mode
+        runner.attn.kv_cache.fill_(POISON)
+    out, steps = generate_logged(llm, PROMPTS, max_tokens=3)
     assert [len(o) for o in out] == [3, 3, 3, 3]
-    # the steps mix prefill chunks, an extend, short extends (absorbed) and decodes
-    cases = [c for _, step_cases, _, _ in stepper.step_log for c in step_cases]
-    assert (10, 10) in cases and (10, 20) in cases and (3, 13) in cases and (1, 4) in cases
-    assert calls["mla_decode"] > 0 and calls["varlen_attention"] > 0
+    cases = {c[1:] for step_cases, _, _, _ in steps for c in step_cases}
+    if "block_size" not in extra:
+        assert {(13, 13), (2, 3), (10, 21), (1, 5)} <= cases, cases  # prefill, short and long extends, decode
+        assert any(len({n > 1 for _, n, _ in c}) == 2 for c, _, _, _ in steps)  # a mixed step
+    else:
+        assert llm.engine.scheduler.num_preemptions > 0  # a sequence is recomputed from its tokens
+    graph_sizes = [len(c) for c, _, _, graph in steps if graph]
+    assert graph_sizes == ([3, 2] if graphs else []), graph_sizes  # buckets 4 (a padding row) and 2
+    if attention == "pagedattn":
+        assert calls["mla_decode"] > 0 and calls["varlen_attention"] > 0
+    else:
+        assert calls == {"mla_decode": 0, "varlen_attention": 0}
+    model = llm.model
     atol, rtol = TOLERANCES[dtype]
     history = [list(p) + o for p, o in zip(PROMPTS, out)]
     checked = 0
-    for seqs, step_cases, sampled, logits in stepper.step_log:
-        seq_len = {s: n for s, (_, n) in zip(seqs, step_cases)}
+    for step_cases, sampled, logits, _ in steps:
+        seq_len = {s: n for s, _, n in step_cases}
         for row, s in enumerate(sampled):
             ref = reference_logits(model, history[s][:seq_len[s]])
             torch.testing.assert_close(logits[row].cpu().double(), ref, atol=atol, rtol=rtol)
@@ -93,20 +149,34 @@ def test_tiny_mla_generates_like_full_recomputation(dtype, monkeypatch):
     assert checked == 12
 
 
-def test_tiny_mla_sdpa_baseline_generates_the_same_tokens():
-    """The SDPA baseline over decompressed K/V and the mla backend agree (fp32, same weights)."""
-    model = random_mla_model(MLA_PRESETS["tiny-mla"], device=DEVICE, dtype=torch.float32, seed=2)
-    outs, logs = [], []
-    for attention in ("mla", "sdpa"):
-        stepper = MLAStepper(model, num_seqs=len(PROMPTS), max_len=32, block_size=8, chunk_tokens=10,
-                             attention=attention)
-        outs.append(stepper.generate(PROMPTS, max_tokens=3))
-        logs.append(stepper.step_log)
-    assert outs[0] == outs[1]
-    lat = stepper.latency()
-    assert 0 < lat["ttft"] and 0 < lat["tpot"] and len(stepper.token_times[0]) == 3
-    atol, rtol = TOLERANCES[torch.float32]
-    for (_, _, _, a), (_, _, _, b) in zip(*logs):
-        torch.testing.assert_close(a, b, atol=atol, rtol=rtol)
-    with pytest.raises(ValueError, match="attention"):
-        MLAStepper(model, num_seqs=1, max_len=32, attention="flash")
+def test_tiny_mla_refusals():
+    for attention in ("pagedattn-2d", "flashinfer"):
+        with pytest.raises(ValueError, match=f"attention '{attention}' cannot serve the MLA model"):
+            LLM("tiny-mla", attention=attention, device=DEVICE, max_model_len=32)
+    from pagedattn.engine.config import PRESETS
+    from pagedattn.engine.weights import load_model, random_model
+
+    with pytest.raises(ValueError, match="std"):
+        random_model(PRESETS["tiny-mla"], std=0.1)
+    with pytest.raises(ValueError, match="folder"):
+        load_model(PRESETS["tiny-mla"], "some/folder")
+
+
+def test_bench_e2e_quick_mla(tmp_path):
+    import json
+
+    from pagedattn.bench.e2e import main
+
+    out = tmp_path / "e2e.json"
+    assert main(["--quick", "--model", "tiny-mla", "--no-batch", "--attention", "pagedattn,pagedattn-2d,sdpa",
+                 "--json", str(out), "--markdown", str(tmp_path / "e2e.md")]) == 0
+    records = json.loads(out.read_text())["records"]
+    assert [(r["attention"], r["output_len"]) for r in records] == [("pagedattn", 2), ("pagedattn", 4),
+                                                                     ("pagedattn-2d", 0), ("sdpa", 2), ("sdpa", 4)]
+    timed = [r for r in records if "status" not in r]
+    assert all(r["tpot_ms"] > 0 and r["decode_steps"] == r["output_len"] - 1 for r in timed)
+    assert "mla backend" in timed[0]["attention_note"] and "decompressed" in timed[-1]["attention_note"]
+    assert records[2]["status"].startswith("not available") and "MLA" in records[2]["status"]
+    # the floor counts the latent rows: 2 layers x (32 + 16) values x 4 bytes per token
+    assert timed[0]["kv_gb"] == pytest.approx((12 + 1) * 2 * 48 * 4 / 1e9)
+    assert "| attention |" in (tmp_path / "e2e.md").read_text()

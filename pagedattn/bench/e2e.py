@@ -12,6 +12,12 @@ plus the KV cache at the mean context) over ``--bandwidth`` (default 4.6e12 B/s,
 measured read bandwidth). ``--quick`` runs the tiny preset (seconds on the CPU interpreter). An
 attention that cannot compute the model (SDPA has no softcap and no sinks) is reported as not
 available.
+
+The MLA presets (``--model deepseek-v2-lite``, ``tiny-mla`` with ``--quick``) compare pagedattn's
+``mla`` backend (``pagedattn``: absorbed ``mla_decode`` in the decode graphs, decompressed
+``varlen_attention`` for prefill) with SDPA over K/V decompressed from the same latent cache
+every step (``sdpa``; its decode graphs decompress each row of the block table to its width and
+mask the keys past the sequence); their floor counts the latent cache's bytes.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from pagedattn.bench.serve import select_device
 
 ATTENTIONS = ("pagedattn", "pagedattn-2d", "sdpa", "flashinfer")
 DEFAULT_ATTENTIONS = ("pagedattn", "pagedattn-2d", "sdpa")
+MLA_ATTENTIONS = ("pagedattn", "sdpa")  # what serves an MLA model, and its default
 FULL = dict(model="llama-3.1-8b", prompt_len=500, output_lens=(128, 1024), batch=64, batch_context=2048,
             batch_decode_steps=16, warmup_tokens=4)
 QUICK = dict(model="tiny", prompt_len=12, output_lens=(2, 4), batch=4, batch_context=16, batch_decode_steps=2,
@@ -38,10 +45,11 @@ def build_parser() -> argparse.ArgumentParser:
     summary = " ".join(__doc__.split("\n\n")[0].split()).replace("``", "")
     p = argparse.ArgumentParser(prog="pagedattn bench e2e", description=summary)
     p.add_argument("--attention", action="append",
-                   help=f"comma list of {', '.join(ATTENTIONS)} (default: {','.join(DEFAULT_ATTENTIONS)})")
+                   help=f"comma list of {', '.join(ATTENTIONS)} (default: {','.join(DEFAULT_ATTENTIONS)}; "
+                        f"an MLA model: {','.join(MLA_ATTENTIONS)})")
     p.add_argument("--quick", action="store_true", help="tiny preset and short runs (seconds on the CPU)")
-    p.add_argument("--model", help="a preset, e.g. gemma3-4b, gemma2-9b, gpt-oss-20b, mistral-7b (default: "
-                                   "llama-3.1-8b; tiny with --quick); random weights")
+    p.add_argument("--model", help="a preset, e.g. gemma3-4b, gemma2-9b, gpt-oss-20b, mistral-7b, deepseek-v2-lite "
+                                   "(default: llama-3.1-8b; tiny with --quick); random weights")
     p.add_argument("--json", default="bench_out/e2e.json", help="results file (default: %(default)s)")
     p.add_argument("--markdown", help="also write the table to this file")
     p.add_argument("--bandwidth", type=float, default=4.6e12, help="bytes/s of the floor (default: %(default)g)")
@@ -92,7 +100,7 @@ def timed_generate(engine, prompts, max_tokens: int) -> dict:
 
 
 def floor_ms(model, mcfg, *, batch: int, mean_context: float, bandwidth: float) -> dict:
-    kv_per_token = 2 * mcfg.num_layers * mcfg.num_kv_heads * mcfg.head_size * model.embed.element_size()
+    kv_per_token = mcfg.kv_bytes_per_token(model.embed.element_size())  # K and V, or the MLA latent row
     weights = model.weight_bytes(read_per_decode_step=True)
     kv = batch * mean_context * kv_per_token
     return dict(weights_gb=weights / 1e9, kv_gb=kv / 1e9, floor_weights_ms=weights / bandwidth * 1e3,
@@ -171,7 +179,7 @@ def markdown_table(results: dict) -> str:
         "",
         f"TPOT = mean decode step (CUDA events; scheduling, metadata, plan update, replay and sampling); "
         f"forward = the model forward alone. Floor = bytes a decode step reads (weights without the input "
-        f"embedding: {timed[0]['weights_gb']:.2f} GB, plus K/V at the mean context) / "
+        f"embedding: {timed[0]['weights_gb']:.2f} GB, plus the KV cache at the mean context) / "
         f"{c['bandwidth']:.3g} B/s." if timed else "",
         "",
         "| attention | batch | prompt | output | TTFT ms | TPOT ms | forward ms | total s | floor ms | TPOT / floor "
@@ -200,18 +208,19 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     device = select_device()  # before anything imports a Triton kernel
     from pagedattn.bench.report import comma_list, machine_info, write_json, write_outputs
-    from pagedattn.engine.config import PRESETS
+    from pagedattn.engine.config import PRESETS, MLAModelConfig
     from pagedattn.engine.weights import random_model
 
-    names = comma_list(args.attention, DEFAULT_ATTENTIONS)
-    unknown = [n for n in names if n not in ATTENTIONS]
-    if unknown:
-        build_parser().error(f"unknown attention(s) {unknown}; choose from {', '.join(ATTENTIONS)}")
     s = dict(QUICK if args.quick else FULL)
     if args.model:
         if args.model not in PRESETS:
             build_parser().error(f"--model must be a preset ({', '.join(PRESETS)}), got {args.model!r}")
         s["model"] = args.model
+    names = comma_list(args.attention, MLA_ATTENTIONS if isinstance(PRESETS[s["model"]], MLAModelConfig)
+                       else DEFAULT_ATTENTIONS)
+    unknown = [n for n in names if n not in ATTENTIONS]
+    if unknown:
+        build_parser().error(f"unknown attention(s) {unknown}; choose from {', '.join(ATTENTIONS)}")
     if device.type == "cpu" and not args.quick:
         build_parser().error("the full run needs a GPU (Llama-3.1-8B shape); use --quick on the CPU")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32

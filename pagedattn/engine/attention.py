@@ -20,6 +20,10 @@ q ``[num_tokens, num_q_heads, head_size]`` and k, v ``[num_tokens, num_kv_heads,
   cuDNN accepts the shape (probed once; the reason is kept in ``note`` otherwise). Prefill and
   extend run one SDPA call per sequence. SDPA has no logit softcap and no sinks: a model with
   either (Gemma2, GPT-OSS) is refused with ValueError.
+
+An MLA model (:class:`pagedattn.engine.config.MLAModelConfig`) caches one latent row per token
+instead of K and V: its attention is :class:`pagedattn.engine.mla_model.LatentCacheAttention`,
+the ``mla`` backend for ``pagedattn`` and SDPA over decompressed K/V for ``sdpa``.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ import torch.nn.functional as F
 
 from pagedattn.backends._common import query_positions, visible
 from pagedattn.backends.base import BackendConfig
-from pagedattn.engine.config import EngineConfig, ModelConfig
+from pagedattn.engine.config import EngineConfig, MLAModelConfig, ModelConfig
 
 
 @dataclass
@@ -40,7 +44,8 @@ class StepMetadata:
 
     ``positions`` ``[num_tokens]`` int64; ``query_start_loc`` ``[num_seqs + 1]`` int32;
     ``seq_lens`` ``[num_seqs]`` int32; ``block_table`` ``[num_seqs, max_pages]`` int32;
-    ``slot_mapping`` ``[num_tokens]`` int64 (-1: padding). SDPA: ``cache_rows`` ``[num_tokens]``
+    ``slot_mapping`` ``[num_tokens]`` int64 (-1: padding). ``plan``: the step's attention plan
+    (an MLA model's is made by its attention's ``prepare``). SDPA: ``cache_rows`` ``[num_tokens]``
     int64 (each token's row of the static cache), ``host_*`` the same metadata as lists, and
     ``decode_rows`` > 0 for a decode batch laid out by row.
     """
@@ -245,7 +250,11 @@ class SdpaBackend:
         return out
 
 
-def make_backend(mcfg: ModelConfig, ecfg: EngineConfig, *, device, dtype):
+def make_backend(mcfg: ModelConfig | MLAModelConfig, ecfg: EngineConfig, *, device, dtype):
+    if isinstance(mcfg, MLAModelConfig):  # one latent cache row per token: its own attention (pagedattn or sdpa)
+        from pagedattn.engine.mla_model import LatentCacheAttention
+
+        return LatentCacheAttention(mcfg, ecfg, device=device, dtype=dtype)
     if ecfg.attention == "sdpa":
         return SdpaBackend(mcfg, ecfg, device=device, dtype=dtype)
     if ecfg.attention == "flashinfer":

@@ -1,4 +1,9 @@
-"""Model shapes (named presets or a Hugging Face ``config.json``) and engine settings."""
+"""Model shapes (named presets or a Hugging Face ``config.json``) and engine settings.
+
+Two shapes of decoder: :class:`ModelConfig` (Llama-family attention over a K/V cache) and
+:class:`MLAModelConfig` (DeepSeek-V2's multi-head latent attention over a latent cache);
+``PRESETS`` names both kinds.
+"""
 
 from __future__ import annotations
 
@@ -78,6 +83,10 @@ class ModelConfig:
     def window(self, layer: int) -> int | None:
         """The sliding window of ``layer`` (keys p - W < k <= p), or None."""
         return self.sliding_window if self.layer_type(layer) == SLIDING else None
+
+    def kv_bytes_per_token(self, element_size: int) -> int:
+        """Bytes of K and V one token keeps in the cache, all layers."""
+        return 2 * self.num_layers * self.num_kv_heads * self.head_size * element_size
 
     def hf_kwargs(self) -> dict:
         """transformers config arguments of this shape (what a preset's RoPE is computed from)."""
@@ -172,6 +181,56 @@ PRESETS = {
 }
 
 
+@dataclass(frozen=True)
+class MLAModelConfig:
+    """The shape of an MLA decoder (names as in DeepSeek-V2's config.json; no q compression, as
+    V2-Lite). Each layer's attention caches one row ``[c_kv | k_pe]`` of ``kv_lora_rank +
+    qk_rope_head_dim`` values per token, shared by every head (:mod:`pagedattn.engine.mla_model`)."""
+
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+    intermediate_size: int  # the dense MLP: the MoE's active size
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    hidden_act: str = "silu"
+    max_position_embeddings: int = 4096
+    eos_token_ids: tuple = ()
+    model_type: str = "deepseek_v2"
+
+    @property
+    def qk_head_dim(self) -> int:
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+    @property
+    def scale(self) -> float:
+        return self.qk_head_dim ** -0.5
+
+    def kv_bytes_per_token(self, element_size: int) -> int:
+        """Bytes of the latent row one token keeps in the cache, all layers."""
+        return self.num_layers * (self.kv_lora_rank + self.qk_rope_head_dim) * element_size
+
+
+MLA_PRESETS = {
+    # DeepSeek-V2-Lite: 27 layers, hidden 2048, 16 heads, latent 512 + rope 64, MoE active 8 x 1408
+    # (2.66 B parameters with the dense MLP, embeddings included)
+    "deepseek-v2-lite": MLAModelConfig(vocab_size=102400, hidden_size=2048, num_layers=27, num_heads=16,
+                                       kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64,
+                                       v_head_dim=128, intermediate_size=11264, max_position_embeddings=163840),
+    # the same structure at interpreter size (dims multiples of 16, as mla_decode requires)
+    "tiny-mla": MLAModelConfig(vocab_size=128, hidden_size=64, num_layers=2, num_heads=4, kv_lora_rank=32,
+                               qk_nope_head_dim=16, qk_rope_head_dim=16, v_head_dim=16, intermediate_size=96,
+                               max_position_embeddings=2048),
+}
+
+PRESETS.update(MLA_PRESETS)
+
+
 def _eos(value) -> tuple:
     return () if value is None else tuple(value) if isinstance(value, (list, tuple)) else (value,)
 
@@ -239,7 +298,7 @@ def from_hf_config(cfg: dict) -> ModelConfig:
     )
 
 
-def resolve_model(model: str) -> tuple[ModelConfig, str | None]:
+def resolve_model(model: str) -> tuple[ModelConfig | MLAModelConfig, str | None]:
     """(config, folder): a preset name gives (preset, None); a folder gives its config.json."""
     if model in PRESETS:
         return PRESETS[model], None

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from pagedattn.engine.block_manager import BlockManager
-from pagedattn.engine.config import ATTENTION_BACKENDS, EngineConfig, ModelConfig, resolve_model
+from pagedattn.engine.config import ATTENTION_BACKENDS, EngineConfig, MLAModelConfig, ModelConfig, resolve_model
 from pagedattn.engine.runner import ModelRunner
 from pagedattn.engine.scheduler import Scheduler
 from pagedattn.engine.sequence import SamplingParams, Sequence, Status
@@ -43,10 +43,11 @@ def parse_dtype(dtype, device) -> torch.dtype:
     return DTYPES[dtype]
 
 
-def ensure_interpreter(device, dtype: torch.dtype, attention: str) -> None:
-    """On the CPU the pagedattn kernels run in Triton's interpreter: set TRITON_INTERPRET=1 if triton
-    is not imported yet (else raise), and refuse bf16 (the interpreter's bf16 tl.dot is broken)."""
-    if torch.device(device).type != "cpu" or attention == "sdpa":
+def ensure_interpreter(device, dtype: torch.dtype, uses_triton: bool) -> None:
+    """On the CPU the pagedattn kernels (``uses_triton``) run in Triton's interpreter: set
+    TRITON_INTERPRET=1 if triton is not imported yet (else raise), and refuse bf16 (the
+    interpreter's bf16 tl.dot is broken)."""
+    if torch.device(device).type != "cpu" or not uses_triton:
         return
     if os.environ.get("TRITON_INTERPRET", "0") != "1":
         if "triton.language" in sys.modules:
@@ -200,9 +201,11 @@ class LLM:
     Parameters
     ----------
     model : str
-        A preset (``"tiny"``, ``"llama-3.1-8b"``) or a folder with config.json and *.safetensors.
+        A preset (``"tiny"``, ``"llama-3.1-8b"``; the MLA decoder ``"deepseek-v2-lite"``, ``"tiny-mla"``)
+        or a folder with config.json and *.safetensors.
     attention : ``"pagedattn"`` (automatic path), ``"pagedattn-2d"`` (unified path), ``"sdpa"`` or
-        ``"flashinfer"`` (needs the package and a GPU).
+        ``"flashinfer"`` (needs the package and a GPU). An MLA model: ``"pagedattn"`` (the ``mla``
+        backend) or ``"sdpa"`` (SDPA over decompressed K/V).
     device, dtype : default CUDA/bfloat16 when a GPU is present, else CPU/float32 (interpreter).
     max_model_len : longest prompt + output (default min(max_position_embeddings, 4096)).
     max_num_seqs, max_num_batched_tokens, block_size, num_blocks, enforce_eager,
@@ -217,8 +220,9 @@ class LLM:
             raise ValueError(f"attention must be one of {ATTENTION_BACKENDS}, got {attention!r}")
         device = device or default_device()
         dtype = parse_dtype(dtype, device)
-        ensure_interpreter(device, dtype, attention)
         self.model_config, folder = resolve_model(model)
+        # an MLA model's latent cache is written by a Triton kernel whatever attends it
+        ensure_interpreter(device, dtype, attention != "sdpa" or isinstance(self.model_config, MLAModelConfig))
         max_model_len = max_model_len or min(self.model_config.max_position_embeddings, 4096)
         self.config = EngineConfig(
             max_model_len=max_model_len, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,

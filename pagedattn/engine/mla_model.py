@@ -16,72 +16,35 @@ What is simplified against DeepSeek-V2-Lite:
   YaRN and without DeepSeek's interleaved-pair layout (a permutation of the rope dimensions,
   which random weights do not see); the score scale is ``1 / sqrt(qk_nope + qk_rope)``.
 
-:class:`MLAStepper` runs greedy generation on it with a paged latent cache, chunked prefill
-and mixed batches (prefill, extend and decode sequences in one step); it is not wired into
-:class:`pagedattn.engine.LLM` or ``bench e2e``.
+The engine runs it like the Llama-family decoders (``LLM("deepseek-v2-lite")``, ``"tiny-mla"``
+on the CPU): :func:`pagedattn.engine.attention.make_backend` gives an MLA model a
+:class:`LatentCacheAttention`, which owns the latent cache of every layer and attends through
+the ``mla`` backend (``attention="pagedattn"``) or :class:`SdpaMLA` (``attention="sdpa"``, SDPA
+over K/V decompressed every step, the baseline). The scheduler, block manager, sampler,
+chunked prefill, mixed batches and CUDA-graph decode are the engine's own.
 """
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pagedattn.engine.model import MLP, Rotary, RMSNorm
+from pagedattn.engine.config import FULL, MLA_PRESETS, EngineConfig, MLAModelConfig
+from pagedattn.engine.model import MLP, CausalLM, Rotary, RMSNorm, _param
 
 __all__ = ["MLAModelConfig", "MLA_PRESETS", "MLAAttention", "MLADecoder", "random_mla_model", "SdpaMLA",
-           "MLAStepper"]
-
-
-@dataclass(frozen=True)
-class MLAModelConfig:
-    """The shape of an MLA decoder (names as in DeepSeek-V2's config.json)."""
-
-    vocab_size: int
-    hidden_size: int
-    num_layers: int
-    num_heads: int
-    kv_lora_rank: int
-    qk_nope_head_dim: int
-    qk_rope_head_dim: int
-    v_head_dim: int
-    intermediate_size: int  # the dense MLP: the MoE's active size
-    rms_norm_eps: float = 1e-6
-    rope_theta: float = 10000.0
-    hidden_act: str = "silu"
-
-    @property
-    def qk_head_dim(self) -> int:
-        return self.qk_nope_head_dim + self.qk_rope_head_dim
-
-    @property
-    def scale(self) -> float:
-        return self.qk_head_dim ** -0.5
-
-
-MLA_PRESETS = {
-    # DeepSeek-V2-Lite: 27 layers, hidden 2048, 16 heads, latent 512 + rope 64, MoE active 8 x 1408
-    # (2.66 B parameters with the dense MLP, embeddings included)
-    "deepseek-v2-lite": MLAModelConfig(vocab_size=102400, hidden_size=2048, num_layers=27, num_heads=16,
-                                       kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64,
-                                       v_head_dim=128, intermediate_size=11264),
-    # the same structure at interpreter size (dims multiples of 16, as mla_decode requires)
-    "tiny-mla": MLAModelConfig(vocab_size=128, hidden_size=64, num_layers=2, num_heads=4, kv_lora_rank=32,
-                               qk_nope_head_dim=16, qk_rope_head_dim=16, v_head_dim=16, intermediate_size=96),
-}
-
-
-def _param(*shape, device, dtype) -> nn.Parameter:
-    return nn.Parameter(torch.empty(*shape, device=device, dtype=dtype), requires_grad=False)
+           "LatentCacheAttention"]
 
 
 class MLAAttention(nn.Module):
+    """Projections, RoPE of the rotary parts, the engine attention's MLA call, ``o_proj``."""
+
     def __init__(self, cfg: MLAModelConfig, layer: int, *, device, dtype):
         super().__init__()
-        self.cfg, self.layer = cfg, layer
+        self.cfg, self.layer, self.scale = cfg, layer, cfg.scale
         h = cfg.num_heads
         self.q_proj = _param(h * cfg.qk_head_dim, cfg.hidden_size, device=device, dtype=dtype)
         self.kv_a_proj = _param(cfg.kv_lora_rank + cfg.qk_rope_head_dim, cfg.hidden_size, device=device, dtype=dtype)
@@ -113,13 +76,9 @@ class MLAAttention(nn.Module):
         q_pe, k_pe = rotary(q_pe.contiguous(), k_pe.contiguous().view(n, 1, -1), positions)
         return q_nope.contiguous(), q_pe, c_kv, k_pe.view(n, -1)
 
-    def forward(self, x, positions, rotary, kv_cache, step) -> torch.Tensor:
-        from pagedattn.mla import write_mla_kv
-
+    def forward(self, x, positions, rotary, attn, meta) -> torch.Tensor:
         q_nope, q_pe, c_kv, k_pe = self.project(x, positions, rotary)
-        write_mla_kv(c_kv, k_pe, kv_cache, step.slot_mapping)
-        out = step.backend.forward(q_nope, q_pe, kv_cache, step.metadata, weights=self.weights(),
-                                   scale=self.cfg.scale)  # [n, H, v_head_dim]
+        out = attn(self.layer, q_nope, q_pe, c_kv, k_pe, meta, self)  # [n, H, v_head_dim]
         return F.linear(out.reshape(x.shape[0], -1), self.o_proj)
 
 
@@ -131,17 +90,21 @@ class MLADecoderLayer(nn.Module):
         self.post_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, device=device, dtype=dtype)
         self.mlp = MLP(cfg, device=device, dtype=dtype)  # reads hidden_size, intermediate_size, hidden_act
 
-    def forward(self, x, residual, positions, rotary, kv_cache, step):
+    def forward(self, x, residual, positions, rotary, attn, meta):
         h, residual = self.input_norm(x, residual)
-        h = self.attn(h, positions, rotary, kv_cache, step)
+        h = self.attn(h, positions, rotary, attn, meta)
         h, residual = self.post_norm(h, residual)
         return self.mlp(h), residual
 
 
-class MLADecoder(nn.Module):
-    """Embedding, MLA decoder layers, final norm, lm_head; parameters filled by :func:`random_mla_model`."""
+class MLADecoder(CausalLM):
+    """Embedding, MLA decoder layers, final norm, lm_head; parameters filled by :func:`random_mla_model`.
 
-    def __init__(self, cfg: MLAModelConfig, *, device="cpu", dtype=torch.float32):
+    Called by the engine's runner as :class:`pagedattn.engine.model.DecoderModel` is; ``fused``
+    (default: on CUDA) runs the norms, RoPE and SiLU-and-multiply as Triton kernels.
+    """
+
+    def __init__(self, cfg: MLAModelConfig, *, device="cpu", dtype=torch.float32, fused: bool | None = None):
         super().__init__()
         self.config = cfg
         self.embed = _param(cfg.vocab_size, cfg.hidden_size, device=device, dtype=dtype)
@@ -151,22 +114,15 @@ class MLADecoder(nn.Module):
         self.lm_head = _param(cfg.vocab_size, cfg.hidden_size, device=device, dtype=dtype)
         rope = cfg.qk_rope_head_dim
         inv_freq = 1.0 / cfg.rope_theta ** (torch.arange(0, rope, 2, dtype=torch.float32) / rope)
-        self.rotary = Rotary(None, device=device, inv_freq=inv_freq)
+        self.rotaries = nn.ModuleDict({FULL: Rotary(None, device=device, inv_freq=inv_freq)})
+        self.set_fused(torch.device(device).type == "cuda" if fused is None else fused)
 
-    @property
-    def device(self) -> torch.device:
-        return self.embed.device
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.embed.dtype
-
-    def forward(self, input_ids, positions, kv_caches, step) -> torch.Tensor:
-        """input_ids, positions ``[n]`` int64; ``kv_caches`` ``[num_layers, num_blocks, block_size,
-        latent + rope]`` -> final hidden states ``[n, hidden]``."""
+    def forward(self, input_ids, positions, attn, meta) -> torch.Tensor:
+        """input_ids, positions ``[n]`` int64; ``attn`` a :class:`LatentCacheAttention` and ``meta``
+        the step's metadata -> final hidden states ``[n, hidden]``."""
         x, residual = F.embedding(input_ids, self.embed), None
-        for i, layer in enumerate(self.layers):
-            x, residual = layer(x, residual, positions, self.rotary, kv_caches[i], step)
+        for layer in self.layers:
+            x, residual = layer(x, residual, positions, self.rotaries[FULL], attn, meta)
         return self.norm(x, residual)[0]
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -188,11 +144,24 @@ def random_mla_model(cfg: MLAModelConfig, *, device="cpu", dtype=torch.float32, 
     return model
 
 
+
+
+# The state of a decode batch's metadata that SdpaMLA reads as one padded batch (see SdpaMLA).
+PADDED_DECODE = "padded_decode"
+
+
 class SdpaMLA:
-    """The baseline MLA attention: per sequence, its latent rows decompressed with ``kv_b_proj``
-    into K ``[seq_len, H, qk_nope + qk_rope]`` and V ``[seq_len, H, v_head_dim]``, then torch
-    SDPA with an explicit causal mask (the new tokens are the last queries). Same ``plan`` /
-    ``forward`` calls as the ``mla`` backend; every step decompresses every context."""
+    """The baseline MLA attention: K ``[.., H, qk_nope + qk_rope]`` and V ``[.., H, v_head_dim]``
+    decompressed with ``kv_b_proj`` from the latent rows of every context at every step, then
+    torch SDPA. Same ``plan`` / ``forward`` calls as the ``mla`` backend.
+
+    Per sequence (what ``plan`` makes): its ``seq_len`` rows, an explicit causal mask (the new
+    tokens are the last queries). A decode batch whose metadata state is :data:`PADDED_DECODE`
+    (the engine's CUDA-graph decode): one token per row of the block table, every row's pages
+    decompressed to the table's width and the keys past its ``seq_lens`` masked, so that the
+    shapes, and the graph, do not depend on the lengths (as the Llama baseline reads its static
+    cache to ``max_model_len`` with a key mask).
+    """
 
     name = "sdpa"
 
@@ -201,14 +170,40 @@ class SdpaMLA:
 
         return BatchMetadata.from_tensors(block_table, seq_lens, query_start_loc, backend=self.name)
 
-    def forward(self, q_nope, q_pe, kv_cache, metadata, *, weights, scale, kv_scale=None, out=None):
-        from pagedattn.backends._common import query_positions, scale_value, visible
+    @staticmethod
+    def _decompress(rows, weights, dtype, kv_scale):
+        """Latent rows ``[.., latent + rope]`` -> K ``[.., H, nope + rope]``, V ``[.., H, v]`` in ``dtype``."""
+        from pagedattn.backends._common import scale_value
 
-        n, heads, nope = q_nope.shape
-        latent, v_dim = weights.kv_lora_rank, weights.v_head_dim
-        block_size = kv_cache.shape[1]
+        if rows.dtype == torch.float8_e4m3fn:
+            rows = rows.float() * scale_value(kv_scale)
+        rows = rows.to(dtype)
+        latent, heads, nope = weights.kv_lora_rank, weights.num_heads, weights.qk_nope_head_dim
+        kv = (rows[..., :latent] @ weights.kv_b_proj.t()).unflatten(-1, (heads, nope + weights.v_head_dim))
+        k_pe = rows[..., None, latent:].expand(*kv.shape[:-1], rows.shape[-1] - latent)
+        return torch.cat([kv[..., :nope], k_pe], dim=-1), kv[..., nope:]
+
+    def forward(self, q_nope, q_pe, kv_cache, metadata, *, weights, scale, kv_scale=None, out=None):
+        from pagedattn.backends._common import query_positions, visible
+
+        n, heads, _ = q_nope.shape
         if out is None:
-            out = torch.empty(n, heads, v_dim, dtype=q_nope.dtype, device=q_nope.device)
+            out = torch.empty(n, heads, weights.v_head_dim, dtype=q_nope.dtype, device=q_nope.device)
+        q = torch.cat([q_nope, q_pe], dim=-1)  # [n, H, nope + rope]
+        block_size = kv_cache.shape[1]
+        if metadata.state == PADDED_DECODE:
+            table = metadata.block_table  # [n, pages]: row r holds token r's sequence
+            if table.shape[0] != n:
+                raise ValueError(f"metadata: a padded decode batch has one token per block-table row, got {n} "
+                                 f"tokens for {table.shape[0]} rows")
+            keys = table.shape[1] * block_size
+            rows = kv_cache.index_select(0, table.reshape(-1).long()).view(n, keys, -1)
+            k, v = self._decompress(rows, weights, q.dtype, kv_scale)  # [n, keys, H, ..]
+            mask = torch.arange(keys, device=q.device)[None, :] < metadata.seq_lens[:, None]  # [n, keys]
+            o = F.scaled_dot_product_attention(q[:, :, None], k.transpose(1, 2), v.transpose(1, 2),
+                                               attn_mask=mask[:, None, None], scale=scale)  # [n, H, 1, v]
+            out.copy_(o[:, :, 0])
+            return out
         qsl, lens = metadata.query_start_loc_host, metadata.seq_lens_host
         for s, seq_len in enumerate(lens):
             q0, q1 = qsl[s], qsl[s + 1]
@@ -216,114 +211,105 @@ class SdpaMLA:
                 continue
             pages = metadata.block_table[s, : -(-seq_len // block_size)].long()
             rows = kv_cache.index_select(0, pages).flatten(0, 1)[:seq_len]
-            if kv_cache.dtype == torch.float8_e4m3fn:
-                rows = rows.float() * scale_value(kv_scale)
-            rows = rows.to(q_nope.dtype)
-            kv = (rows[:, :latent] @ weights.kv_b_proj.t()).view(seq_len, heads, nope + v_dim)
-            k = torch.cat([kv[..., :nope], rows[:, None, latent:].expand(-1, heads, -1)], dim=-1)
-            q = torch.cat([q_nope[q0:q1], q_pe[q0:q1]], dim=-1)
+            k, v = self._decompress(rows, weights, q.dtype, kv_scale)  # [seq_len, H, ..]
             mask = visible(query_positions(q1 - q0, seq_len, q.device), seq_len, causal=True, sliding_window=None,
                            prefix_rows=None)
-            o = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), kv[..., nope:].transpose(0, 1),
+            o = F.scaled_dot_product_attention(q[q0:q1].transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
                                                attn_mask=mask, scale=scale)
             out[q0:q1] = o.transpose(0, 1)
         return out
 
 
-@dataclass
-class _Step:
-    backend: object
-    metadata: object
-    slot_mapping: torch.Tensor
+@dataclass(frozen=True)
+class _GraphDecode:
+    """The plan of every captured decode graph: nothing to re-plan per replay (see
+    :meth:`LatentCacheAttention.graph_plan`)."""
+
+    max_seq_len: int
 
 
-class MLAStepper:
-    """Greedy generation with a paged latent cache, chunked prefill and mixed batches.
+class LatentCacheAttention:
+    """The engine attention of an MLA model: the latent cache ``[num_layers, num_blocks,
+    block_size, kv_lora_rank + qk_rope_head_dim]`` (pages from the engine's block manager), written
+    per layer with :func:`pagedattn.write_mla_kv`, attended by the ``mla`` backend
+    (``attention="pagedattn"``) or :class:`SdpaMLA` (``"sdpa"``). Called per layer as
+    ``attn(layer, q_nope, q_pe, c_kv, k_pe, meta, mod)`` (``mod``: the layer's
+    :class:`MLAAttention`, its ``kv_b_proj`` weights and scale).
 
-    Every step schedules each unfinished sequence at once: up to ``chunk_tokens`` of its
-    remaining prompt, or its one decode token. Sequence s owns pages ``block_ids[s]`` (a fixed
-    share of the cache, shuffled so that pages are not in order). ``step_log`` keeps per step the
-    scheduled sequences, their ``(query_len, seq_len)``, the sequences that sampled and their
-    logits ``[sampled, vocab_size]``; :meth:`latency` gives TTFT / TPOT of the last generation.
+    Eager steps are planned by the backend's own ``plan`` in :meth:`prepare`, from the step's
+    device metadata (one host read of ``query_start_loc`` and ``seq_lens``). CUDA-graph decode:
+    the ``mla`` backend's absorbed path alone over the static buffers, ``mla_decode`` given
+    ``max_seq_len = max_model_len`` so that its split count, and the graph, are the same at
+    every length; SdpaMLA's padded decode batch.
     """
 
-    def __init__(self, model: MLADecoder, *, num_seqs: int, max_len: int, block_size: int = 16,
-                 chunk_tokens: int = 16, seed: int = 0, attention: str = "mla"):
+    def __init__(self, mcfg: MLAModelConfig, ecfg: EngineConfig, *, device, dtype):
         from pagedattn.backends import BackendConfig, get_backend
 
-        cfg = model.config
-        self.model, self.block_size, self.chunk_tokens = model, block_size, chunk_tokens
-        pages = -(-max_len // block_size)
-        perm = torch.randperm(num_seqs * pages, generator=torch.Generator().manual_seed(seed))
-        self.block_table = perm.view(num_seqs, pages).to(torch.int32)
-        self.kv_caches = torch.zeros(cfg.num_layers, num_seqs * pages, block_size,
-                                     cfg.kv_lora_rank + cfg.qk_rope_head_dim, device=model.device, dtype=model.dtype)
-        self.config = BackendConfig(model.device, model.dtype, head_size=cfg.qk_head_dim,
-                                    num_q_heads=cfg.num_heads, num_kv_heads=1)
-        if attention not in ("mla", "sdpa"):
-            raise ValueError(f"attention must be 'mla' (the mla backend) or 'sdpa' (decompressed K/V), "
-                             f"got {attention!r}")
-        self.backend = get_backend("mla") if attention == "mla" else SdpaMLA()
-        model.rotary.build(max_len)
-        self.max_len = max_len
-        self.step_log = []
-        self.token_times = []  # per sequence of the last generate: seconds from its start to each token
+        if ecfg.attention not in ("pagedattn", "sdpa"):
+            raise ValueError(f"attention {ecfg.attention!r} cannot serve the MLA model {mcfg.model_type}: use "
+                             "'pagedattn' (the mla backend) or 'sdpa' (SDPA over decompressed K/V)")
+        self.name = ecfg.attention
+        self.config = BackendConfig(device, dtype, head_size=mcfg.qk_head_dim, num_q_heads=mcfg.num_heads,
+                                    num_kv_heads=1)
+        if ecfg.attention == "pagedattn":
+            self.impl = get_backend("mla")
+            reasons = self.impl.validate(self.config)
+            if reasons:
+                raise ValueError(f"the mla backend cannot serve {mcfg.model_type}: " + "; ".join(reasons))
+            self.plan_options = {"block_size": ecfg.block_size}  # the decompressed path's rows, made in plan
+            self.note = ("mla backend (absorbed mla_decode for <= 8 new tokens, decompressed varlen_attention "
+                         "beyond)")
+        else:
+            self.impl, self.plan_options = SdpaMLA(), {}
+            self.note = "torch SDPA over K/V decompressed from the latent cache every step"
+        self.max_len = ecfg.max_model_len
+        self.kv_cache = torch.zeros(mcfg.num_layers, ecfg.num_blocks, ecfg.block_size,
+                                    mcfg.kv_lora_rank + mcfg.qk_rope_head_dim, device=device, dtype=dtype)
 
-    @torch.no_grad()
-    def generate(self, prompts: list, max_tokens: int) -> list:
-        """Token ids generated for each prompt (greedy), ``max_tokens`` each."""
-        if len(prompts) > self.block_table.shape[0]:
-            raise ValueError(f"prompts: {len(prompts)} sequences, the cache was made for {self.block_table.shape[0]}")
-        for p in prompts:
-            if not p or len(p) + max_tokens > self.max_len:
-                raise ValueError(f"prompts: a prompt of {len(p)} tokens plus max_tokens {max_tokens} must be "
-                                 f"1..{self.max_len} tokens")
-        tokens = [list(p) for p in prompts]
-        done = [0] * len(prompts)  # tokens in the cache
-        out = [[] for _ in prompts]
-        dev = self.model.device
-        self.step_log, self.token_times = [], [[] for _ in prompts]
-        start = time.perf_counter()
-        while any(len(o) < max_tokens for o in out):
-            seqs = [s for s in range(len(prompts)) if len(out[s]) < max_tokens]
-            ids, pos, slots, qsl, lens, cases = [], [], [], [0], [], []
-            for s in seqs:
-                n = min(self.chunk_tokens, len(tokens[s]) - done[s])
-                for p in range(done[s], done[s] + n):
-                    ids.append(tokens[s][p])
-                    pos.append(p)
-                    slots.append(int(self.block_table[s, p // self.block_size]) * self.block_size
-                                 + p % self.block_size)
-                qsl.append(qsl[-1] + n)
-                lens.append(done[s] + n)
-                cases.append((n, done[s] + n))
-            t = lambda x, dt: torch.tensor(x, dtype=dt, device=dev)  # noqa: E731
-            table = self.block_table[seqs].to(dev)
-            md = self.backend.plan(table, t(lens, torch.int32), t(qsl, torch.int32), self.config,
-                                   block_size=self.block_size)
-            step = _Step(self.backend, md, t(slots, torch.int64))
-            hidden = self.model(t(ids, torch.int64), t(pos, torch.int64), self.kv_caches, step)
-            sampling = [i for i, s in enumerate(seqs) if lens[i] == len(tokens[s])]  # the prompt is in the cache
-            logits = self.model.logits(hidden[[qsl[i + 1] - 1 for i in sampling]])
-            self.step_log.append((seqs, cases, [seqs[i] for i in sampling], logits))
-            for i, s in enumerate(seqs):
-                done[s] = lens[i]
-            picked = logits.argmax(-1).tolist()  # the host read waits for the step's kernels
-            now = time.perf_counter() - start
-            for row, i in enumerate(sampling):
-                s = seqs[i]
-                tok = picked[row]
-                self.token_times[s].append(now)
-                tokens[s].append(tok)
-                out[s].append(tok)
-        return out
+    def decode_layout(self, seqs):
+        return list(seqs)
 
-    def latency(self) -> dict:
-        """Of the last :meth:`generate`, in ms: ``ttft`` (mean over sequences of the time to the
-        first token) and ``tpot`` (mean over sequences of the time per later token)."""
-        times = [t for t in self.token_times if t]
-        if not times:
-            raise ValueError("latency: generate has not produced a token yet")
-        ttft = sum(t[0] for t in times) / len(times)
-        later = [(t[-1] - t[0]) / (len(t) - 1) for t in times if len(t) > 1]
-        return {"ttft": 1e3 * ttft, "tpot": 1e3 * sum(later) / len(later) if later else None}
+    def step_plan(self, qsl, lens, table=None):
+        return None  # planned in prepare, from the device tensors the backends read
+
+    def graph_plan(self, max_rows: int, **_):
+        return _GraphDecode(self.max_len)
+
+    def update_graph_plan(self, plan, qsl, lens, bucket=None) -> None:
+        pass  # the graphs read seq_lens and the block table from the static buffers
+
+    def prepare(self, meta) -> None:
+        """Set ``meta.plan`` to the backend's metadata of the step (module docstring)."""
+        if isinstance(meta.plan, _GraphDecode):
+            meta.plan = self._graph_decode_metadata(meta, meta.plan.max_seq_len)
+        else:
+            meta.plan = self.impl.plan(meta.block_table, meta.seq_lens, meta.query_start_loc, self.config,
+                                       **self.plan_options)
+
+    def _graph_decode_metadata(self, meta, max_seq_len: int):
+        """A decode bucket's metadata without reading its device tensors (what a capture allows):
+        the host lists describe every row as one query of at most ``max_seq_len`` keys; padding rows
+        have no query in ``query_start_loc``, so the kernels skip them."""
+        from pagedattn.backends.base import BatchMetadata
+        from pagedattn.backends.mla import DEFAULT_DECODE_THRESHOLD, MLAPlan, _MLAPart
+
+        size = meta.decode_rows
+        md = BatchMetadata(block_table=meta.block_table, seq_lens=meta.seq_lens, query_start_loc=meta.query_start_loc,
+                           query_start_loc_host=list(range(size + 1)), seq_lens_host=[max_seq_len] * size,
+                           max_query_len=1, max_seq_len=max_seq_len, backend=self.impl.name)
+        if isinstance(self.impl, SdpaMLA):
+            md.state = PADDED_DECODE
+        else:
+            part = _MLAPart(seqs=list(range(size)), tokens=slice(0, size), metadata=md)
+            md.state = MLAPlan(parts={"absorbed": part}, config=self.config, decode_threshold=DEFAULT_DECODE_THRESHOLD)
+        return md
+
+    def __call__(self, layer: int, q_nope, q_pe, c_kv, k_pe, meta, mod) -> torch.Tensor:
+        """q_nope ``[n, H, qk_nope]``, q_pe ``[n, H, qk_rope]`` (rotated), c_kv ``[n, kv_lora_rank]``,
+        k_pe ``[n, qk_rope]`` (rotated) -> ``[n, H, v_head_dim]``."""
+        from pagedattn.mla import write_mla_kv
+
+        cache = self.kv_cache[layer]
+        write_mla_kv(c_kv, k_pe, cache, meta.slot_mapping)
+        return self.impl.forward(q_nope, q_pe, cache, meta.plan, weights=mod.weights(), scale=mod.scale)

@@ -216,7 +216,41 @@ class DecoderLayer(nn.Module):
         return self.post_mlp_norm(self.mlp(h))[0], residual
 
 
-class DecoderModel(nn.Module):
+class CausalLM(nn.Module):
+    """What the runner reads of any decoder (:class:`DecoderModel`, the MLA decoder of
+    :mod:`pagedattn.engine.mla_model`): ``embed``, ``lm_head`` (None when tied), ``rotaries`` and
+    ``graph_safe``; the device, dtype, rotary tables, fused kernels and weight bytes from them."""
+
+    graph_safe = True
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed.dtype
+
+    def build_rotary(self, max_len: int) -> None:
+        for r in self.rotaries.values():
+            r.build(max_len)
+
+    def set_fused(self, fused: bool) -> None:
+        """Norms, RoPE and SiLU-and-multiply as Triton kernels (:mod:`pagedattn.engine.kernels`) or torch."""
+        for m in self.modules():
+            if isinstance(m, (RMSNorm, Rotary, MLP)):
+                m.fused = fused
+
+    def weight_bytes(self, *, read_per_decode_step: bool = False) -> int:
+        """Bytes of the parameters; ``read_per_decode_step``: without the input embedding table
+        (a decode step gathers a few of its rows) unless it is also the lm_head."""
+        total = sum(p.numel() * p.element_size() for p in self.parameters())
+        if read_per_decode_step and self.lm_head is not None:
+            total -= self.embed.numel() * self.embed.element_size()
+        return total
+
+
+class DecoderModel(CausalLM):
     """Embedding (times ``embed_scale``, Gemma), decoder layers, final norm and lm_head (the
     embedding when tied), logits softcapped by ``final_softcap`` (Gemma2).
 
@@ -240,32 +274,13 @@ class DecoderModel(nn.Module):
                                                                    device=device, dtype=dtype)
         types = sorted({cfg.layer_type(i) for i in range(cfg.num_layers)})
         self.rotaries = nn.ModuleDict({t: Rotary(cfg, device=device, layer_type=t) for t in types})
-        self.graph_safe = not cfg.num_experts
+        self.graph_safe = not cfg.num_experts  # MoE routing is host-side control flow
         self.set_fused(torch.device(device).type == "cuda" if fused is None else fused)
 
     @property
     def rotary(self) -> Rotary:
         """The rotary of full-attention layers (of the only layer type when there is one)."""
         return self.rotaries[FULL] if FULL in self.rotaries else next(iter(self.rotaries.values()))
-
-    def build_rotary(self, max_len: int) -> None:
-        for r in self.rotaries.values():
-            r.build(max_len)
-
-    def set_fused(self, fused: bool) -> None:
-        modules = [self.norm, *self.rotaries.values()]
-        for layer in self.layers:
-            modules += [m for m in layer.modules() if isinstance(m, (RMSNorm, MLP))]
-        for m in modules:
-            m.fused = fused
-
-    @property
-    def device(self) -> torch.device:
-        return self.embed.device
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.embed.dtype
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn, meta) -> torch.Tensor:
         """input_ids, positions ``[num_tokens]`` int64 -> final hidden states ``[num_tokens, hidden]``."""
@@ -283,11 +298,3 @@ class DecoderModel(nn.Module):
         if cap:
             logits = torch.tanh(logits.float() / cap) * cap
         return logits
-
-    def weight_bytes(self, *, read_per_decode_step: bool = False) -> int:
-        """Bytes of the parameters; ``read_per_decode_step``: without the input embedding table
-        (a decode step gathers a few of its rows) unless it is also the lm_head."""
-        total = sum(p.numel() * p.element_size() for p in self.parameters())
-        if read_per_decode_step and self.lm_head is not None:
-            total -= self.embed.numel() * self.embed.element_size()
-        return total

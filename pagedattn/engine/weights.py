@@ -8,7 +8,7 @@ import re
 
 import torch
 
-from pagedattn.engine.config import ModelConfig
+from pagedattn.engine.config import MLAModelConfig, ModelConfig
 from pagedattn.engine.model import DecoderModel
 
 _LAYER = re.compile(r"^layers\.(\d+)\.(.+)$")
@@ -17,7 +17,13 @@ _LAYER = re.compile(r"^layers\.(\d+)\.(.+)$")
 def random_model(cfg: ModelConfig, *, device="cpu", dtype=torch.float32, seed: int = 0,
                  std: float | None = None) -> DecoderModel:
     """A model with N(0, std) matrices (default ``hidden_size ** -0.5``) and unit norms, generated
-    directly on ``device`` in ``dtype``."""
+    directly on ``device`` in ``dtype``; an MLA config gives :func:`pagedattn.engine.mla_model.random_mla_model`'s."""
+    if isinstance(cfg, MLAModelConfig):
+        from pagedattn.engine.mla_model import random_mla_model
+
+        if std is not None:
+            raise ValueError("std: an MLA model's random matrices are scaled by their fan-in; leave std None")
+        return random_mla_model(cfg, device=device, dtype=dtype, seed=seed)
     std = cfg.hidden_size ** -0.5 if std is None else std
     model = DecoderModel(cfg, device=device, dtype=dtype)
     g = torch.Generator(device=device).manual_seed(seed)
@@ -131,4 +137,6 @@ def load_model(cfg: ModelConfig, folder: str | None, *, device="cpu", dtype=torc
     """From ``folder`` when given, else random weights (a preset)."""
     if folder is None:
         return random_model(cfg, device=device, dtype=dtype, seed=seed)
+    if isinstance(cfg, MLAModelConfig):
+        raise ValueError(f"folder {folder!r}: the MLA model runs as a preset with random weights only")
     return load_safetensors(DecoderModel(cfg, device=device, dtype=dtype), folder)
