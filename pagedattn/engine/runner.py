@@ -6,8 +6,8 @@ batch-size bucket that holds them (``EngineConfig.cuda_graph_sizes``). The graph
 input buffers; each step writes its inputs into pinned host staging buffers, pads the rest of
 the bucket (no query tokens, no cache writes), copies them to the static buffers asynchronously
 (:class:`GraphInputs`), re-plans the persistent path in place with ``plan.update()`` and
-replays. Everything else (prefill, extend, mixed batches, the CPU) runs eagerly with a fresh
-``plan_attention`` per step.
+replays (an MLA model's graphs have nothing to re-plan). Everything else (prefill, extend, mixed
+batches, the CPU) runs eagerly with a fresh plan per step.
 """
 
 from __future__ import annotations
