@@ -30,7 +30,7 @@ __all__ = [
 logger = logging.getLogger("pagedattn.backends")
 
 ENV_VAR = "PAGEDATTN_BACKEND"
-# The automatic choice, best first. "router" and "mla" (MLA layers' latent cache) are chosen by name only.
+# The automatic choice, best first. "router", "mla" (MLA layers' latent cache) and "helion" are chosen by name only.
 AUTO_PRIORITY = ["triton", "flashinfer", "sdpa", "flex", "torch"]
 
 _REGISTRY: dict[str, AttentionBackend] = {}
@@ -44,6 +44,7 @@ def _load_builtins() -> None:
     _BUILTINS_LOADED = True
     from pagedattn.backends.flashinfer import FlashInferBackend
     from pagedattn.backends.flex import FlexBackend
+    from pagedattn.backends.helion_backend import HelionBackend
     from pagedattn.backends.mla import MLABackend
     from pagedattn.backends.router import RouterBackend
     from pagedattn.backends.sdpa import SdpaBackend
@@ -51,7 +52,7 @@ def _load_builtins() -> None:
     from pagedattn.backends.triton_backend import TritonBackend
 
     for cls in (TritonBackend, TorchBackend, SdpaBackend, FlexBackend, FlashInferBackend, RouterBackend,
-                MLABackend):
+                MLABackend, HelionBackend):
         if cls.name not in _REGISTRY:
             _REGISTRY[cls.name] = cls()
 

@@ -79,9 +79,10 @@ def paged_attention(
     scale, causal, sliding_window, softcap, out, return_lse, lse_out, validate, allow_shared_blocks :
         as in :func:`pagedattn.paged_attention`.
     plan : HelionPlan, optional
-        From :func:`pagedattn.helion.plan_attention` for this step (with the same ``causal``
-        and ``sliding_window``). Without it the call plans from host copies of the metadata:
-        one synchronization.
+        From :func:`pagedattn.helion.plan_attention` for this step. A plan made for
+        ``causal=True`` serves causal calls only; one made with ``sliding_window=W`` serves
+        calls with a window of at most W (those see the keys its segments cover). Without it
+        the call plans from host copies of the metadata: one synchronization.
     max_query_len, max_seq_len : accepted for the same signature; the plan carries what they say.
 
     Raises
@@ -169,9 +170,16 @@ def _check_plan(plan, num_tokens, num_seqs, num_q_heads, num_kv_heads, head_size
                          f"the call has {want}")
     if plan.device != device:
         raise ValueError(f"plan's workspaces are on {plan.device}, q is on {device}")
-    if plan.causal != bool(causal) or (plan.sliding_window or None) != (sliding_window or None):
-        raise ValueError(f"plan was made for causal={plan.causal}, sliding_window={plan.sliding_window}; the call "
-                         f"passes causal={causal}, sliding_window={sliding_window} (they set the decode segments)")
+    if not _covers(plan.causal, plan.sliding_window, bool(causal), sliding_window):
+        raise ValueError(f"plan was made for causal={plan.causal}, sliding_window={plan.sliding_window}; a call with "
+                         f"causal={causal}, sliding_window={sliding_window} sees more keys than its decode segments "
+                         f"cover (plan with the call's causal and sliding_window, or with none)")
+
+
+def _covers(plan_causal: bool, plan_window, causal: bool, window) -> bool:
+    """Whether a plan's decode segments reach every key a call sees: a query sees the most keys
+    without a window and when non-causal, so a plan made without them serves any call."""
+    return (causal or not plan_causal) and (not plan_window or (bool(window) and window <= plan_window))
 
 
 def _launch(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, out, lse, plan: HelionPlan, *,

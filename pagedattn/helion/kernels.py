@@ -87,6 +87,7 @@ def decode_partials(
                     s = torch.matmul(qh.to(torch.float32), k.to(torch.float32).T)
                 else:
                     s = hl.dot(qh, k.T, out_dtype=torch.float32)  # [GROUP_PAD, keys]
+                s = s + s * 0.0  # an inf product (inf in q or k) becomes NaN: never a masked-looking -inf
                 if SOFTCAP:
                     s = torch.tanh(s * (scale / softcap)) * (softcap * LOG2E)
                 else:
@@ -102,9 +103,12 @@ def decode_partials(
                 else:
                     acc = acc * alpha[:, None] + hl.dot(p.to(v.dtype), v, out_dtype=torch.float32)
                 m_i = m_new
-            empty = m_i == float("-inf")  # no visible key in the segment (a NaN m_i stays NaN)
-            out_grouped[item, kvh, tile_g, :] = torch.where(empty[:, None], 0.0, acc / l_i[:, None])
-            lse_grouped[item, kvh, tile_g] = torch.where(empty, float("-inf"), (m_i + torch.log2(l_i)) * LN2)
+            empty = l_i == 0.0  # no visible key in the segment: out 0, lse -inf
+            bad = torch.sum(acc * 0.0, -1)  # 0, or NaN where the accumulator holds an inf or NaN
+            inv = torch.where(empty, 0.0, 1.0 / torch.where(empty, 1.0, l_i)) + bad
+            lse_row = torch.where(empty, float("-inf"), (m_i + torch.log2(torch.where(empty, 1.0, l_i))) * LN2 + bad)
+            out_grouped[item, kvh, tile_g, :] = torch.where(empty[:, None], 0.0, acc * inv[:, None])
+            lse_grouped[item, kvh, tile_g] = lse_row
 
 
 def merge_partials(
@@ -135,9 +139,12 @@ def merge_partials(
                 l_i = l_i * alpha + torch.sum(wgt, 0)
                 acc = acc * alpha[:, None] + torch.sum(wgt[:, :, None] * part_out[tile_i, tile_h, :], 0)
                 m_i = m_new
-            empty = m_i == float("-inf")
-            out[tok, tile_h, :] = torch.where(empty[:, None], 0.0, acc / l_i[:, None]).to(out.dtype)
-            lse[tok, tile_h] = torch.where(empty, float("-inf"), (m_i + torch.log2(l_i)) * LN2)
+            empty = l_i == 0.0  # no visible key
+            bad = torch.sum(acc * 0.0, -1)  # 0, or NaN where the accumulator holds an inf or NaN
+            inv = torch.where(empty, 0.0, 1.0 / torch.where(empty, 1.0, l_i)) + bad
+            lse_row = torch.where(empty, float("-inf"), (m_i + torch.log2(torch.where(empty, 1.0, l_i))) * LN2 + bad)
+            out[tok, tile_h, :] = torch.where(empty[:, None], 0.0, acc * inv[:, None]).to(out.dtype)
+            lse[tok, tile_h] = lse_row
 
 
 def prefill(
@@ -201,6 +208,7 @@ def prefill(
                     s = torch.matmul(qt.to(torch.float32), k.to(torch.float32).T)
                 else:
                     s = hl.dot(qt, k.T, out_dtype=torch.float32)  # [block_m, keys]
+                s = s + s * 0.0  # an inf product (inf in q or k) becomes NaN: never a masked-looking -inf
                 if SOFTCAP:
                     s = torch.tanh(s * (scale / softcap)) * (softcap * LOG2E)
                 else:
@@ -224,9 +232,12 @@ def prefill(
                 else:
                     acc = acc * alpha[:, None] + hl.dot(p.to(v.dtype), v, out_dtype=torch.float32)
                 m_i = m_new
-            empty = m_i == float("-inf")
-            out[tile_m, h, :] = torch.where(empty[:, None], 0.0, acc / l_i[:, None]).to(out.dtype)
-            lse[tile_m, h] = torch.where(empty, float("-inf"), (m_i + torch.log2(l_i)) * LN2)
+            empty = l_i == 0.0  # no visible key
+            bad = torch.sum(acc * 0.0, -1)  # 0, or NaN where the accumulator holds an inf or NaN
+            inv = torch.where(empty, 0.0, 1.0 / torch.where(empty, 1.0, l_i)) + bad
+            lse_row = torch.where(empty, float("-inf"), (m_i + torch.log2(torch.where(empty, 1.0, l_i))) * LN2 + bad)
+            out[tile_m, h, :] = torch.where(empty[:, None], 0.0, acc * inv[:, None]).to(out.dtype)
+            lse[tile_m, h] = lse_row
 
 
 KERNELS = {"decode": decode_partials, "merge": merge_partials, "prefill": prefill}
