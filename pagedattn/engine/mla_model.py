@@ -144,8 +144,6 @@ def random_mla_model(cfg: MLAModelConfig, *, device="cpu", dtype=torch.float32, 
     return model
 
 
-
-
 # The state of a decode batch's metadata that SdpaMLA reads as one padded batch (see SdpaMLA).
 PADDED_DECODE = "padded_decode"
 
