@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import os
 
 import torch
 
@@ -311,7 +312,8 @@ def _layout_key(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, out
     fail the same checks). Written out flat: it runs on every call of the thin path."""
     dev = q.get_device()
     key = (
-        q.shape, q.stride(), q.dtype, dev, q.requires_grad and torch.is_grad_enabled(),
+        q.shape, q.stride(), q.dtype, dev,
+        (q.requires_grad or k_cache.requires_grad or v_cache.requires_grad) and torch.is_grad_enabled(),
         k_cache.shape, k_cache.stride(), k_cache.dtype, k_cache.get_device(),
         v_cache.shape, v_cache.stride(), v_cache.dtype, v_cache.get_device(),
         block_table.shape, block_table.stride(), block_table.dtype, block_table.get_device(),
@@ -452,6 +454,24 @@ def varlen_attention(
     --------
     >>> out = varlen_attention(q, k, v, cu_q, cu_k, max_query_len=2048, causal=True)
     """
+    key = None
+    if isinstance(q, torch.Tensor) and q.is_cuda and max_query_len is not None:
+        # The thin path, as in paged_attention: a layout that passed the checks below replays its launch.
+        try:
+            key = _varlen_layout_key(q, k, v, cu_seqlens_q, cu_seqlens_k, out, lse_out, return_lse, max_query_len,
+                                     scale, causal, sliding_window, softcap, alibi_slopes, alibi_sqrt, sinks,
+                                     prefix_ranges)
+        except AttributeError:  # not tensors: the checks below name the argument
+            key = None
+        tape = None if key is None else _VARLEN_TAPES.get(key)
+        if tape is not None:
+            if out is None:
+                out = q.new_empty(q.shape[0], q.shape[1], v.shape[2])
+            lse = lse_out
+            if lse is None and return_lse:
+                lse = torch.empty(q.shape[0], q.shape[1], dtype=torch.float32, device=q.device)
+            if tape.replay((q, k, v, cu_seqlens_q, cu_seqlens_k, out, lse, alibi_slopes, sinks, prefix_ranges)):
+                return (out, lse) if return_lse or lse_out is not None else out
     check_tensor("q", q, ndim=3, dtypes=FLOAT_DTYPES)
     device = q.device
     num_tokens, num_q_heads, head_size = q.shape
@@ -506,8 +526,38 @@ def varlen_attention(
     short = short_prefill(max_query_len, num_seqs, num_q_heads, num_sms(device), diagonal=k.shape[0] <= 2 * num_tokens)
     tiles = pick_prefill_tiles(max(head_size, head_size_v), q.dtype, short=short)
     check_prefill_grid(max_query_len, num_seqs, tiles)
-    launch_prefill(out, lse, args, tiles, max_query_len=max_query_len, cu_seqlens_k=cu_seqlens_k)
+    if key is None or autotune_enabled(device):
+        launch_prefill(out, lse, args, tiles, max_query_len=max_query_len, cu_seqlens_k=cu_seqlens_k)
+    else:
+        record(_VARLEN_TAPES, key, (q, k, v, cu_seqlens_q, cu_seqlens_k, out, lse, alibi_slopes, sinks, prefix_ranges),
+               lambda: launch_prefill(out, lse, args, tiles, max_query_len=max_query_len, cu_seqlens_k=cu_seqlens_k),
+               TAPES_KEPT)
     return (out, lse) if return_lse else out
+
+
+_VARLEN_TAPES: dict = {}
+
+
+def _varlen_layout_key(q, k, v, cu_seqlens_q, cu_seqlens_k, out, lse_out, return_lse, max_query_len, scale, causal,
+                       sliding_window, softcap, alibi_slopes, alibi_sqrt, sinks, prefix_ranges):
+    """``_layout_key`` of a ``varlen_attention`` call (K's row count sets its descriptors' shape)."""
+    key = (
+        q.shape, q.stride(), q.dtype, q.get_device(),
+        (q.requires_grad or k.requires_grad or v.requires_grad) and torch.is_grad_enabled(),
+        k.shape, k.stride(), k.dtype, k.get_device(), v.shape, v.stride(), v.dtype, v.get_device(),
+        cu_seqlens_q.shape, cu_seqlens_q.stride(), cu_seqlens_q.dtype, cu_seqlens_q.get_device(),
+        cu_seqlens_k.shape, cu_seqlens_k.stride(), cu_seqlens_k.dtype, cu_seqlens_k.get_device(),
+        return_lse, max_query_len, scale, causal, sliding_window, softcap, alibi_sqrt,
+        current_stream_handle(q.device), os.environ.get("PAGEDATTN_TMA", ""),
+    )
+    if out is not None:
+        key += (out.shape, out.stride(), out.dtype, out.get_device())
+    if lse_out is not None:
+        key += ("lse", lse_out.shape, lse_out.stride(), lse_out.dtype, lse_out.get_device())
+    for name, t in (("alibi", alibi_slopes), ("sinks", sinks), ("prefix", prefix_ranges)):
+        if t is not None:
+            key += (name, t.shape, t.stride(), t.dtype, t.get_device())
+    return key
 
 
 def _rounded_into(res, out, like: torch.Tensor):

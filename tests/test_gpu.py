@@ -443,3 +443,57 @@ def test_prefill_autotune_gpu(head_size, monkeypatch):
         assert_matches_reference(out, None, ref_out, None)
     finally:
         tuning.forget_choices()
+
+
+@pytest.mark.parametrize("how", ["plan", "no-plan", "varlen"])
+def test_thin_path_replays_with_new_tensors_gpu(how):
+    """A call whose layout was seen replays the recorded launches with the new call's tensors
+    (the varlen tape rebuilds its K/V tensor descriptors): right answers for new data in new
+    buffers, and for a view whose address breaks the 16-byte alignment it was compiled for."""
+    import pagedattn.api as api
+    from pagedattn import plan_attention, varlen_attention
+
+    cases = [(1, 1328), (5, 18), (129, 463), (1, 4099)]
+    tapes_before = len(api._VARLEN_TAPES) + len(api._CALL_TAPES)
+    plan = None
+    for seed in range(3):
+        g = torch.Generator().manual_seed(200 + seed)
+        if how == "varlen":
+            lens = [(300, 300), (17, 900), (1, 77)]
+            cu_q = torch.tensor([0] + [q for q, _ in lens]).cumsum(0).to(torch.int32)
+            cu_k = torch.tensor([0] + [k for _, k in lens]).cumsum(0).to(torch.int32)
+            q = torch.randn(int(cu_q[-1]), 32, 128, generator=g).to("cuda", torch.bfloat16)
+            k = torch.randn(int(cu_k[-1]), 8, 128, generator=g).to("cuda", torch.bfloat16)
+            v = torch.randn(int(cu_k[-1]), 8, 128, generator=g).to("cuda", torch.bfloat16)
+            out = torch.full_like(q, float("nan"))
+            out, lse = varlen_attention(q, k, v, cu_q.cuda(), cu_k.cuda(), max_query_len=300, out=out,
+                                        return_lse=True)
+            assert_matches_reference(out, lse, *varlen_attention_ref(q, k, v, cu_q, cu_k))
+            continue
+        batch = make_paged_batch(cases, **LLAMA, dtype=torch.bfloat16, device="cuda", generator=g)
+        out = torch.full_like(batch.q, float("nan"))
+        if how == "plan":
+            plan = plan or plan_attention(batch.query_start_loc.tolist(), batch.seq_lens.tolist(),
+                                          num_q_heads=32, num_kv_heads=8, head_size=128, device="cuda")
+            out, lse = paged_attention(*batch.args(), plan=plan, out=out, return_lse=True)
+        else:
+            out, lse = paged_attention(*batch.args(), max_query_len=batch.max_query_len,
+                                       max_seq_len=batch.max_seq_len, out=out, return_lse=True)
+        assert_matches_reference(out, lse, *paged_attention_ref(*batch.args()))
+    if how == "plan":
+        assert plan._tapes  # recorded on the first call, replayed on the next two
+    else:
+        assert len(api._VARLEN_TAPES) + len(api._CALL_TAPES) > tapes_before
+    if how == "varlen":  # an unaligned view of q: not the compiled alignment, so a new recording
+        g = torch.Generator().manual_seed(300)
+        buf = torch.randn(300 * 32 * 128 + 8, generator=g).to("cuda", torch.bfloat16)
+        q = buf[8:].view(300, 32, 128)  # 16 bytes past the start: aligned; shift by one element below
+        q1 = buf[1:1 + 300 * 32 * 128].view(300, 32, 128)
+        k = torch.randn(300, 8, 128, generator=g).to("cuda", torch.bfloat16)
+        v = torch.randn(300, 8, 128, generator=g).to("cuda", torch.bfloat16)
+        cu = torch.tensor([0, 300], dtype=torch.int32)
+        for qq in (q, q1, q):
+            out = torch.full_like(qq, float("nan"))
+            out = varlen_attention(qq, k, v, cu.cuda(), cu.cuda(), max_query_len=300, out=out)
+            ref, _ = varlen_attention_ref(qq, k, v, cu, cu)
+            torch.testing.assert_close(out.double(), ref.to(out.device), **BF16_TOL)

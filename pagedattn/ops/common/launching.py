@@ -10,8 +10,10 @@ shapes, strides, dtypes and scalars) replays the tape: it puts its tensors' addr
 recorded arguments and launches through the handles, skipping the JIT and the launchers.
 
 What a replay may reuse: tensors that are not the caller's (plan workspaces, a device copy of a
-float scale) stay as recorded, so they must be the same on every call with that key. On the
-interpreter nothing is compiled, and a tape records nothing (``usable`` stays False).
+float scale) stay as recorded, so they must be the same on every call with that key. A host
+tensor descriptor over a caller's tensor is rebuilt over the replay's tensor with the recorded
+shape and box. On the interpreter nothing is compiled, and a tape records nothing (``usable``
+stays False).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import contextvars
 
 import torch
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 _RECORDING: contextvars.ContextVar = contextvars.ContextVar("pagedattn_tape", default=None)
 
@@ -132,14 +135,20 @@ class Tape:
                     continue
                 members = v if isinstance(v, tuple) else (v,)
                 for j, m in enumerate(members):
-                    if isinstance(m, torch.Tensor):
+                    if isinstance(m, TensorDescriptor):  # rebuilt over the replay's tensor
+                        s = self._slot(m.base)
+                        if s is None:
+                            raise _NotReplayable
+                        slots.append((i, j if isinstance(v, tuple) else -1, s[0], s[1],
+                                      _DescriptorLayout(m.base.dtype, m.shape, m.strides, m.block_shape, m.padding)))
+                    elif isinstance(m, torch.Tensor):
                         s = self._slot(m)
                         if s is not None:
                             # a 16-byte aligned pointer was compiled as such: a replay must keep it
                             aligned = m.data_ptr() % 16 == 0 and not p.do_not_specialize_on_alignment
                             slots.append((i, j if isinstance(v, tuple) else -1, s[0], s[1], aligned))
                     elif not isinstance(m, (int, float, bool, type(None))):
-                        raise _NotReplayable  # tensor descriptors and other objects built per call
+                        raise _NotReplayable  # other objects built per call
         except _NotReplayable:
             self.usable = False
             return
@@ -165,7 +174,11 @@ class Tape:
                 args = op.values.copy()
                 for i, j, b, off, aligned in op.slots:
                     ptr = ptrs[b] + off
-                    if aligned and ptr % 16:
+                    if isinstance(aligned, _DescriptorLayout):  # a tensor descriptor over the bound tensor
+                        if ptr % 16:
+                            return False  # a descriptor's base must be 16-byte aligned
+                        ptr = aligned.over(ptr)
+                    elif aligned and ptr % 16:
                         return False  # compiled for 16-byte aligned pointers: re-record instead
                     if j < 0:
                         args[i] = ptr
@@ -188,6 +201,37 @@ class Tape:
 
 class _NotReplayable(Exception):
     pass
+
+
+class _Address:
+    """A device address where Triton's launcher expects a tensor (it reads ``data_ptr()``)."""
+
+    __slots__ = ("ptr", "dtype")
+
+    def __init__(self, ptr: int, dtype: torch.dtype):
+        self.ptr = ptr
+        self.dtype = dtype
+
+    def data_ptr(self) -> int:
+        return self.ptr
+
+
+class _DescriptorLayout:
+    """A host tensor descriptor's layout, recorded; ``over(ptr)`` is the same descriptor over the
+    tensor at ``ptr``, which the launcher encodes into a TMA descriptor at each launch, as it does
+    for descriptors built per call."""
+
+    __slots__ = ("dtype", "shape", "strides", "block_shape", "padding")
+
+    def __init__(self, dtype, shape, strides, block_shape, padding):
+        self.dtype, self.shape, self.strides = dtype, list(shape), list(strides)
+        self.block_shape, self.padding = list(block_shape), padding
+
+    def over(self, ptr: int):
+        desc = object.__new__(TensorDescriptor)  # the checks of __post_init__ passed when recorded
+        desc.base, desc.shape, desc.strides = _Address(ptr, self.dtype), self.shape, self.strides
+        desc.block_shape, desc.padding = self.block_shape, self.padding
+        return desc
 
 
 class _Launch:
