@@ -248,6 +248,38 @@ def mla_rows(device, dtype, *, quick, calls, runs, seed, progress) -> list[dict]
     return [row]
 
 
+def varlen_rows(device, dtype, *, quick, calls, runs, seed, progress) -> list[dict]:
+    """varlen_attention (contiguous K/V, no plan: what an encoder or an MLA prefill calls)."""
+    from pagedattn import varlen_attention
+    from pagedattn.reference import varlen_attention_ref
+    from pagedattn.testing import TOLERANCES, max_errors, within_tolerance
+
+    hq, hk, d, s = (32, 8, 128, 2048) if not quick else (4, 2, 32, 40)
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(s, hq, d, generator=g).to(device, dtype)
+    k = torch.randn(s, hk, d, generator=g).to(device, dtype)
+    v = torch.randn(s, hk, d, generator=g).to(device, dtype)
+    cu = torch.tensor([0, s], dtype=torch.int32, device=device)
+    out = torch.full_like(q, float("nan"))
+
+    def fn():
+        return varlen_attention(q, k, v, cu, cu, max_query_len=s, out=out)
+
+    label = f"varlen prefill S={s} (contiguous K/V)"
+    row = _row("varlen_attention", label, path="varlen, no plan")
+    try:
+        fn()
+        ref, _ = varlen_attention_ref(q, k, v, cu.cpu(), cu.cpu())
+        ok = within_tolerance(out, None, ref, None)
+        row.update(ok=ok, max_err=max_errors(out, None, ref, None)[0], tolerance=TOLERANCES[dtype][0])
+        if ok:
+            _time_row(row, fn, device, calls=calls, runs=runs, path="planless")  # no plan: the 40 us target
+    except Exception as e:  # noqa: BLE001
+        row.update(ok=False, note=f"{type(e).__name__}: {str(e)[:200]}")
+    progress.step(f"{label}: {_verdict(row)}")
+    return [row]
+
+
 def write_kv_rows(device, dtype, *, quick, calls, runs, seed, progress) -> list[dict]:
     from pagedattn import write_kv
     from pagedattn.reference import write_kv_ref
@@ -393,7 +425,7 @@ def main(argv=None) -> int:
         interpreter_banner()
     cases = [c for c in _cases(quick) if not args.case or any(t in c.label for t in args.case)]
     peers = _peers(args.peers, device)
-    steps = sum(len(c.paths) + len(peers) for c in cases) + (0 if args.no_mla else 1) + (0 if args.no_write_kv else 2)
+    steps = sum(len(c.paths) + len(peers) for c in cases) + 1 + (0 if args.no_mla else 1) + (0 if args.no_write_kv else 2)
     progress = Progress(steps, stream=sys.stderr)
     results = dict(machine=machine_info(device),
                    config=dict(argv=list(sys.argv[1:] if argv is None else argv), dtype=str(dtype).removeprefix("torch."),
@@ -406,6 +438,7 @@ def main(argv=None) -> int:
             if peers:
                 results["rows"] += peer_rows(case, device, dtype, peers, **timing)
             write_json(results, args.json)
+        results["rows"] += varlen_rows(device, dtype, quick=quick, **timing)
         if not args.no_mla:
             results["rows"] += mla_rows(device, dtype, quick=quick, **timing)
         if not args.no_write_kv:
