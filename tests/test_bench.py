@@ -169,7 +169,7 @@ def test_bench_host_quick(tmp_path, capsys):
     assert host_main(["--case", "decode", "--no-write-kv", "--json", str(out), "--markdown", str(md)]) == 0
     rows = json.loads(out.read_text())["rows"]
     paths = [r["path"] for r in rows]
-    assert paths == ["unified", "split_kv", "persistent", "auto", "planless", "mla_decode"]
+    assert paths == ["unified", "split_kv", "persistent", "auto", "planless", "varlen, no plan", "mla_decode"]
     for r in rows:
         assert r["ok"] is True, r
         assert r["host_us"] > 0 and r["gpu_us"] is None
