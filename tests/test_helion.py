@@ -244,6 +244,7 @@ def test_gpu_bf16(case, feature):
         pytest.param(8, 4, 256, 16, id="gemma-like"),
         pytest.param(16, 1, 80, 32, id="mqa-head80"),
         pytest.param(12, 12, 96, 64, id="mha-head96"),
+        pytest.param(4, 4, 8, 16, id="head8"),
     ],
 )
 def test_gpu_shapes(num_q_heads, num_kv_heads, head_size, block_size):
