@@ -18,7 +18,7 @@ import sys
 
 import torch
 
-__all__ = ["CASES", "run", "markdown_table", "main"]
+__all__ = ["CASES", "run_case", "markdown_table", "main"]
 
 SHAPE = dict(num_q_heads=32, num_kv_heads=8, head_size=128, block_size=16)
 # name -> segments (count, query_len, seq_len); seq_len counts the new tokens (the workloads' convention)
@@ -84,16 +84,6 @@ def run_case(name: str, segments, shape, device, dtype) -> dict:
     return rec
 
 
-def run(cases: dict, shape: dict, device, dtype=torch.bfloat16, progress=print) -> list[dict]:
-    records = []
-    for name, segments in cases.items():
-        rec = run_case(name, segments, shape, device, dtype)
-        records.append(rec)
-        if progress:
-            progress(_line(rec))
-    return records
-
-
 def _us(side: dict, key: str = "time_us") -> str:
     if "error" in side:
         return "error"
@@ -121,6 +111,7 @@ def markdown_table(records: list[dict]) -> str:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m pagedattn.helion.bench", description=__doc__.split("\n\n")[0])
     p.add_argument("--json", help="write the records here")
+    p.add_argument("--md", help="write the markdown table (with the device line) here")
     p.add_argument("--cases", help="comma list of name prefixes (decode, prefill, extend, mixed, hetero)")
     p.add_argument("--quick", action="store_true", help="tiny shapes (runs on the CPU too)")
     args = p.parse_args(argv)
@@ -130,15 +121,30 @@ def main(argv=None) -> int:
         prefixes = tuple(c.strip() for c in args.cases.split(",") if c.strip())
         cases = {k: v for k, v in cases.items() if k.startswith(prefixes)}
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    print(HEADER, flush=True)  # rows as they finish; the whole table again at the end
-    records = run(cases, shape, device, dtype, progress=lambda line: print(line, flush=True))
+    from pagedattn.helion.configs import stored_configs
+
+    tuned = sorted(stored_configs())
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    print(f"\n{device_name}, {str(dtype).replace('torch.', '')}, heads {shape['num_q_heads']}/{shape['num_kv_heads']}, "
-          f"head size {shape['head_size']}, page {shape['block_size']}\n")
-    print(markdown_table(records))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"device": device_name, "dtype": str(dtype), "shape": shape, "records": records}, f, indent=1)
+    title = (f"{device_name}, {str(dtype).replace('torch.', '')}, heads {shape['num_q_heads']}/{shape['num_kv_heads']}, "
+             f"head size {shape['head_size']}, page {shape['block_size']}; Helion configs: "
+             f"{', '.join(tuned) if tuned else 'defaults'}")
+    records = []
+
+    def save():  # after every case: a run cut short by a time limit keeps what it measured
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"device": device_name, "dtype": str(dtype), "shape": shape, "helion_configs": tuned,
+                           "records": records}, f, indent=1)
+        if args.md:
+            with open(args.md, "w") as f:
+                f.write(title + "\n\n" + markdown_table(records) + "\n")
+
+    print(HEADER, flush=True)  # rows as they finish; the whole table again at the end
+    for name, segments in cases.items():
+        records.append(run_case(name, segments, shape, device, dtype))
+        print(_line(records[-1]), flush=True)
+        save()
+    print("\n" + title + "\n\n" + markdown_table(records))
     failed = any("error" in r[s] for r in records for s in ("triton", "helion"))
     return 1 if failed else 0
 

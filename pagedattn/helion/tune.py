@@ -56,7 +56,8 @@ def _kernel_args(name: str, inputs, plan) -> tuple:
 
 def tune(out_path: str, *, budget_s: int = 60, effort: str = "quick", merge: bool = False,
          device: str = "cuda", dtype: torch.dtype = torch.bfloat16) -> dict:
-    """Tune each family's kernel(s), write ``{key: config}`` (plus a ``_tuned`` note) to ``out_path``."""
+    """Tune each family's kernel(s); ``{key: config}`` (plus a ``_tuned`` note) goes to ``out_path``
+    after each one. Returns the configs found."""
     import helion
 
     from pagedattn.helion.configs import config_key
@@ -67,6 +68,19 @@ def tune(out_path: str, *, budget_s: int = 60, effort: str = "quick", merge: boo
         os.environ.setdefault("HELION_AUTOTUNER", "PatternSearch")
     device = torch.device(device)
     results, notes = {}, {}
+    header = {
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else str(device),
+        "torch": torch.__version__, "helion": importlib.metadata.version("helion"),
+        "triton": importlib.metadata.version("triton"), "dtype": str(dtype).replace("torch.", ""),
+        "effort": effort, "budget_s": budget_s, "search": os.environ.get("HELION_AUTOTUNER", "default"),
+        "shape": SHAPE, "kernels": notes,
+    }
+
+    def save():  # after every kernel: a run cut short keeps the configs it found
+        with open(out_path, "w") as f:
+            json.dump({**results, "_tuned": header}, f, indent=1, sort_keys=True)
+            f.write("\n")
+
     jobs = [("decode", "decode"), ("prefill", "prefill")] + ([("merge", "decode")] if merge else [])
     for name, family in jobs:
         inputs = _inputs(FAMILY_CASES[family], device, dtype)
@@ -85,18 +99,9 @@ def tune(out_path: str, *, budget_s: int = 60, effort: str = "quick", merge: boo
         results[key] = dict(cfg.config)
         notes[key] = {"case": FAMILY_CASES[family], "seconds": round(time.perf_counter() - t0, 1)}
         print(f"[tune] {key}: {json.dumps(results[key], sort_keys=True)} ({notes[key]['seconds']} s)", flush=True)
+        save()
         del inputs, plan
         torch.cuda.empty_cache()
-    results["_tuned"] = {
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else str(device),
-        "torch": torch.__version__, "helion": importlib.metadata.version("helion"),
-        "triton": importlib.metadata.version("triton"), "dtype": str(dtype).replace("torch.", ""),
-        "effort": effort, "budget_s": budget_s, "search": os.environ.get("HELION_AUTOTUNER", "default"),
-        "shape": SHAPE, "kernels": notes,
-    }
-    with open(out_path, "w") as f:
-        json.dump(results, f, indent=1, sort_keys=True)
-        f.write("\n")
     return results
 
 
@@ -119,7 +124,7 @@ def main(argv=None) -> int:
         print("autotuning needs a CUDA GPU", file=sys.stderr)
         return 2
     results = tune(args.out, budget_s=args.budget_s, effort=args.effort, merge=args.merge)
-    return 0 if len(results) > 1 else 1
+    return 0 if results else 1
 
 
 if __name__ == "__main__":
