@@ -56,6 +56,12 @@ def default_config(name: str, block_size: int) -> dict:
 
 
 def config_for(name: str, head_size: int, block_size: int) -> str:
-    """The config of kernel ``name`` for this shape, as ``helion.Config`` JSON."""
-    cfg = stored_configs().get(config_key(name, head_size, block_size))
+    """The config of kernel ``name`` for this shape, as ``helion.Config`` JSON (read per call:
+    the lookup is cached, so it costs a dict access)."""
+    return _config_json(name, head_size, block_size, os.environ.get(ENV_VAR) or str(CONFIGS_PATH))
+
+
+@functools.lru_cache(maxsize=64)
+def _config_json(name: str, head_size: int, block_size: int, path: str) -> str:
+    cfg = _read(path).get(config_key(name, head_size, block_size))
     return json.dumps(cfg if cfg is not None else default_config(name, block_size), sort_keys=True)
