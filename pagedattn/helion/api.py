@@ -193,13 +193,14 @@ def _launch(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, out, ls
     left = sliding_window or NO_LIMIT
     right = 1 if causal else (sliding_window or NO_LIMIT)
     use_softcap = softcap > 0
+    large = k_cache.numel() >= 2**31
     if plan.prefill_items.shape[0]:
         get("prefill")(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, plan.prefill_items, out, lse,
-                       scale, softcap, left, right, use_softcap, eager)
+                       scale, softcap, left, right, use_softcap, large, eager)
     if plan.decode_items.shape[0]:
         group = q.shape[1] // k_cache.shape[2]
         group_pad = max(16, 1 << (group - 1).bit_length())  # tl.dot's smallest M
         get("decode")(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, plan.decode_items,
                       plan.part_out, plan.part_lse, scale, softcap, left, right, plan.segment, group_pad,
-                      use_softcap, eager)
+                      use_softcap, large, eager)
         get("merge")(plan.part_out, plan.part_lse, plan.decode_tokens, plan.item_start, out, lse)

@@ -7,6 +7,9 @@ Each kernel is a plain function here; :func:`kernel` wraps it with ``helion.kern
 non-causal calls compile to one kernel. Scores run in base 2 (``exp2``); the lse they return is
 a natural logarithm.
 
+``LARGE_CACHE`` (a cache of 2**31 elements or more) computes page offsets in 64 bits: a page id
+loaded from the int32 block table times the page stride would overflow 32 bits.
+
 ``EAGER`` selects the matrix products for Helion's reference mode (eager PyTorch, used on the
 CPU): there ``hl.dot`` needs ``mm`` with an ``out_dtype``, which PyTorch's CPU backend lacks,
 so the products run as fp32 ``matmul``. Compiled kernels use ``hl.dot`` with fp32 accumulation
@@ -44,6 +47,7 @@ def decode_partials(
     segment: int,
     GROUP_PAD: hl.constexpr,
     SOFTCAP: hl.constexpr,
+    LARGE_CACHE: hl.constexpr,
     EAGER: hl.constexpr,
 ) -> None:
     """One (token, KV segment) item per program and KV head: the online softmax of the token's
@@ -62,7 +66,7 @@ def decode_partials(
     out_grouped = part_out.view(part_out.size(0), num_kv_heads, group, head_size)
     lse_grouped = part_lse.view(part_lse.size(0), num_kv_heads, group)
     for item, kvh in hl.grid([items.size(0), num_kv_heads]):
-        tok = items[item, 0]
+        tok = items[item, 0].to(torch.int64)  # a row offset: q may hold 2**31 elements
         seq = items[item, 1]
         seq_len = seq_lens[seq]
         q_start = query_start_loc[seq]
@@ -78,6 +82,8 @@ def decode_partials(
             for tile_p in hl.tile(lo // block_size, page_hi, block_size=block_p):
                 pages = block_table[seq, tile_p]
                 pages = torch.where((pages >= 0) & (pages < num_blocks), pages, 0)  # never read outside the cache
+                # page * stride past 2**31: offsets in 64 bits (else 32-bit math: fewer registers)
+                pages = pages.to(torch.int64 if LARGE_CACHE else torch.int32)
                 k = k_cache[pages, :, kvh, :].flatten(0, 1)  # [block_p * block_size, head_size]
                 v = v_cache[pages, :, kvh, :].flatten(0, 1)
                 k_pos = (tile_p.index[:, None] * block_size + hl.arange(block_size)[None, :]).flatten(0, 1)
@@ -123,7 +129,7 @@ def merge_partials(
     num_q_heads = hl.specialize(out.size(1))
     head_size = hl.specialize(out.size(2))
     for w in hl.grid(tokens.size(0)):
-        tok = tokens[w]
+        tok = tokens[w].to(torch.int64)
         first = item_start[w]
         last = item_start[w + 1]
         for tile_h in hl.tile(num_q_heads):
@@ -162,6 +168,7 @@ def prefill(
     left: int,
     right: int,
     SOFTCAP: hl.constexpr,
+    LARGE_CACHE: hl.constexpr,
     EAGER: hl.constexpr,
 ) -> None:
     """One query chunk per program and query head: FlashAttention-2 over the chunk's visible
@@ -202,6 +209,8 @@ def prefill(
             for tile_p in hl.tile(lo // block_size, page_hi, block_size=block_p):
                 pages = block_table[seq, tile_p]
                 pages = torch.where((pages >= 0) & (pages < num_blocks), pages, 0)  # never read outside the cache
+                # page * stride past 2**31: offsets in 64 bits (else 32-bit math: fewer registers)
+                pages = pages.to(torch.int64 if LARGE_CACHE else torch.int32)
                 k = k_cache[pages, :, kvh, :].flatten(0, 1)  # [block_p * block_size, head_size]
                 v = v_cache[pages, :, kvh, :].flatten(0, 1)
                 if EAGER:

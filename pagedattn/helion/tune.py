@@ -46,11 +46,11 @@ def _kernel_args(name: str, inputs, plan) -> tuple:
     paged = inputs.paged_args()
     lse = torch.empty(q.shape[0], q.shape[1], dtype=torch.float32, device=q.device)
     if name == "prefill":
-        return (*paged, plan.prefill_items, torch.empty_like(q), lse, scale, 0.0, NO_LIMIT, 1, False, False)
+        return (*paged, plan.prefill_items, torch.empty_like(q), lse, scale, 0.0, NO_LIMIT, 1, False, False, False)
     if name == "decode":
         group = q.shape[1] // inputs.k_cache.shape[2]
         return (*paged, plan.decode_items, plan.part_out, plan.part_lse, scale, 0.0, NO_LIMIT, 1, plan.segment,
-                max(16, 1 << (group - 1).bit_length()), False, False)
+                max(16, 1 << (group - 1).bit_length()), False, False, False)
     return (plan.part_out, plan.part_lse, plan.decode_tokens, plan.item_start, torch.empty_like(q), lse)
 
 
