@@ -153,6 +153,11 @@ def test_bad_inputs_raise():
         ph.paged_attention(*batch.args(), plan=other)
     with pytest.raises(TypeError, match="plan must be a HelionPlan"):
         ph.paged_attention(*batch.args(), plan=object())
+    bad = batch.block_table.clone()
+    bad[3, 1] = batch.k_cache.shape[0] + 5
+    with pytest.raises(ValueError, match="block_table"):
+        ph.paged_attention(batch.q, batch.k_cache, batch.v_cache, bad, batch.seq_lens, batch.query_start_loc,
+                           validate=True)
     with pytest.raises(TypeError, match="block_table must have dtype int32"):
         ph.paged_attention(batch.q, batch.k_cache, batch.v_cache, batch.block_table.long(), batch.seq_lens,
                            batch.query_start_loc)

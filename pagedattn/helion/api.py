@@ -17,6 +17,7 @@ from pagedattn._checks import (
     refuse_autograd,
 )
 from pagedattn.helion import configs
+from pagedattn.validate import validate_metadata, validation_requested
 from pagedattn.helion.kernels import NO_LIMIT, kernel
 from pagedattn.helion.plan import HelionPlan, plan_attention
 
@@ -136,9 +137,7 @@ def paged_attention(
     if lse_out is not None:
         check_tensor("lse_out", lse_out, dtypes=(torch.float32,), device=device, last_dim_contiguous=False)
         check_shape("lse_out", lse_out, (num_tokens, num_q_heads))
-    if validate:
-        from pagedattn.validate import validate_metadata
-
+    if validation_requested(validate):
         validate_metadata(block_table, seq_lens, query_start_loc, num_tokens=num_tokens, num_blocks=num_blocks,
                           block_size=block_size, causal=causal, allow_shared_blocks=allow_shared_blocks)
     if plan is None:

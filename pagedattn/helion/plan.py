@@ -115,6 +115,8 @@ def plan_attention(
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(device)
+    if device.type == "cuda" and device.index is None:  # compared with q.device, which names its index
+        device = torch.device("cuda", torch.cuda.current_device())
     window = sliding_window or 0
 
     decode_tok, decode_seq, decode_vis, chunks = [], [], [], []
