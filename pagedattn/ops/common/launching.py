@@ -86,6 +86,10 @@ class Tape:
 
     def __init__(self, bindables):
         self._ranges = [None if t is None else _extent(t) for t in bindables]
+        # one tensor passed as two arguments (cu_seqlens_q and cu_seqlens_k of a self-attention
+        # prefill): recorded through the first, so a replay needs the same tensor in both places
+        self._aliases = [(i, j) for i, a in enumerate(self._ranges) for j in range(i + 1, len(self._ranges))
+                         if a is not None and a == self._ranges[j]]
         self._ops: list = []
         self.usable = True
 
@@ -105,6 +109,8 @@ class Tape:
         hits = [(i, ptr - r[0]) for i, r in enumerate(self._ranges) if r is not None and r[0] <= ptr < r[1]]
         if len(hits) > 1:  # overlapping caller tensors (e.g. K and V interleaved in one buffer)
             exact = [h for h in hits if h[1] == 0]
+            if len(exact) > 1 and all(self._ranges[i] == self._ranges[exact[0][0]] for i, _ in exact):
+                return exact[0]  # one tensor in several places (``_aliases``)
             if len(exact) != 1:
                 raise _NotReplayable
             return exact[0]
@@ -168,6 +174,9 @@ class Tape:
         """Launch the recorded work with ``bindables`` in place of the recorded tensors; False
         (nothing launched) if a tensor's alignment differs from the recording's."""
         ptrs = [0 if t is None else t.data_ptr() for t in bindables]
+        for i, j in self._aliases:
+            if ptrs[i] != ptrs[j]:
+                return False  # recorded through one tensor in both places: re-record
         launches = []
         for op in self._ops:
             if isinstance(op, _Launch):
