@@ -538,26 +538,29 @@ def varlen_attention(
 _VARLEN_TAPES: dict = {}
 
 
+def _tensor_layouts(*tensors) -> tuple:
+    """Shape, strides, dtype and device of each tensor (None stays None): what a layout key
+    holds of a call's tensors."""
+    return tuple(None if t is None else (t.shape, t.stride(), t.dtype, t.get_device()) for t in tensors)
+
+
 def _varlen_layout_key(q, k, v, cu_seqlens_q, cu_seqlens_k, out, lse_out, return_lse, max_query_len, scale, causal,
                        sliding_window, softcap, alibi_slopes, alibi_sqrt, sinks, prefix_ranges):
     """``_layout_key`` of a ``varlen_attention`` call (K's row count sets its descriptors' shape)."""
-    key = (
-        q.shape, q.stride(), q.dtype, q.get_device(),
-        (q.requires_grad or k.requires_grad or v.requires_grad) and torch.is_grad_enabled(),
-        k.shape, k.stride(), k.dtype, k.get_device(), v.shape, v.stride(), v.dtype, v.get_device(),
-        cu_seqlens_q.shape, cu_seqlens_q.stride(), cu_seqlens_q.dtype, cu_seqlens_q.get_device(),
-        cu_seqlens_k.shape, cu_seqlens_k.stride(), cu_seqlens_k.dtype, cu_seqlens_k.get_device(),
-        return_lse, max_query_len, scale, causal, sliding_window, softcap, alibi_sqrt,
-        current_stream_handle(q.device), os.environ.get("PAGEDATTN_TMA", ""),
-    )
-    if out is not None:
-        key += (out.shape, out.stride(), out.dtype, out.get_device())
-    if lse_out is not None:
-        key += ("lse", lse_out.shape, lse_out.stride(), lse_out.dtype, lse_out.get_device())
-    for name, t in (("alibi", alibi_slopes), ("sinks", sinks), ("prefix", prefix_ranges)):
-        if t is not None:
-            key += (name, t.shape, t.stride(), t.dtype, t.get_device())
-    return key
+    return (_tensor_layouts(q, k, v, cu_seqlens_q, cu_seqlens_k, out, lse_out, alibi_slopes, sinks, prefix_ranges),
+            (q.requires_grad or k.requires_grad or v.requires_grad) and torch.is_grad_enabled(),
+            return_lse, max_query_len, scale, causal, sliding_window, softcap, alibi_sqrt,
+            current_stream_handle(q.device), os.environ.get("PAGEDATTN_TMA", ""))
+
+
+_WRITE_TAPES: dict = {}
+
+
+def _write_kv_layout_key(key, value, k_cache, v_cache, slot_mapping, k_scale, v_scale):
+    """``_layout_key`` of a ``write_kv`` call (a float scale by value: its device copy is recorded)."""
+    return (_tensor_layouts(key, value, k_cache, v_cache, slot_mapping),
+            tuple((x.shape, x.dtype, x.get_device()) if isinstance(x, torch.Tensor) else x for x in (k_scale, v_scale)),
+            current_stream_handle(key.device))
 
 
 def _rounded_into(res, out, like: torch.Tensor):
@@ -697,6 +700,17 @@ def write_kv(
     --------
     >>> write_kv(k_new, v_new, k_cache, v_cache, slot_mapping)
     """
+    tape_key = None
+    if isinstance(key, torch.Tensor) and key.is_cuda and not validation_requested(validate):
+        # The thin path, as in paged_attention: a layout that passed the checks below replays its launch.
+        try:
+            tape_key = _write_kv_layout_key(key, value, k_cache, v_cache, slot_mapping, k_scale, v_scale)
+        except AttributeError:  # not tensors: the checks below name the argument
+            tape_key = None
+        tape = None if tape_key is None else _WRITE_TAPES.get(tape_key)
+        scales = tuple(x if isinstance(x, torch.Tensor) else None for x in (k_scale, v_scale))
+        if tape is not None and tape.replay((key, value, k_cache, v_cache, slot_mapping, *scales)):
+            return
     check_tensor("key", key, ndim=3, dtypes=FLOAT_DTYPES)
     device = key.device
     check_tensor("value", value, ndim=3, dtypes=(key.dtype,), device=device)
@@ -715,7 +729,8 @@ def write_kv(
     if num_tokens == 0:
         return
     fp8 = k_cache.dtype in FP8_DTYPES
-    launch(write_kv_kernel, (num_tokens, num_kv_heads),
+    run = functools.partial(
+        launch, write_kv_kernel, (num_tokens, num_kv_heads),
         key_ptr=key,
         value_ptr=value,
         k_cache_ptr=k_cache,
@@ -733,3 +748,8 @@ def write_kv(
         HEAD_SIZE_PAD=next_power_of_2(head_size),
         PAGE_SIZE=k_cache.shape[1],
     )
+    if tape_key is None:
+        run()
+    else:
+        scales = tuple(x if isinstance(x, torch.Tensor) else None for x in (k_scale, v_scale))
+        record(_WRITE_TAPES, tape_key, (key, value, k_cache, v_cache, slot_mapping, *scales), run, TAPES_KEPT)

@@ -445,6 +445,31 @@ def test_prefill_autotune_gpu(head_size, monkeypatch):
         tuning.forget_choices()
 
 
+@pytest.mark.parametrize("cache_dtype", [None, torch.float8_e4m3fn], ids=["bf16", "fp8"])
+def test_write_kv_replays_with_new_tensors_gpu(cache_dtype, monkeypatch):
+    """write_kv's thin path: new tokens, caches and scales of a seen layout are written exactly."""
+    from pagedattn.ops.common import launching
+
+    replays = []
+    real = launching.Tape.replay
+    monkeypatch.setattr(launching.Tape, "replay", lambda self, b: replays.append(real(self, b)) or replays[-1])
+    for seed in range(3):
+        g = torch.Generator().manual_seed(400 + seed)
+        key = torch.randn(37, 8, 128, generator=g).to("cuda", torch.bfloat16)
+        value = torch.randn(37, 8, 128, generator=g).to("cuda", torch.bfloat16)
+        k_cache = torch.randn(20, 16, 8, 128, generator=g).to("cuda", cache_dtype or torch.bfloat16)
+        v_cache = torch.randn(20, 16, 8, 128, generator=g).to("cuda", cache_dtype or torch.bfloat16)
+        slots = torch.randperm(320, generator=g)[:37].to("cuda")
+        scales = {}
+        if cache_dtype is not None:  # a tensor scale (bound per call) and a float one (in the key)
+            scales = dict(k_scale=torch.tensor([0.5 + seed], device="cuda"), v_scale=2.0)
+        ref_k, ref_v = write_kv_ref(key, value, k_cache, v_cache, slots, **scales)
+        write_kv(key, value, k_cache, v_cache, slots, **scales)
+        assert torch.equal(k_cache.view(torch.uint8), ref_k.view(torch.uint8))
+        assert torch.equal(v_cache.view(torch.uint8), ref_v.view(torch.uint8))
+    assert replays.count(True) >= 2
+
+
 @pytest.mark.parametrize("how", ["plan", "no-plan", "varlen"])
 def test_thin_path_replays_with_new_tensors_gpu(how, monkeypatch):
     """A call whose layout was seen replays the recorded launches with the new call's tensors
