@@ -10,7 +10,7 @@ for all three attentions. Each step is timed with CUDA events: ``tpot_ms`` is th
 The floor is the bytes a decode step must read (the weights without the input-embedding table,
 plus the KV cache at the mean context) over ``--bandwidth`` (default 4.6e12 B/s, the H200's
 measured read bandwidth). ``--quick`` runs the tiny preset (seconds on the CPU interpreter). An
-attention that cannot compute the model (SDPA has no softcap and no sinks) is reported as not
+attention that cannot compute the model (SDPA has no softcap) is reported as not
 available.
 
 The MLA presets (``--model deepseek-v2-lite``, ``tiny-mla`` with ``--quick``) compare pagedattn's
@@ -120,7 +120,7 @@ def run_attention(attention: str, model, mcfg, s: dict, args, device, dtype, rng
                         dtype=str(dtype).removeprefix("torch."), cuda_graph_sizes=[1], seed=args.seed)
     try:
         engine = Engine(model, mcfg, ecfg, eos_token_ids=())
-    except ValueError as e:  # an attention that cannot compute this model (SDPA: softcap, sinks) or is absent
+    except ValueError as e:  # an attention that cannot compute this model (SDPA: softcap) or is absent
         print(f"{attention:>12s}: not available: {e}", file=sys.stderr, flush=True)
         return [dict(attention=attention, batch=1, prompt_len=s["prompt_len"], output_len=0,
                      status=f"not available: {e}")]

@@ -18,8 +18,11 @@ q ``[num_tokens, num_q_heads, head_size]`` and k, v ``[num_tokens, num_kv_heads,
   length (GQA without copying K/V) and a key mask hides positions past each sequence's
   length (and, on sliding-window layers, before the window). On CUDA it runs cuDNN attention when
   cuDNN accepts the shape (probed once; the reason is kept in ``note`` otherwise). Prefill and
-  extend run one SDPA call per sequence. SDPA has no logit softcap and no sinks: a model with
-  either (Gemma2, GPT-OSS) is refused with ValueError.
+  extend run one SDPA call per sequence. SDPA has no logit softcap: a model with one (Gemma2)
+  is refused with ValueError. Attention sinks (GPT-OSS) are an extra key whose K and V are zero
+  and whose additive mask is the head's sink logit: its score is exactly the sink and it adds
+  nothing to the output, so the softmax's denominator is the one with sinks (the cache keeps
+  that zero key at position ``max_model_len``; an additive mask, so cuDNN only if it takes one).
 
 An MLA model (:class:`pagedattn.engine.config.MLAModelConfig`) caches one latent row per token
 instead of K and V: its attention is :class:`pagedattn.engine.mla_model.LatentCacheAttention`,
@@ -131,17 +134,17 @@ class SdpaBackend:
         if mcfg.attn_softcap:
             raise ValueError(f"attention sdpa cannot compute the attention logit softcap ({mcfg.attn_softcap}) of "
                              f"{mcfg.model_type}; use pagedattn")
-        if mcfg.sinks:
-            raise ValueError(f"attention sdpa cannot compute the attention sinks of {mcfg.model_type}; use pagedattn")
         self.mcfg, self.ecfg, self.device, self.dtype = mcfg, ecfg, torch.device(device), dtype
         self.max_len = ecfg.max_model_len
         self.padding_row = ecfg.max_num_seqs
-        shape = (mcfg.num_layers, ecfg.max_num_seqs + 1, mcfg.num_kv_heads, self.max_len, mcfg.head_size)
+        self.sink_keys = 1 if mcfg.sinks else 0  # the zero key at position max_len (module docstring)
+        shape = (mcfg.num_layers, ecfg.max_num_seqs + 1, mcfg.num_kv_heads, self.max_len + self.sink_keys,
+                 mcfg.head_size)
         self.k_cache = torch.zeros(shape, device=device, dtype=dtype)
         self.v_cache = torch.zeros(shape, device=device, dtype=dtype)
-        self.key_positions = torch.arange(self.max_len, device=device)
+        self.key_positions = torch.arange(self.max_len + self.sink_keys, device=device)
         self.decode_kernels = self.prefill_kernels = None
-        self.float_mask = False
+        self.float_mask = bool(mcfg.sinks)  # the sink's logit rides in the additive mask
         self.note = "torch SDPA (default dispatch)"
         if self.device.type == "cuda":
             self._probe_cudnn()
@@ -157,9 +160,11 @@ class SdpaBackend:
         group = self.mcfg.num_q_heads // hkv
         q = torch.randn(2, hkv, group, d, device=self.device, dtype=self.dtype)
         k = torch.randn(2, hkv, self.max_len, d, device=self.device, dtype=self.dtype)
-        mask = (self.key_positions < torch.tensor([[3], [self.max_len]], device=self.device))[:, None, None]
+        mask = (self.key_positions[:self.max_len] < torch.tensor([[3], [self.max_len]], device=self.device))
+        mask = mask[:, None, None]
+        k = k[:, :, :self.max_len]
         errors = []
-        for float_mask in (False, True):
+        for float_mask in (True,) if self.mcfg.sinks else (False, True):
             m = torch.where(mask, 0.0, float("-inf")).to(self.dtype) if float_mask else mask
             try:
                 with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
@@ -203,6 +208,15 @@ class SdpaBackend:
     def _mask(self, mask):
         return torch.where(mask, 0.0, float("-inf")).to(self.dtype) if self.float_mask else mask
 
+    @staticmethod
+    def _with_sinks(mask, sinks, shape):
+        """An additive ``mask`` (its last key: the zero sink key) expanded to ``shape`` with each
+        query head's sink logit in the last column; ``sinks`` shaped to broadcast over
+        ``shape[:-1]`` (``[num_kv_heads, group]`` for decode, ``[num_q_heads, 1]`` for a prefill)."""
+        m = mask.expand(shape).clone()
+        m[..., -1] = sinks.to(m.dtype)
+        return m
+
     def _sdpa(self, kernels, q, k, v, **kwargs):
         if kernels is None:
             return F.scaled_dot_product_attention(q, k, v, **kwargs)
@@ -220,11 +234,14 @@ class SdpaBackend:
         v_cache[meta.cache_rows, :, meta.positions] = v
         num_tokens, hq, d = q.shape
         hkv = k.shape[1]
+        sinks = None if mod is None else mod.sinks
         if meta.decode_rows:
             b = meta.decode_rows
+            mask = meta.key_mask if window is None else meta.window_mask
+            if sinks is not None:
+                mask = self._with_sinks(mask, sinks.view(hkv, hq // hkv), (b, hkv, hq // hkv, mask.shape[-1]))
             out = self._sdpa(self.decode_kernels, q.view(b, hkv, hq // hkv, d), k_cache[:b], v_cache[:b],
-                             attn_mask=meta.key_mask if window is None else meta.window_mask,
-                             scale=scale)  # [b, hkv, group, d]
+                             attn_mask=mask, scale=scale)  # [b, hkv, group, d]
             return out.reshape(b, hq, d)
         out = torch.empty_like(q)
         qsl, lens, rows = meta.host_query_start_loc, meta.host_seq_lens, meta.host_rows
@@ -238,7 +255,15 @@ class SdpaBackend:
             else:
                 row = rows[s]
                 ks, vs = k_cache[row:row + 1, :, :length], v_cache[row:row + 1, :, :length]
-            if window is None and length == n:
+            if sinks is not None:  # the zero sink key after the sequence's keys, its logit in the mask
+                zero = ks.new_zeros(1, hkv, 1, d)
+                ks, vs = torch.cat((ks, zero), 2), torch.cat((vs, zero), 2)
+                vis = visible(query_positions(n, length, q.device), length, causal=True, sliding_window=window,
+                              prefix_rows=None)
+                vis = torch.cat((vis, vis.new_ones(n, 1)), 1)
+                mask = torch.where(vis, 0.0, float("-inf")).to(q.dtype)[None, None]
+                kwargs = {"attn_mask": self._with_sinks(mask, sinks.view(hq, 1), (1, hq, n, length + 1))}
+            elif window is None and length == n:
                 kwargs = {"is_causal": n > 1}
             elif window is None and n == 1:
                 kwargs = {}
