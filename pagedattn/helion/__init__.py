@@ -7,6 +7,19 @@
 >>> out = ph.paged_attention(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, plan=plan)
 """
 
+def _torch_compat() -> None:
+    """Helion 1.5.1's autotuner logger imports ``IntelGPUError`` from torch's inductor, which
+    torch 2.11 does not define (2.13 does): an exception class stands in for it there (Helion
+    only uses it to classify errors of Intel GPUs)."""
+    try:
+        from torch._inductor.runtime import triton_compat
+    except ImportError:  # pragma: no cover
+        return
+    if not hasattr(triton_compat, "IntelGPUError"):
+        triton_compat.IntelGPUError = type("IntelGPUError", (RuntimeError,), {})
+
+
+_torch_compat()
 try:
     import helion as _helion  # noqa: F401
 except ImportError as e:  # pragma: no cover - exercised where helion is absent
