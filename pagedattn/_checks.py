@@ -44,6 +44,18 @@ def check_shape(name: str, x: torch.Tensor, expected: tuple) -> None:
         raise ValueError(f"{name} must have shape {want}, got {list(x.shape)}")
 
 
+def check_paged_metadata(block_table, seq_lens, query_start_loc, device: torch.device) -> int:
+    """The paged batch's metadata: ``block_table [num_seqs, max_blocks]``, ``seq_lens [num_seqs]``
+    and ``query_start_loc [num_seqs + 1]``, int32 on ``device``; returns num_seqs."""
+    check_tensor("block_table", block_table, ndim=2, dtypes=(torch.int32,), device=device)
+    check_tensor("seq_lens", seq_lens, ndim=1, dtypes=(torch.int32,), device=device)
+    num_seqs = seq_lens.shape[0]
+    check_shape("block_table", block_table, (num_seqs, None))
+    check_tensor("query_start_loc", query_start_loc, ndim=1, dtypes=(torch.int32,), device=device)
+    check_shape("query_start_loc", query_start_loc, (num_seqs + 1,))
+    return num_seqs
+
+
 def head_size_supported(head_size: int) -> bool:
     """Multiples of 8 from MIN_HEAD_SIZE to MAX_HEAD_SIZE (padded to a power of two in the kernels)."""
     return MIN_HEAD_SIZE <= head_size <= MAX_HEAD_SIZE and head_size % 8 == 0

@@ -15,6 +15,7 @@ from pagedattn._checks import (
     FLOAT_DTYPES,
     FP8_DTYPES,
     check_optional_int,
+    check_paged_metadata,
     check_scale_arg,
     check_shape,
     check_tensor,
@@ -165,12 +166,7 @@ def _mla_decode(q_nope, q_pe, kv_cache, block_table, seq_lens, query_start_loc, 
     refuse_autograd("mla_decode", q_nope=q_nope, q_pe=q_pe, kv_cache=kv_cache)
     if kv_cache.shape[1] < 1:
         raise ValueError("kv_cache block_size (dim 1) must be >= 1")
-    check_tensor("block_table", block_table, ndim=2, dtypes=(torch.int32,), device=device)
-    check_tensor("seq_lens", seq_lens, ndim=1, dtypes=(torch.int32,), device=device)
-    num_seqs = seq_lens.shape[0]
-    check_shape("block_table", block_table, (num_seqs, None))
-    check_tensor("query_start_loc", query_start_loc, ndim=1, dtypes=(torch.int32,), device=device)
-    check_shape("query_start_loc", query_start_loc, (num_seqs + 1,))
+    num_seqs = check_paged_metadata(block_table, seq_lens, query_start_loc, device)
     if isinstance(scale, bool) or not isinstance(scale, (int, float)):
         raise TypeError(f"scale must be a float, got {type(scale).__name__}")
     check_optional_int("max_query_len", max_query_len, minimum=0)

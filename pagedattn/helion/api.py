@@ -12,6 +12,7 @@ from pagedattn._checks import (
     check_attention_features,
     check_head_size,
     check_optional_int,
+    check_paged_metadata,
     check_shape,
     check_tensor,
     refuse_autograd,
@@ -116,12 +117,7 @@ def paged_attention(
         raise ValueError(f"q has {num_q_heads} heads, which is not a multiple of k_cache's {num_kv_heads} KV heads")
     if block_size < 1 or block_size & (block_size - 1):
         raise ValueError(f"k_cache block_size (dim 1) must be a power of two for the Helion kernels, got {block_size}")
-    check_tensor("block_table", block_table, ndim=2, dtypes=(torch.int32,), device=device)
-    check_tensor("seq_lens", seq_lens, ndim=1, dtypes=(torch.int32,), device=device)
-    num_seqs = seq_lens.shape[0]
-    check_shape("block_table", block_table, (num_seqs, None))
-    check_tensor("query_start_loc", query_start_loc, ndim=1, dtypes=(torch.int32,), device=device)
-    check_shape("query_start_loc", query_start_loc, (num_seqs + 1,))
+    num_seqs = check_paged_metadata(block_table, seq_lens, query_start_loc, device)
     check_optional_int("max_query_len", max_query_len, minimum=0)
     check_optional_int("max_seq_len", max_seq_len, minimum=0)
     check_attention_features(
