@@ -159,10 +159,9 @@ class SdpaBackend:
         hkv, d = self.mcfg.num_kv_heads, self.mcfg.head_size
         group = self.mcfg.num_q_heads // hkv
         q = torch.randn(2, hkv, group, d, device=self.device, dtype=self.dtype)
-        k = torch.randn(2, hkv, self.max_len, d, device=self.device, dtype=self.dtype)
-        mask = (self.key_positions[:self.max_len] < torch.tensor([[3], [self.max_len]], device=self.device))
-        mask = mask[:, None, None]
-        k = k[:, :, :self.max_len]
+        # the decode call's shape: every cache position (the sink key included) under a key mask
+        k = torch.randn(2, hkv, self.key_positions.shape[0], d, device=self.device, dtype=self.dtype)
+        mask = (self.key_positions < torch.tensor([[3], [self.max_len]], device=self.device))[:, None, None]
         errors = []
         for float_mask in (True,) if self.mcfg.sinks else (False, True):
             m = torch.where(mask, 0.0, float("-inf")).to(self.dtype) if float_mask else mask
