@@ -704,8 +704,9 @@ def write_kv(
         except AttributeError:  # not tensors: the checks below name the argument
             tape_key = None
         tape = None if tape_key is None else _WRITE_TAPES.get(tape_key)
-        scales = tuple(x if isinstance(x, torch.Tensor) else None for x in (k_scale, v_scale))
-        if tape is not None and tape.replay((key, value, k_cache, v_cache, slot_mapping, *scales)):
+        binds = (key, value, k_cache, v_cache, slot_mapping,
+                 *(x if isinstance(x, torch.Tensor) else None for x in (k_scale, v_scale)))
+        if tape is not None and tape.replay(binds):
             return
     check_tensor("key", key, ndim=3, dtypes=FLOAT_DTYPES)
     device = key.device
@@ -747,5 +748,4 @@ def write_kv(
     if tape_key is None:
         run()
     else:
-        scales = tuple(x if isinstance(x, torch.Tensor) else None for x in (k_scale, v_scale))
-        record(_WRITE_TAPES, tape_key, (key, value, k_cache, v_cache, slot_mapping, *scales), run, TAPES_KEPT)
+        record(_WRITE_TAPES, tape_key, binds, run, TAPES_KEPT)

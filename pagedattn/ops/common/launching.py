@@ -134,6 +134,9 @@ class Tape:
             else:
                 self.usable = False
                 return
+        # a slot: (argument, member of a tuple argument or -1, bindable, byte offset, form); the form
+        # is a bool for a pointer (whether it was compiled as 16-byte aligned) or the
+        # _DescriptorLayout of a tensor descriptor rebuilt at each replay
         slots = []
         try:
             for i, (p, v) in enumerate(zip(jit.params, values)):
@@ -181,13 +184,13 @@ class Tape:
         for op in self._ops:
             if isinstance(op, _Launch):
                 args = op.values.copy()
-                for i, j, b, off, aligned in op.slots:
+                for i, j, b, off, form in op.slots:
                     ptr = ptrs[b] + off
-                    if isinstance(aligned, _DescriptorLayout):  # a tensor descriptor over the bound tensor
+                    if isinstance(form, _DescriptorLayout):  # a tensor descriptor over the bound tensor
                         if ptr % 16:
                             return False  # a descriptor's base must be 16-byte aligned
-                        ptr = aligned.over(ptr)
-                    elif aligned and ptr % 16:
+                        ptr = form.over(ptr)
+                    elif form and ptr % 16:
                         return False  # compiled for 16-byte aligned pointers: re-record instead
                     if j < 0:
                         args[i] = ptr
