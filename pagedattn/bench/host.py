@@ -151,6 +151,22 @@ def _time_row(row: dict, fn: Callable, device: torch.device, *, calls: int, runs
         row["method"] = "interpreter (not a speed)"
 
 
+def _checked_row(row: dict, fn: Callable, check: Callable[[], tuple], device, *, calls, runs, progress,
+                 path: str) -> dict:
+    """Run ``fn`` once, ``check()`` its result -> (ok, max_err, tolerance), and time the row if it
+    passed; an exception is the row's note. Reports the verdict to ``progress``."""
+    try:
+        fn()
+        ok, err, tol = check()
+        row.update(ok=ok, max_err=err, tolerance=tol)
+        if ok:
+            _time_row(row, fn, device, calls=calls, runs=runs, path=path)
+    except Exception as e:  # noqa: BLE001
+        row.update(ok=False, note=f"{type(e).__name__}: {str(e)[:200]}")
+    progress.step(f"{row['case']}: {_verdict(row)}")
+    return row
+
+
 def attention_rows(case: HostCase, device, dtype, *, calls, runs, seed, progress) -> list[dict]:
     from pagedattn.bench.check import compare, reference
     from pagedattn.bench.workloads import LLAMA, _case, build_inputs
@@ -229,23 +245,14 @@ def mla_rows(device, dtype, *, quick, calls, runs, seed, progress) -> list[dict]
     def fn():
         return mla_decode(*args, scale=scale, max_query_len=1, max_seq_len=ctx, out=out)
 
-    label = f"MLA decode B={batch} L={ctx}, {heads} heads"
-    row = _row("mla_decode", label, path="mla_decode")
-    try:
-        fn()
+    def check():
         ref, _ = mla_decode_ref(*args, scale=scale,
                                 compute_dtype=torch.float32 if device.type == "cuda" else torch.float64)
         ref = ref.double()  # the comparison helpers take the reference in float64
-        err = max_errors(out, None, ref, None)[0]
-        tol = TOLERANCES[dtype][0]
-        ok = within_tolerance(out, None, ref, None)
-        row.update(ok=ok, max_err=err, tolerance=tol)
-        if ok:
-            _time_row(row, fn, device, calls=calls, runs=runs, path="mla_decode")
-    except Exception as e:  # noqa: BLE001
-        row.update(ok=False, note=f"{type(e).__name__}: {str(e)[:200]}")
-    progress.step(f"{label}: {_verdict(row)}")
-    return [row]
+        return within_tolerance(out, None, ref, None), max_errors(out, None, ref, None)[0], TOLERANCES[dtype][0]
+
+    row = _row("mla_decode", f"MLA decode B={batch} L={ctx}, {heads} heads", path="mla_decode")
+    return [_checked_row(row, fn, check, device, calls=calls, runs=runs, progress=progress, path="mla_decode")]
 
 
 def varlen_rows(device, dtype, *, quick, calls, runs, seed, progress) -> list[dict]:
@@ -265,19 +272,13 @@ def varlen_rows(device, dtype, *, quick, calls, runs, seed, progress) -> list[di
     def fn():
         return varlen_attention(q, k, v, cu, cu, max_query_len=s, out=out)
 
-    label = f"varlen prefill S={s} (contiguous K/V)"
-    row = _row("varlen_attention", label, path="varlen, no plan")
-    try:
-        fn()
+    def check():
         ref, _ = varlen_attention_ref(q, k, v, cu.cpu(), cu.cpu())
-        ok = within_tolerance(out, None, ref, None)
-        row.update(ok=ok, max_err=max_errors(out, None, ref, None)[0], tolerance=TOLERANCES[dtype][0])
-        if ok:
-            _time_row(row, fn, device, calls=calls, runs=runs, path="planless")  # no plan: the 40 us target
-    except Exception as e:  # noqa: BLE001
-        row.update(ok=False, note=f"{type(e).__name__}: {str(e)[:200]}")
-    progress.step(f"{label}: {_verdict(row)}")
-    return [row]
+        return within_tolerance(out, None, ref, None), max_errors(out, None, ref, None)[0], TOLERANCES[dtype][0]
+
+    row = _row("varlen_attention", f"varlen prefill S={s} (contiguous K/V)", path="varlen, no plan")
+    # no plan: the 40 us target
+    return [_checked_row(row, fn, check, device, calls=calls, runs=runs, progress=progress, path="planless")]
 
 
 def write_kv_rows(device, dtype, *, quick, calls, runs, seed, progress) -> list[dict]:
@@ -294,20 +295,18 @@ def write_kv_rows(device, dtype, *, quick, calls, runs, seed, progress) -> list[
         k_cache = torch.randn(blocks, bs, heads, d, generator=g).to(device, dtype)
         v_cache = torch.randn(blocks, bs, heads, d, generator=g).to(device, dtype)
         slots = torch.randperm(blocks * bs, generator=g)[:tokens].to(device)
-        label = f"write_kv {tokens} tokens" + (" (a decode step)" if tokens <= 32 else " (a prefill)")
-        row = _row("write_kv", label, path="write_kv")
-        try:
-            ref_k, ref_v = write_kv_ref(key, value, k_cache, v_cache, slots)
-            write_kv(key, value, k_cache, v_cache, slots)
+        ref_k, ref_v = write_kv_ref(key, value, k_cache, v_cache, slots)
+
+        def check():  # called at once below, in this iteration
             ok = bool(torch.equal(k_cache, ref_k) and torch.equal(v_cache, ref_v))
-            row.update(ok=ok, max_err=0.0 if ok else float((k_cache.float() - ref_k.float()).abs().max()), tolerance=0.0)
-            if ok:
-                _time_row(row, lambda: write_kv(key, value, k_cache, v_cache, slots), device, calls=calls, runs=runs,
-                          path="write_kv")
-        except Exception as e:  # noqa: BLE001
-            row.update(ok=False, note=f"{type(e).__name__}: {str(e)[:200]}")
-        rows.append(row)
-        progress.step(f"{label}: {_verdict(row)}")
+            return ok, 0.0 if ok else float((k_cache.float() - ref_k.float()).abs().max()), 0.0
+
+        def fn():
+            write_kv(key, value, k_cache, v_cache, slots)
+
+        label = f"write_kv {tokens} tokens" + (" (a decode step)" if tokens <= 32 else " (a prefill)")
+        rows.append(_checked_row(_row("write_kv", label, path="write_kv"), fn, check, device, calls=calls, runs=runs,
+                                 progress=progress, path="write_kv"))
     return rows
 
 
