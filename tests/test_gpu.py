@@ -445,14 +445,20 @@ def test_prefill_autotune_gpu(head_size, monkeypatch):
         tuning.forget_choices()
 
 
-@pytest.mark.parametrize("cache_dtype", [None, torch.float8_e4m3fn], ids=["bf16", "fp8"])
-def test_write_kv_replays_with_new_tensors_gpu(cache_dtype, monkeypatch):
-    """write_kv's thin path: new tokens, caches and scales of a seen layout are written exactly."""
+@pytest.fixture
+def replays(monkeypatch):
+    """The results of every tape replay during the test (True: the recorded launches ran)."""
     from pagedattn.ops.common import launching
 
-    replays = []
+    results = []
     real = launching.Tape.replay
-    monkeypatch.setattr(launching.Tape, "replay", lambda self, b: replays.append(real(self, b)) or replays[-1])
+    monkeypatch.setattr(launching.Tape, "replay", lambda self, b: results.append(real(self, b)) or results[-1])
+    return results
+
+
+@pytest.mark.parametrize("cache_dtype", [None, torch.float8_e4m3fn], ids=["bf16", "fp8"])
+def test_write_kv_replays_with_new_tensors_gpu(cache_dtype, replays):
+    """write_kv's thin path: new tokens, caches and scales of a seen layout are written exactly."""
     for seed in range(3):
         g = torch.Generator().manual_seed(400 + seed)
         key = torch.randn(37, 8, 128, generator=g).to("cuda", torch.bfloat16)
@@ -471,17 +477,13 @@ def test_write_kv_replays_with_new_tensors_gpu(cache_dtype, monkeypatch):
 
 
 @pytest.mark.parametrize("how", ["plan", "no-plan", "varlen"])
-def test_thin_path_replays_with_new_tensors_gpu(how, monkeypatch):
+def test_thin_path_replays_with_new_tensors_gpu(how, replays):
     """A call whose layout was seen replays the recorded launches with the new call's tensors
     (the varlen tape rebuilds its K/V tensor descriptors): right answers for new data in new
     buffers, and for a view whose address breaks the 16-byte alignment it was compiled for."""
     from pagedattn import plan_attention, varlen_attention
-    from pagedattn.ops.common import launching
 
     cases = [(1, 1328), (5, 18), (129, 463), (1, 4099)]
-    replays = []
-    real = launching.Tape.replay
-    monkeypatch.setattr(launching.Tape, "replay", lambda self, b: replays.append(real(self, b)) or replays[-1])
     plan = None
     for seed in range(3):
         g = torch.Generator().manual_seed(200 + seed)
