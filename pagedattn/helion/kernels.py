@@ -30,6 +30,24 @@ LN2 = 0.6931471805599453
 NO_LIMIT = 1 << 30  # a window side that is off: p +- NO_LIMIT covers every int32 position
 
 
+def _gather_kv(k_cache, v_cache, pages, kvh, LARGE_CACHE):
+    """K and V of one KV tile, each ``[block_p * block_size, head_size]``: KV head ``kvh`` of
+    the pages ``pages`` (``block_table[seq, tile_p]``, as read by the caller).
+
+    Helion traces a called function into the caller's loop but turns subscripts into loads only
+    in the kernel's own body, so the loads here are spelled ``hl.load``. The block-table read
+    stays a subscript in the caller: in reference mode ``hl.load`` with a scalar tensor index
+    (the sequence) keeps it as a unit dimension, where the compiled load drops it. The loads keep
+    their place in the kernel's load order, which a stored config's per-load entries index.
+    """
+    pages = torch.where((pages >= 0) & (pages < k_cache.size(0)), pages, 0)  # never read outside the cache
+    # page * stride past 2**31: offsets in 64 bits (else 32-bit math: fewer registers)
+    pages = pages.to(torch.int64 if LARGE_CACHE else torch.int32)
+    k = hl.load(k_cache, [pages, slice(None), kvh, slice(None)]).flatten(0, 1)
+    v = hl.load(v_cache, [pages, slice(None), kvh, slice(None)]).flatten(0, 1)
+    return k, v
+
+
 def decode_partials(
     q: torch.Tensor,  # [num_tokens, num_q_heads, head_size]
     k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_size]
@@ -54,7 +72,6 @@ def decode_partials(
     query heads of that KV head over the segment's keys, normalized, with its lse."""
     num_q_heads = hl.specialize(q.size(1))
     head_size = hl.specialize(q.size(2))
-    num_blocks = k_cache.size(0)
     block_size = hl.specialize(k_cache.size(1))
     num_kv_heads = hl.specialize(k_cache.size(2))
     max_blocks = block_table.size(1)
@@ -80,12 +97,7 @@ def decode_partials(
             l_i = hl.zeros([tile_g], dtype=torch.float32)
             acc = hl.zeros([tile_g, head_size], dtype=torch.float32)
             for tile_p in hl.tile(lo // block_size, page_hi, block_size=block_p):
-                pages = block_table[seq, tile_p]
-                pages = torch.where((pages >= 0) & (pages < num_blocks), pages, 0)  # never read outside the cache
-                # page * stride past 2**31: offsets in 64 bits (else 32-bit math: fewer registers)
-                pages = pages.to(torch.int64 if LARGE_CACHE else torch.int32)
-                k = k_cache[pages, :, kvh, :].flatten(0, 1)  # [block_p * block_size, head_size]
-                v = v_cache[pages, :, kvh, :].flatten(0, 1)
+                k, v = _gather_kv(k_cache, v_cache, block_table[seq, tile_p], kvh, LARGE_CACHE)
                 k_pos = (tile_p.index[:, None] * block_size + hl.arange(block_size)[None, :]).flatten(0, 1)
                 ok = (k_pos >= lo) & (k_pos < hi)
                 v = torch.where(ok[:, None], v, 0.0)  # keys past the sequence never reach a row (0 x NaN)
@@ -178,7 +190,6 @@ def prefill(
     edge, causal diagonal, the sequence's last page) apply it."""
     num_q_heads = hl.specialize(q.size(1))
     head_size = hl.specialize(q.size(2))
-    num_blocks = k_cache.size(0)
     block_size = hl.specialize(k_cache.size(1))
     num_kv_heads = hl.specialize(k_cache.size(2))
     max_blocks = block_table.size(1)
@@ -207,12 +218,7 @@ def prefill(
             l_i = hl.zeros([tile_m], dtype=torch.float32)
             acc = hl.zeros([tile_m, head_size], dtype=torch.float32)
             for tile_p in hl.tile(lo // block_size, page_hi, block_size=block_p):
-                pages = block_table[seq, tile_p]
-                pages = torch.where((pages >= 0) & (pages < num_blocks), pages, 0)  # never read outside the cache
-                # page * stride past 2**31: offsets in 64 bits (else 32-bit math: fewer registers)
-                pages = pages.to(torch.int64 if LARGE_CACHE else torch.int32)
-                k = k_cache[pages, :, kvh, :].flatten(0, 1)  # [block_p * block_size, head_size]
-                v = v_cache[pages, :, kvh, :].flatten(0, 1)
+                k, v = _gather_kv(k_cache, v_cache, block_table[seq, tile_p], kvh, LARGE_CACHE)
                 if EAGER:
                     s = torch.matmul(qt.to(torch.float32), k.to(torch.float32).T)
                 else:
