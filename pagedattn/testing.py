@@ -141,6 +141,17 @@ BATCHES = {
     "mixed": [(1, 463), (5, 18), (0, 7), (33, 129), (1, 1), (17, 40)],
 }
 
+# (num_q_heads, num_kv_heads, head_size, block_size) of the GPU shape tests, by test id: model head
+# layouts beside Llama's, head sizes that are not powers of two, pages from 16 to 128 tokens.
+GPU_SHAPES = {
+    "gptoss-like": (64, 8, 64, 16),
+    "gemma-like": (8, 4, 256, 16),
+    "mqa-head80": (16, 1, 80, 32),
+    "mha-head96": (12, 12, 96, 64),
+    "head192-page128": (8, 2, 192, 128),
+    "head8": (4, 4, 8, 16),
+}
+
 
 def max_errors(out, lse, ref_out, ref_lse):
     """(max |out - ref|, max |lse - ref| over finite entries, lse -inf pattern matches)."""

@@ -8,7 +8,14 @@ import torch
 
 from pagedattn import paged_attention, write_kv
 from pagedattn.reference import paged_attention_ref, varlen_attention_ref, write_kv_ref
-from pagedattn.testing import FEATURES, TOLERANCES, assert_matches_reference, feature_kwargs, make_paged_batch
+from pagedattn.testing import (
+    FEATURES,
+    GPU_SHAPES,
+    TOLERANCES,
+    assert_matches_reference,
+    feature_kwargs,
+    make_paged_batch,
+)
 
 pytestmark = pytest.mark.gpu
 
@@ -41,17 +48,8 @@ def test_features_gpu(feature, dtype):
     compare(batch, kwargs, dtype)
 
 
-@pytest.mark.parametrize(
-    "num_q_heads, num_kv_heads, head_size, block_size",
-    [
-        pytest.param(64, 8, 64, 16, id="gptoss-like"),
-        pytest.param(8, 4, 256, 16, id="gemma-like"),
-        pytest.param(16, 1, 80, 32, id="mqa-head80"),
-        pytest.param(12, 12, 96, 64, id="mha-head96"),
-        pytest.param(8, 2, 192, 128, id="head192-page128"),
-        pytest.param(4, 4, 8, 16, id="head8"),
-    ],
-)
+@pytest.mark.parametrize("num_q_heads, num_kv_heads, head_size, block_size",
+                         [pytest.param(*shape, id=name) for name, shape in GPU_SHAPES.items()])
 def test_shapes_gpu(num_q_heads, num_kv_heads, head_size, block_size):
     g = torch.Generator().manual_seed(head_size)
     batch = make_paged_batch(

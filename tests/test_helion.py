@@ -19,7 +19,13 @@ ph = pytest.importorskip("pagedattn.helion")
 from pagedattn.backends import AUTO_PRIORITY, BackendConfig, get_backend, select_backend  # noqa: E402
 from pagedattn.helion import api as helion_api  # noqa: E402
 from pagedattn.reference import paged_attention_ref  # noqa: E402
-from pagedattn.testing import BATCHES, assert_matches_reference, feature_kwargs, make_paged_batch  # noqa: E402
+from pagedattn.testing import (  # noqa: E402
+    BATCHES,
+    GPU_SHAPES,
+    assert_matches_reference,
+    feature_kwargs,
+    make_paged_batch,
+)
 from tests.conftest import DEVICE  # noqa: E402
 
 SUPPORTED = ["causal", "noncausal", "window", "window_noncausal", "softcap", "scale"]
@@ -242,16 +248,9 @@ def test_gpu_bf16(case, feature):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize(
-    "num_q_heads, num_kv_heads, head_size, block_size",
-    [
-        pytest.param(64, 8, 64, 16, id="gptoss-like"),
-        pytest.param(8, 4, 256, 16, id="gemma-like"),
-        pytest.param(16, 1, 80, 32, id="mqa-head80"),
-        pytest.param(12, 12, 96, 64, id="mha-head96"),
-        pytest.param(4, 4, 8, 16, id="head8"),
-    ],
-)
+@pytest.mark.parametrize("num_q_heads, num_kv_heads, head_size, block_size",
+                         [pytest.param(*shape, id=name) for name, shape in GPU_SHAPES.items()
+                          if name != "head192-page128"])  # the GPU suite's shapes, less head 192 on 128-token pages
 def test_gpu_shapes(num_q_heads, num_kv_heads, head_size, block_size):
     g = _seed("gpu-shape", num_q_heads, head_size)
     batch = make_paged_batch([(1, 700), (37, 37), (0, 3), (200, 4000)], num_q_heads=num_q_heads,
