@@ -7,6 +7,9 @@
 >>> out = ph.paged_attention(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, plan=plan)
 """
 
+import importlib
+
+
 def _torch_compat() -> None:
     """Helion 1.5.1's autotuner logger imports ``IntelGPUError`` from torch's inductor, which
     torch 2.11 does not define (2.13 does): an exception class stands in for it there (Helion
@@ -21,7 +24,7 @@ def _torch_compat() -> None:
 
 _torch_compat()
 try:
-    import helion as _helion  # noqa: F401
+    importlib.import_module("helion")
 except ImportError as e:  # pragma: no cover - exercised where helion is absent
     raise ImportError(
         "pagedattn.helion needs Helion (pip install 'pagedattn[helion]', or helion==1.5.1)"
