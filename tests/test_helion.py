@@ -5,10 +5,12 @@ the compiled Triton code that a GPU would run through Triton's interpreter inste
 ``gpu`` tests at the end take bf16 at Llama-3.1-8B shapes. Skipped when Helion is absent.
 """
 
+import json
 import os
 import subprocess
 import sys
 import zlib
+from dataclasses import dataclass
 
 import pytest
 import torch
@@ -17,6 +19,7 @@ import torch
 ph = pytest.importorskip("pagedattn.helion")
 
 from pagedattn.backends import AUTO_PRIORITY, BackendConfig, get_backend, select_backend  # noqa: E402
+from pagedattn.bench.providers import Prepared, Provider  # noqa: E402
 from pagedattn.helion import api as helion_api  # noqa: E402
 from pagedattn.reference import paged_attention_ref  # noqa: E402
 from pagedattn.testing import (  # noqa: E402
@@ -222,6 +225,79 @@ def test_compiled_kernels_interpreted(compiled_kernels, kwargs, dtype=torch.floa
     batch = make_paged_batch([(1, 90), (2, 18), (0, 7), (17, 40), (5, 3)], num_q_heads=2, num_kv_heads=1,
                              dtype=dtype, device=DEVICE, generator=g)
     check(batch, kwargs, segment_size=64)
+
+
+# --- the benchmark: Helion, the Triton path and the peers -----------------------------------------
+
+
+@dataclass
+class _RefPeer(Provider):
+    """A peer computing the reference (plus ``offset``): one that agrees with the Triton path,
+    and with an offset one that does not."""
+
+    offset: float = 0.0
+
+    def prepare(self, inputs):
+        def run():
+            out, _ = paged_attention_ref(*inputs.paged_args(), **inputs.features)
+            return out.to(inputs.q.dtype) + self.offset
+
+        return Prepared(run)
+
+
+@dataclass
+class _BrokenPeer(Provider):
+    def prepare(self, inputs):
+        raise RuntimeError("no kernel for this case")
+
+
+def _bench(tmp_path, *argv):
+    from pagedattn.helion import bench
+
+    path = tmp_path / "helion_bench.json"
+    assert bench.main(["--quick", "--cases", "decode", "--json", str(path), "--md", str(tmp_path / "t.md"), *argv]) == 0
+    with open(path) as f:
+        return json.load(f), (tmp_path / "t.md").read_text()
+
+
+def test_bench_quick_reports_unavailable_peers(tmp_path):
+    from pagedattn.helion.bench import PEERS
+
+    results, table = _bench(tmp_path)
+    assert set(results["peers"]) == set(PEERS)
+    for name, info in results["peers"].items():
+        if DEVICE == "cpu":  # FlashInfer and cuDNN need a GPU: reported, not run
+            assert not info["available"] and info["reason"]
+        if not info["available"]:
+            assert f"- peer {name} left out: {info['reason']}" in table
+            assert f"{name} us" not in table
+    (rec,) = results["records"]
+    assert rec["triton"]["time_us"] > 0 and rec["helion"]["time_us"] > 0 and rec["max_abs_diff"] < 1e-4
+    assert "| helion / best peer |" in table.splitlines()[2]
+
+    results, table = _bench(tmp_path, "--no-peers")
+    assert results["peers"] == {} and results["records"][0]["peers"] == {} and "left out" not in table
+
+
+def test_bench_checks_peers_before_timing(tmp_path, monkeypatch):
+    from pagedattn.bench.providers import PROVIDERS
+
+    monkeypatch.setitem(PROVIDERS, "ref-peer", _RefPeer("ref-peer"))
+    monkeypatch.setitem(PROVIDERS, "off-peer", _RefPeer("off-peer", offset=1.0))
+    monkeypatch.setitem(PROVIDERS, "broken-peer", _BrokenPeer("broken-peer"))
+    results, table = _bench(tmp_path, "--peers", "ref-peer,off-peer,broken-peer")
+    peers = results["records"][0]["peers"]
+    assert peers["ref-peer"]["status"] == "ok" and peers["ref-peer"]["max_abs_diff"] < 1e-4
+    assert peers["ref-peer"]["time_us"] > 0 and results["records"][0]["best_peer"] == "ref-peer"
+    assert peers["off-peer"]["status"] == "fail" and "time_us" not in peers["off-peer"]
+    assert abs(peers["off-peer"]["max_abs_diff"] - 1.0) < 1e-4
+    assert peers["broken-peer"] == {"status": "error", "reason": "RuntimeError: no kernel for this case"}
+    header, _, row = table.splitlines()[2:5]
+    assert "| ref-peer us | off-peer us | broken-peer us | helion / best peer |" in header
+    cells = [c.strip() for c in row.split("|")[1:-1]]
+    assert cells[5:7] == ["fail", "error"] and float(cells[4]) > 0 and float(cells[7]) > 0
+    with pytest.raises(SystemExit):
+        _bench(tmp_path, "--peers", "no-such-peer")
 
 
 # --- GPU: bf16 at Llama-3.1-8B shapes ------------------------------------------------------------
