@@ -10,6 +10,11 @@ The path rule (``path="auto"``):
   large-tile prefill kernel and the others the unified kernel, in one call ("prefill").
 * Long queries (``max_query_len > SPLIT_KV_MAX_QUERY_LEN``) take the unified ("2D") path: the
   Q blocks of the prefill/extend tokens already give the GPU enough programs.
+* A decode batch of unequal lengths (one or a few long contexts among short ones: the uniform
+  rule below would leave a long sequence in pieces over twice the even share of the keys) runs
+  the persistent kernel with a work list made for it: the long sequences cut into items of about
+  the even share for ``UNEQUAL_WAVES`` waves, the short ones whole, one launch of
+  ``PERSISTENT_PROGRAMS_PER_SM`` programs per SM (``persistent_work_list``).
 * Otherwise count the 2D grid, ``programs_2d = num_q_blocks * num_kv_heads``. If it reaches
   ``RESIDENT_PROGRAMS_PER_SM * num_sms`` (one full wave of decode programs) 2D runs.
   If not, split each sequence's keys into ``num_splits = min(FILL_MAX_SPLITS,
@@ -45,6 +50,22 @@ MIN_SEGMENT_TOKENS = 128
 MAX_SPLITS = 128
 INVARIANT_SEGMENT_TOKENS = 1024
 PERSISTENT_MAX_SPLITS = 64
+# The persistent grid: 3 waves of resident decode programs (9 per SM); programs past the work
+# list exit at once. With more items than resident programs, the hardware starts a new program
+# as one finishes, which balances items of unequal length; a one-wave grid striding several
+# items per program left the longest programs running alone (H200, 2 x 16384 + 126 x 512:
+# 364 us on 396 programs, 118 us on 1188).
+PERSISTENT_PROGRAMS_PER_SM = 9
+# A decode batch is "unequal" when its longest visible length exceeds UNEQUAL_RATIO x the mean
+# (per Q block). Its list is cut for UNEQUAL_WAVES waves of items of about equal keys (long
+# sequences into up to max_splits pieces, short ones whole), whatever the unsplit item count.
+UNEQUAL_RATIO = 2
+UNEQUAL_WAVES = 3
+# A plan made for one unequal batch caps the persistent kernel at 168 registers per thread, so
+# that 3 of its 4-warp programs fit an SM's 64K registers (uncapped: 194, 2 per SM; no spills at
+# 168). H200: 2 x 16384 + 126 x 512 119 -> 113 us, 1 x 65536 + 255 x 128 143 -> 128. Plans for
+# CUDA graphs keep the compiler's choice: uniform 32 x 4096 lost 135 -> 149 us with the cap.
+UNEQUAL_MAX_REGISTERS = 168
 PREFILL_MIN_QUERY_LEN = 128
 # short_prefill: up to this many waves of 128-row prefill programs, 64-row tiles at head 128
 # (H200, paged, head 128: they won at 1, 2, 3.9 and 7.8 waves and lost 3% at 15.5)
@@ -87,7 +108,9 @@ class AttentionPlan:
     work_counts: torch.Tensor | None = None  # [3] int32: items, reduce rows, 1 = atomic schedule
     work_counter: torch.Tensor | None = None  # [1] int32 (atomic schedule)
     reduce_rows: torch.Tensor | None = None  # [max_num_tokens, 2] int32: token, splits
-    num_programs: int = 0
+    num_programs: int = 0  # the persistent grid
+    split_programs: int = 0  # the programs of one wave, which the work list is cut for
+    max_registers: int | None = None  # the persistent kernel's register cap (None: the compiler's choice)
     schedule: str = "auto"
     max_num_seqs: int = 0
     sliding_window: int | None = None
@@ -125,8 +148,9 @@ class AttentionPlan:
                 f"({self.max_num_seqs} sequences, {self.max_num_tokens} tokens)"
             )
         items, rows = persistent_work_list(
-            qsl, lens, tiles=self.tiles, num_kv_heads=self.num_kv_heads, num_programs=self.num_programs,
-            max_splits=self.partial_out.shape[2], sliding_window=self.sliding_window,
+            qsl, lens, tiles=self.tiles, num_kv_heads=self.num_kv_heads,
+            num_programs=self.split_programs or self.num_programs, max_splits=self.partial_out.shape[2],
+            sliding_window=self.sliding_window,
         )
         if items.shape[0] > self.work_items.shape[0]:
             raise ValueError(f"{items.shape[0]} work items exceed the plan's capacity {self.work_items.shape[0]}")
@@ -189,12 +213,17 @@ def pick_tiles(max_query_len: int, num_queries_per_kv: int, head_size: int, *, f
     head_size_pad = max(16, next_power_of_2(head_size))
     short = fixed or max_query_len <= 1
     block_m = max(16 if short else 64, next_power_of_2(num_queries_per_kv))
+    if not short and max_query_len <= SPLIT_KV_MAX_QUERY_LEN:
+        # speculative decode: rows for the longest query only (6 tokens x 4 heads fill 24 of 32
+        # rows, not 24 of 64): H200, 16 x 6 at 8192, 216 -> 166 us
+        block_m = max(16, min(block_m, next_power_of_2(max_query_len * num_queries_per_kv)))
     block_q = block_m // num_queries_per_kv
     tile_n = 32 if head_size_pad > 128 else 64
     num_warps = 4 if block_m * head_size_pad <= 64 * 128 else 8
     # decode: two tiles in flight (int32 offsets leave the registers); heads past 256 stay at 2 stages
-    # (fp32 at head 512: 3 stages of 32-key tiles need ~290 KB of shared memory, over sm90's 227 KB)
-    num_stages = 3 if short and head_size_pad <= 256 else 2
+    # (fp32 at head 512: 3 stages of 32-key tiles need ~290 KB of shared memory, over sm90's 227 KB).
+    # Speculative decode's 32-row tiles keep 2: 3 need 78 KB of shared memory, two programs per SM, not three.
+    num_stages = 3 if (short or block_m == 16) and head_size_pad <= 256 else 2
     if interpreter_on():
         num_warps = 1
     return Tiles(block_m, block_q, tile_n, num_warps, num_stages=num_stages)
@@ -364,13 +393,19 @@ def persistent_work_list(qsl, lens, *, tiles: Tiles, num_kv_heads: int, num_prog
     """(items [n, 5] int32, reduce rows [m, 2] int32) for the persistent kernel.
 
     Every Q block is one item per KV head, or several (its key range cut in equal segments)
-    when its queries are short and the unsplit items would not fill the grid. The split-KV
-    rule (module docstring), with the grid's programs for the wave: a Q block gets its share of
-    the programs, ``floor(visible * num_programs / total visible)`` items per KV head (at least
-    one, at most FILL_MAX_SPLITS), so the list holds at most one item per program; if that
-    leaves items over LONG_SEGMENT_TOKENS keys, MANY_WAVES_SEGMENT_TOKENS-key items instead;
-    never segments under MIN_SEGMENT_TOKENS. (Two shorter items per program, the rule before,
-    measured 1.25x the best plan at 8 x 4096 on the H200.)
+    when its queries are short and the unsplit items would not fill one wave of
+    ``num_programs`` programs. The split-KV rule (module docstring), with that wave: a Q block
+    gets its share of the programs, ``floor(visible * num_programs / total visible)`` items per
+    KV head (at least one, at most FILL_MAX_SPLITS), so the list holds at most one item per
+    program of the wave; if that leaves items over LONG_SEGMENT_TOKENS keys,
+    MANY_WAVES_SEGMENT_TOKENS-key items instead; never segments under MIN_SEGMENT_TOKENS.
+
+    An unequal batch (its longest visible length over UNEQUAL_RATIO x the mean per short Q
+    block) is cut whatever the unsplit item count, for UNEQUAL_WAVES waves and up to
+    ``max_splits`` items per block: the long sequences become many items of about the even
+    share and the short ones stay whole, and the grid's later programs take them as earlier
+    ones finish (H200, on a grid of 3 waves: 2 x 16384 + 126 x 512 119 us, 1.4x its bytes floor,
+    where the one-wave cut left each long piece at 2048 keys beside 512-key items: 364 us).
 
     Items are block-major, then KV head, then split: (seq, q block, head, split, splits). Reduce
     rows are every token of a split Q block, with its block's split count.
@@ -387,10 +422,10 @@ def persistent_work_list(qsl, lens, *, tiles: Tiles, num_kv_heads: int, num_prog
     if len(lens) < len(q_lens):
         raise ValueError(f"{len(lens)} sequence lengths for {len(q_lens)} sequences")
     blocks = [-(-q // tiles.block_q) if q > 0 else 0 for q in q_lens]  # Q blocks per sequence
-    splits = None  # a full grid without splitting: no partials to write and merge
-    if sum(blocks) * num_kv_heads < num_programs:
-        splits = _splits_per_seq(q_lens, blocks, lens, num_kv_heads=num_kv_heads, num_programs=num_programs,
-                                 max_splits=max_splits, sliding_window=sliding_window)
+    # None: a full grid of equal items without splitting: no partials to write and merge
+    splits = _splits_per_seq(q_lens, blocks, lens, num_kv_heads=num_kv_heads, num_programs=num_programs,
+                             max_splits=max_splits, sliding_window=sliding_window,
+                             full=sum(blocks) * num_kv_heads >= num_programs)
     return _work_items(blocks, splits, num_kv_heads), _reduce_rows(qsl, splits)
 
 
@@ -413,21 +448,30 @@ def _int32_tensor(values) -> torch.Tensor:
     return torch.frombuffer(buf, dtype=torch.int32)  # shares (and keeps alive) buf, a private copy
 
 
-def _splits_per_seq(q_lens, blocks, lens, *, num_kv_heads, num_programs, max_splits, sliding_window) -> list[int]:
+def _splits_per_seq(q_lens, blocks, lens, *, num_kv_heads, num_programs, max_splits, sliding_window,
+                    full: bool) -> list[int] | None:
     """Each sequence's split count by persistent_work_list's rule (the same for all its Q
-    blocks: they see the same keys); 1 for long queries and empty sequences. Called only when
-    the unsplit items do not fill the grid. Comparisons rather than min()/max(): 4x faster."""
+    blocks: they see the same keys); 1 for long queries and empty sequences. None when the
+    unsplit items fill the grid (``full``) and the batch is not unequal. Comparisons rather than
+    min()/max(): 4x faster."""
     visible = [v if v > 0 else 0 for v in lens[: len(q_lens)]]
     if sliding_window:  # a query sees at most the window and the queries before it
         visible = [v if v < sliding_window + q else sliding_window + q - 1 for v, q in zip(visible, q_lens)]
     short = [0 < q <= SPLIT_KV_MAX_QUERY_LEN for q in q_lens]
-    total = max(sum(v * nb for v, nb, sh in zip(visible, blocks, short) if sh) * num_kv_heads, 1)
+    keys = sum(v * nb for v, nb, sh in zip(visible, blocks, short) if sh)
+    short_blocks = sum(nb for nb, sh in zip(blocks, short) if sh)
+    longest = max([v for v, sh in zip(visible, short) if sh] + [0])
+    unequal = longest > MIN_SEGMENT_TOKENS and longest * short_blocks > UNEQUAL_RATIO * keys
+    if full and not unequal:
+        return None
+    total = max(keys * num_kv_heads, 1)
+    target, cap = (UNEQUAL_WAVES * num_programs, max_splits) if unequal else (num_programs, FILL_MAX_SPLITS)
     splits = []
     for v, sh in zip(visible, short):
         n = 1
         if sh:
-            n = v * num_programs // total  # the block's share of the grid, 1..FILL_MAX_SPLITS
-            n = 1 if n < 1 else FILL_MAX_SPLITS if n > FILL_MAX_SPLITS else n
+            n = v * target // total  # the block's share of the items, 1..cap
+            n = 1 if n < 1 else cap if n > cap else n
             if v > n * LONG_SEGMENT_TOKENS:  # segments over LONG_SEGMENT_TOKENS keys: many waves
                 n = -(-v // MANY_WAVES_SEGMENT_TOKENS)
             by_length = -(-v // MIN_SEGMENT_TOKENS)  # no segment under MIN_SEGMENT_TOKENS keys
@@ -557,8 +601,9 @@ def plan_attention(
         split rule uses (correctness never depends on it).
     max_num_seqs, max_context_len : persistent path: the capacity to plan for (defaults: this
         batch), so that :meth:`AttentionPlan.update` can re-plan any batch up to it in place.
-    num_programs : persistent path: the fixed grid (default ``RESIDENT_PROGRAMS_PER_SM * num_sms``:
-        every program resident at once).
+    num_programs : persistent path: the fixed grid (default ``PERSISTENT_PROGRAMS_PER_SM * num_sms``,
+        three waves of resident programs; the work list is cut for one wave,
+        ``min(num_programs, RESIDENT_PROGRAMS_PER_SM * num_sms)`` programs).
     schedule : persistent path: ``"static"`` striding, ``"atomic"`` work counter, or ``"auto"``
         (default): chosen at every ``update()`` from the work list's size, without recapture (the
         kernel reads the choice from the plan's device buffer).
@@ -613,8 +658,14 @@ def plan_attention(
                 segment = balanced_segment(q_lens, lens, block_q=tiles.block_q, tile_n=tiles.tile_n,
                                            num_kv_heads=num_kv_heads, splits=splits, sms=num_sms(device),
                                            sliding_window=sliding_window)
-                if segment:
-                    path, splits = "split_kv", -(-max_seq_len // segment)
+                if segment and path == "auto":
+                    # unequal lengths: a compact work list of about equal items (the persistent
+                    # kernel) instead of a grid of every sequence x split, whose slots past the
+                    # short sequences' keys are programs that only exit (67k of them at
+                    # 1 x 65536 + 255 x 128 on the H200: 341 us, 3.9x its bytes floor)
+                    path = "persistent"
+                elif segment:
+                    splits = -(-max_seq_len // segment)
         if path == "auto":
             path = auto_path(max_query_len, splits)
     if path == "persistent":
@@ -622,7 +673,7 @@ def plan_attention(
             qsl, lens, tiles=tiles, num_q_heads=num_q_heads, num_kv_heads=num_kv_heads, head_size=head_size,
             device=device, max_num_tokens=max_num_tokens, max_num_seqs=max(len(lens), max_num_seqs or 0),
             max_context_len=max(max_seq_len, max_context_len or 0), num_programs=num_programs,
-            schedule=schedule, sliding_window=sliding_window,
+            schedule=schedule, sliding_window=sliding_window, fit_splits=path_requested == "auto",
         )
     if path == "prefill":
         min_q_len = PREFILL_MIN_QUERY_LEN if path_requested == "auto" else 0
@@ -664,11 +715,19 @@ def _plan_prefill_tiles(q_lens, lens, prefill_seqs, num_q_heads, head_size, dtyp
 
 
 def _plan_persistent(qsl, lens, *, tiles, num_q_heads, num_kv_heads, head_size, device, max_num_tokens,
-                     max_num_seqs, max_context_len, num_programs, schedule, sliding_window) -> AttentionPlan:
+                     max_num_seqs, max_context_len, num_programs, schedule, sliding_window,
+                     fit_splits: bool = False) -> AttentionPlan:
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
-    num_programs = num_programs or RESIDENT_PROGRAMS_PER_SM * num_sms(device)
+    wave = RESIDENT_PROGRAMS_PER_SM * num_sms(device)
+    num_programs = num_programs or PERSISTENT_PROGRAMS_PER_SM * num_sms(device)
+    split_programs = min(num_programs, wave)
     max_splits = max(1, min(PERSISTENT_MAX_SPLITS, -(-max_context_len // MIN_SEGMENT_TOKENS)))
+    if fit_splits:  # a plan for this batch only: partials for the splits its list uses
+        items, _ = persistent_work_list(qsl, lens, tiles=tiles, num_kv_heads=num_kv_heads,
+                                        num_programs=split_programs, max_splits=max_splits,
+                                        sliding_window=sliding_window)
+        max_splits = max(1, int(items[:, 4].max())) if items.shape[0] else 1
     max_q_blocks = max_num_tokens // tiles.block_q + max_num_seqs
     max_items = max(1, max_q_blocks * num_kv_heads * max_splits)
     plan = AttentionPlan(
@@ -681,7 +740,10 @@ def _plan_persistent(qsl, lens, *, tiles, num_q_heads, num_kv_heads, head_size, 
         work_counts=torch.zeros(3, dtype=torch.int32, device=device),
         work_counter=torch.zeros(1, dtype=torch.int32, device=device),
         reduce_rows=torch.zeros(max(1, max_num_tokens), 2, dtype=torch.int32, device=device),
-        num_programs=num_programs, schedule=schedule, max_num_seqs=max_num_seqs, sliding_window=sliding_window,
+        num_programs=num_programs, split_programs=split_programs, schedule=schedule, max_num_seqs=max_num_seqs,
+        sliding_window=sliding_window,
+        # measured on 4-warp decode tiles up to head 128 only (the cap would spill wider tiles)
+        max_registers=UNEQUAL_MAX_REGISTERS if fit_splits and tiles.num_warps == 4 and head_size <= 128 else None,
     )
     plan.update(qsl, lens)
     return plan

@@ -33,13 +33,22 @@ def test_window_bounds_the_work():
     assert balanced_segment([1] * 128, lens, splits=1, **dict(H200, sliding_window=512)) == 0
 
 
-def test_balanced_plan_is_right():
-    """A long context among short decodes, planned: split-KV at fixed positions, right result."""
+@pytest.mark.parametrize("path", ["auto", "split_kv"])
+def test_balanced_plan_is_right(path):
+    """A long context among short decodes, planned: under "auto" a compact work list of the
+    persistent kernel (the long one split, the short ones whole), under "split_kv" segments at
+    fixed positions; the right result either way."""
     cases = [(1, 700)] + [(1, 20)] * 6 + [(2, 33)]
     b = make_paged_batch(cases, num_q_heads=4, num_kv_heads=2, head_size=32, device=DEVICE)
     plan = plan_attention(b.query_start_loc.tolist(), b.seq_lens.tolist(), num_q_heads=4, num_kv_heads=2,
-                          head_size=32, device=DEVICE)
-    assert plan.path == "split_kv" and plan.segment_size > 0 and plan.num_splits > 1
+                          head_size=32, device=DEVICE, path=path)
+    if path == "auto":
+        items = plan.work_items[: int(plan.work_counts[0])]
+        assert plan.path == "persistent" and int(items[items[:, 0] == 0, 4].max()) > 1
+        assert int(items[items[:, 0] != 0, 4].max()) == 1
+        assert plan.partial_out.shape[2] == int(items[:, 4].max())  # partials for the splits used, no more
+    else:
+        assert plan.path == "split_kv" and plan.segment_size > 0 and plan.num_splits > 1
     out = torch.full_like(b.q, float("nan"))
     lse = torch.full(b.q.shape[:2], float("nan"), device=DEVICE)
     paged_attention(*b.args(), plan=plan, out=out, lse_out=lse)

@@ -21,12 +21,13 @@ def check(batch, plan, kwargs):
 @pytest.mark.parametrize("feature", ["causal", "sinks", "window_noncausal", "alibi", "prefix"])
 def test_persistent_fixed_grid(feature, schedule, num_programs):
     g = torch.Generator().manual_seed(len(feature))
-    cases = BATCHES["mixed"] + [(8, 300), (2, 2)]
+    # 3 programs: lengths about equal, so the unsplit items fill the grid; 64: an unequal batch
+    # (463 keys beside 1-40), whose short queries are split
+    cases = [(33, 129), (17, 140), (8, 130), (2, 135)] if num_programs == 3 else BATCHES["mixed"] + [(8, 300), (2, 2)]
     batch = make_paged_batch(cases, dtype=torch.float32, device=DEVICE, generator=g)
     kwargs = feature_kwargs(feature, 4, len(cases), device=DEVICE, generator=g)
     plan = plan_attention(batch.query_start_loc, batch.seq_lens, num_q_heads=4, num_kv_heads=2, head_size=32,
                           device=DEVICE, path="persistent", num_programs=num_programs, schedule=schedule)
-    # 3 programs: the unsplit items already fill the grid; 64: the short queries are split
     assert (int(plan.work_counts[1]) > 0) == (num_programs == 64)
     plan.partial_out.fill_(float("nan"))
     check(batch, plan, kwargs)
@@ -63,6 +64,7 @@ def _work_list_loop(qsl, lens, *, tiles, num_kv_heads, num_programs, max_splits,
     """The work list spelled out as loops (the rule in persistent_work_list's docstring)."""
     from pagedattn.plan import (
         FILL_MAX_SPLITS, LONG_SEGMENT_TOKENS, MANY_WAVES_SEGMENT_TOKENS, MIN_SEGMENT_TOKENS, SPLIT_KV_MAX_QUERY_LEN,
+        UNEQUAL_RATIO, UNEQUAL_WAVES,
     )
 
     blocks = []
@@ -71,11 +73,14 @@ def _work_list_loop(qsl, lens, *, tiles, num_kv_heads, num_programs, max_splits,
         if sliding_window:
             visible = min(visible, sliding_window + (b - a) - 1)
         blocks += [(s, qb, visible, b - a) for qb in range(-(-(b - a) // tiles.block_q))]
-    total = sum(v for _, _, v, q in blocks if q <= SPLIT_KV_MAX_QUERY_LEN) * num_kv_heads
-    full = len(blocks) * num_kv_heads >= num_programs
+    short = [v for _, _, v, q in blocks if q <= SPLIT_KV_MAX_QUERY_LEN]
+    total = sum(short) * num_kv_heads
+    unequal = max(short + [0]) > MIN_SEGMENT_TOKENS and max(short + [0]) * len(short) > UNEQUAL_RATIO * sum(short)
+    full = len(blocks) * num_kv_heads >= num_programs and not unequal
+    target, cap = (UNEQUAL_WAVES * num_programs, max_splits) if unequal else (num_programs, FILL_MAX_SPLITS)
 
     def splits(visible):
-        n = min(max(visible * num_programs // max(total, 1), 1), FILL_MAX_SPLITS)
+        n = min(max(visible * target // max(total, 1), 1), cap)
         if -(-visible // n) > LONG_SEGMENT_TOKENS:
             n = -(-visible // MANY_WAVES_SEGMENT_TOKENS)
         return 1 if full else max(1, min(n, -(-visible // MIN_SEGMENT_TOKENS), max_splits))

@@ -17,8 +17,10 @@ def launch_persistent(out: torch.Tensor, lse: torch.Tensor | None, a: AttentionA
     max_splits = plan.partial_out.shape[2]
     shared = dict(work=WorkList(plan.work_items, plan.work_counts, plan.work_counter, plan.reduce_rows),
                   dst=output_rows(out, lse), part=partial_rows(plan.partial_out, plan.partial_lse), max_splits=max_splits, USE_PDL=pdl)
+    regs = plan.max_registers
+    extra = {"maxnreg": regs} if regs and a.q.device.type == "cuda" else {}
     launch(persistent_attention_kernel, (plan.num_programs,), **shared, **kernel_args(a, plan.tiles),
-           num_kv_heads=a.k_cache.shape[2])
+           num_kv_heads=a.k_cache.shape[2], **extra)
     head_size = a.q.shape[2]
     launch(persistent_reduce_kernel, (max(1, plan.num_programs // 4),), **shared, num_tokens=a.q.shape[0],
            NUM_Q_HEADS=a.q.shape[1], HEAD_SIZE=head_size, HEAD_SIZE_PAD=next_power_of_2(head_size),
