@@ -360,8 +360,8 @@ def _launch_prefill_and_rest(out, lse, args: AttentionArgs, prefill_tiles, max_q
     tiles for that length.
 
     ``prefill_seqs`` (a plan's): the sequences [first, end) that hold every long one. The
-    large-tile kernel then runs on views of their metadata, so its grid has no programs for the
-    sequences around them: each such program would hold a whole SM's shared memory only to
+    large-tile kernel's grid then covers those sequences only (from an offset into the
+    metadata), with no programs for the sequences around them: each such program would hold a whole SM's shared memory only to
     exit, and a 2048-token prefill among 63 decodes launched 32256 of them.
 
     On a CUDA device the unified launch runs on a second stream beside the prefill kernel (the
@@ -372,14 +372,8 @@ def _launch_prefill_and_rest(out, lse, args: AttentionArgs, prefill_tiles, max_q
     num_seqs = args.seq_lens.shape[0]
     first, end = (0, num_seqs) if prefill_seqs is None else prefill_seqs
     check_prefill_grid(max_query_len, end - first, prefill_tiles)
-    prefill_args = args
-    if (first, end) != (0, num_seqs):
-        prefill_args = dataclasses.replace(
-            args, query_start_loc=args.query_start_loc[first:end + 1], seq_lens=args.seq_lens[first:end],
-            block_table=args.block_table[first:end],
-            prefix_ranges=None if args.prefix_ranges is None else args.prefix_ranges[first:end])
-    prefill = functools.partial(launch_prefill, out, lse, prefill_args, prefill_tiles, max_query_len=max_query_len,
-                                min_q_len=min_q_len)
+    prefill = functools.partial(launch_prefill, out, lse, args, prefill_tiles, max_query_len=max_query_len,
+                                min_q_len=min_q_len, seqs=(first, end))
     rest_max_q_len = min_q_len - 1 if rest_max_q_len is None else min(rest_max_q_len, min_q_len - 1)
     if rest_max_q_len <= 0:
         prefill()

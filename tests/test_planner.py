@@ -72,3 +72,27 @@ def test_one_sequence_without_a_plan_is_one_launch_and_right(q_len, kv_len, monk
     out = paged_attention(*b.args(), max_query_len=256, max_seq_len=512, out=torch.full_like(b.q, float("nan")))
     assert_matches_reference(out, None, paged_attention_ref(*b.args())[0], None)
     assert not unified
+
+
+def test_prefill_among_decodes_runs_on_the_callers_metadata(monkeypatch):
+    """A plan's prefill kernel covers only the sequences holding long queries, from an offset into
+    the caller's metadata, not from views of it: a view's address (seq_lens[3:] is 12 bytes in)
+    would change the kernel's pointer-alignment specialization, a new compile for many steps."""
+    import pagedattn.ops.prefill.launch as prefill_launch
+
+    seen = []
+    real = prefill_launch.launch
+    monkeypatch.setattr(prefill_launch, "launch", lambda kernel, grid, **kw: seen.append((grid, kw)) or real(
+        kernel, grid, **kw))
+    cases = [(1, 40), (1, 30), (1, 20), (140, 200), (1, 10)]
+    b = make_paged_batch(cases, num_q_heads=4, num_kv_heads=2, head_size=32, dtype=torch.float16, device=DEVICE)
+    plan = plan_attention(b.query_start_loc.tolist(), b.seq_lens.tolist(), num_q_heads=4, num_kv_heads=2,
+                          head_size=32, device=DEVICE, dtype=torch.float16)
+    assert plan.path == "prefill" and plan.prefill_seqs == (3, 4)
+    out = paged_attention(*b.args(), plan=plan, out=torch.full_like(b.q, float("nan")))
+    assert_matches_reference(out, None, paged_attention_ref(*b.args())[0], None)
+    (grid, kw), = seen
+    assert grid[1] == 1 and kw["first_seq"] == 3
+    assert kw["queries"].query_start_loc.data_ptr() == b.query_start_loc.data_ptr()
+    assert kw["queries"].seq_lens.data_ptr() == b.seq_lens.data_ptr()
+    assert kw["kv"].block_table.data_ptr() == b.block_table.data_ptr()

@@ -174,13 +174,17 @@ def _key_tiles(qt, m_i, l_i, acc, kv, k_desc, v_desc, block_row_ptr, k_row_start
     return m_i, l_i, acc
 
 
-@triton.jit(do_not_specialize=SIZES + ["min_q_len"])
+@triton.jit(do_not_specialize=SIZES + ["min_q_len", "first_seq"])
 def prefill_attention_kernel(dst, queries, kv, k_desc, v_desc, mods, num_seqs, num_tokens, num_blocks,
-                             max_blocks_per_seq, num_prefix_ranges, sliding_window, min_q_len, CFG: tl.constexpr):
+                             max_blocks_per_seq, num_prefix_ranges, sliding_window, min_q_len, first_seq,
+                             CFG: tl.constexpr):
     """out = softmax(mods(scale * q k^T) + mask) v for one BLOCK_M tile of one query head.
 
     ``queries.seq_lens`` holds the KV lengths of paged K/V, cu_seqlens_k for contiguous K/V;
-    ``k_desc`` / ``v_desc``: tensor descriptors over contiguous K/V, or None.
+    ``k_desc`` / ``v_desc``: tensor descriptors over contiguous K/V, or None. The grid's
+    sequences are ``first_seq, first_seq + 1, ...``: an offset rather than views of the metadata,
+    whose addresses would change the kernel's pointer-alignment specialization with the offset
+    (a new compile, 3-5 s, for many mixed engine steps).
     """
     # Programs start in launch order, x fastest: every head's and sequence's heaviest Q tile (the
     # last rows under the causal mask), then every next one. Longest first across the whole grid
@@ -189,7 +193,9 @@ def prefill_attention_kernel(dst, queries, kv, k_desc, v_desc, mods, num_seqs, n
     TILE_N: tl.constexpr = CFG.TILE_N
     n = Sizes(num_seqs, num_tokens, num_blocks, max_blocks_per_seq, num_prefix_ranges, sliding_window)
     head = tl.program_id(0)
-    seq = tl.program_id(1)
+    seq = tl.program_id(1) + first_seq
+    if seq >= num_seqs:
+        return
     m_block = tl.num_programs(2) - 1 - tl.program_id(2)
     q_start = tl.load(queries.query_start_loc + seq)
     q_len = tl.load(queries.query_start_loc + seq + 1) - q_start

@@ -86,20 +86,23 @@ def launch_prefill(
     max_query_len: int,
     min_q_len: int = 0,
     cu_seqlens_k: torch.Tensor | None = None,
+    seqs: tuple[int, int] | None = None,
 ) -> None:
     """``a.k_cache`` / ``a.v_cache`` are the paged cache, or with ``cu_seqlens_k`` contiguous
     ``[total_k, num_kv_heads, head_size]`` K/V (then ``a.block_table`` and ``a.seq_lens`` are unused).
+    ``seqs``: the sequences [first, end) the grid covers (default: all).
 
     ``tiles`` is the deterministic choice; with ``PAGEDATTN_AUTOTUNE=1`` the first call of a shape
     may time other candidates and use the fastest from then on (``tuning.py``)."""
-    if a.q.shape[0] == 0 or a.query_start_loc.shape[0] < 2 or max_query_len == 0:
+    first, end = (0, a.query_start_loc.shape[0] - 1) if seqs is None else seqs
+    if a.q.shape[0] == 0 or end <= first or max_query_len == 0:
         return
     if tiles.block_q != tiles.block_m:  # a program's query tokens are its BLOCK_M rows
         tiles = replace(tiles, block_q=tiles.block_m)
 
     def run(t: Tiles) -> None:
         _launch_prefill_kernel(out, lse, a, t, max_query_len=max_query_len, min_q_len=min_q_len,
-                               cu_seqlens_k=cu_seqlens_k)
+                               cu_seqlens_k=cu_seqlens_k, first=first, end=end)
 
     q = a.q
     if autotune_enabled(q.device):
@@ -110,7 +113,7 @@ def launch_prefill(
                a.k_cache.shape[1] if paged else 0, tma, a.causal, query_bucket(max_query_len),
                # the grid's size and the table's choice (short prefills differ from extends of the
                # same query length: an extend tuned on a short prefill's tiles ran 16% slower on the H200)
-               q.shape[1], next_power_of_2(a.query_start_loc.shape[0] - 1), tiles)
+               q.shape[1], next_power_of_2(end - first), tiles)
         if _out_aliases_inputs(out, lse, a):
             tiles = remembered(key, tiles)
         else:
@@ -129,8 +132,8 @@ def _out_aliases_inputs(out, lse, a: AttentionArgs) -> bool:
 
 
 def _launch_prefill_kernel(out, lse, a: AttentionArgs, tiles: Tiles, *, max_query_len: int, min_q_len: int,
-                           cu_seqlens_k: torch.Tensor | None) -> None:
+                           cu_seqlens_k: torch.Tensor | None, first: int, end: int) -> None:
     k_desc, v_desc = (None, None) if cu_seqlens_k is None else tma_descriptors(a.k_cache, a.v_cache, tiles.tile_n)
-    grid = (a.q.shape[1], a.query_start_loc.shape[0] - 1, cdiv(max_query_len, tiles.block_m))  # the kernel's launch order
+    grid = (a.q.shape[1], end - first, cdiv(max_query_len, tiles.block_m))  # the kernel's launch order
     launch(prefill_attention_kernel, grid, dst=output_rows(out, lse), k_desc=k_desc, v_desc=v_desc,
-           **kernel_args(a, tiles, contiguous_kv=cu_seqlens_k), min_q_len=min_q_len)
+           **kernel_args(a, tiles, contiguous_kv=cu_seqlens_k), min_q_len=min_q_len, first_seq=first)
