@@ -26,8 +26,10 @@ _torch_compat()
 try:
     importlib.import_module("helion")
 except ImportError as e:  # pragma: no cover - exercised where helion is absent
-    raise ImportError(
-        "pagedattn.helion needs Helion (pip install 'pagedattn[helion]', or helion==1.5.1)"
+    # ModuleNotFoundError (an ImportError): what pytest.importorskip and callers that probe for
+    # optional packages take for "not installed"
+    raise ModuleNotFoundError(
+        "pagedattn.helion needs Helion (pip install 'pagedattn[helion]', or helion==1.5.1)", name="helion"
     ) from e
 
 from pagedattn.helion.api import UNSUPPORTED, paged_attention
