@@ -130,10 +130,11 @@ class ModelRunner:
         pos = torch.arange(start, start + n)
         return (torch.tensor(table)[pos // bs] * bs + pos % bs).tolist()
 
-    def _table(self, seqs) -> torch.Tensor:
-        """``[len(seqs), max pages]`` int32 block table (zeros past a sequence's pages and for None)."""
+    def _table(self, seqs, multiple: int = 1) -> torch.Tensor:
+        """``[len(seqs), max pages]`` int32 block table (zeros past a sequence's pages and for None),
+        its width rounded up to ``multiple``."""
         tables = [s.block_table if s is not None else [] for s in seqs]
-        width = max([len(t) for t in tables] + [1])
+        width = -(-max([len(t) for t in tables] + [1]) // multiple) * multiple
         return torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32)
 
     def _eager_inputs(self, batch: ScheduledBatch):
@@ -146,7 +147,10 @@ class ModelRunner:
             rows += [seq.slot] * n
             qsl.append(qsl[-1] + n)
             lens.append(start + n)
-        return ids, pos, slots, rows, qsl, lens, self._table(batch.seqs)
+        # a width of 16 pages' multiples: the kernels' row stride then keeps one divisibility
+        # class from step to step (Triton specializes integer arguments on divisibility by 16; a
+        # changing class compiles another variant of every attention kernel)
+        return ids, pos, slots, rows, qsl, lens, self._table(batch.seqs, multiple=16)
 
     def _decode_inputs(self, layout: list, size: int):
         """Host inputs of a decode batch in ``layout`` order (None: padding), padded to ``size`` rows."""
