@@ -304,7 +304,9 @@ def balanced_segment(q_lens, lens, *, block_q: int, tile_n: int, num_kv_heads: i
     length: ``segment`` is the keys one resident program would stream if the batch's keys were
     shared evenly (at least MIN_SEGMENT_TOKENS, whole tiles). Used when the uniform rule's
     longest piece exceeds twice that share; the grid then also holds empty programs for the
-    positions past the short sequences, which exit after their metadata loads.
+    positions past the short sequences, which exit after their metadata loads. Under
+    ``path="auto"`` a nonzero result sends the batch to the persistent kernel's compact work
+    list instead (see plan_attention); ``path="split_kv"`` keeps this cut.
     """
     visible = [max(v, 0) for v in lens]
     if sliding_window:
