@@ -416,8 +416,10 @@ def persistent_work_list(qsl, lens, *, tiles: Tiles, num_kv_heads: int, num_prog
     sequence in plain Python and leaves the per-item work to byte copies and a few torch ops:
     a sequence's Q blocks share its split count (they see the same keys), each block's items
     are a memoized template for its split count, and only the sequence and Q block columns are
-    written into the joined templates. On a 2-core CPU host: 25-75 us for 1-256 decode
-    sequences, where the ~40 small torch ops of the vectorized form before took 240-330 us.
+    written into the joined templates. On a 2-core CPU host: 35-130 us for 1-256 decode
+    sequences of equal length (the ~40 small torch ops of a vectorized form took 240-330 us);
+    an unequal batch of 256 (100-8000 keys and one of 32768: 4672 items, each sequence's split
+    count computed) 250-340 us, about half of it the per-sequence split rule.
     """
     qsl, lens = _int_list(qsl), _int_list(lens)
     q_lens = [b - a for a, b in zip(qsl, qsl[1:])]
