@@ -419,7 +419,7 @@ def persistent_work_list(qsl, lens, *, tiles: Tiles, num_kv_heads: int, num_prog
     written into the joined templates. On a 2-core CPU host: 35-130 us for 1-256 decode
     sequences of equal length (the ~40 small torch ops of a vectorized form took 240-330 us);
     an unequal batch of 256 (100-8000 keys and one of 32768: 4672 items, each sequence's split
-    count computed) 250-340 us, about half of it the per-sequence split rule.
+    count computed) about 200 us.
     """
     qsl, lens = _int_list(qsl), _int_list(lens)
     q_lens = [b - a for a, b in zip(qsl, qsl[1:])]
@@ -461,29 +461,35 @@ def _splits_per_seq(q_lens, blocks, lens, *, num_kv_heads, num_programs, max_spl
     visible = [v if v > 0 else 0 for v in lens[: len(q_lens)]]
     if sliding_window:  # a query sees at most the window and the queries before it
         visible = [v if v < sliding_window + q else sliding_window + q - 1 for v, q in zip(visible, q_lens)]
-    short = [0 < q <= SPLIT_KV_MAX_QUERY_LEN for q in q_lens]
-    keys = sum(v * nb for v, nb, sh in zip(visible, blocks, short) if sh)
-    short_blocks = sum(nb for nb, sh in zip(blocks, short) if sh)
-    longest = max([v for v, sh in zip(visible, short) if sh] + [0])
+    if all(q == 1 for q in q_lens):  # a decode batch: every sequence one short Q block
+        short, keys, short_blocks, longest = None, sum(visible), len(visible), max(visible + [0])
+    else:
+        short = [0 < q <= SPLIT_KV_MAX_QUERY_LEN for q in q_lens]
+        keys = sum(v * nb for v, nb, sh in zip(visible, blocks, short) if sh)
+        short_blocks = sum(nb for nb, sh in zip(blocks, short) if sh)
+        longest = max([v for v, sh in zip(visible, short) if sh] + [0])
     unequal = longest > MIN_SEGMENT_TOKENS and longest * short_blocks > UNEQUAL_RATIO * keys
     if full and not unequal:
         return None
     total = max(keys * num_kv_heads, 1)
     target, cap = (UNEQUAL_WAVES * num_programs, max_splits) if unequal else (num_programs, FILL_MAX_SPLITS)
-    splits = []
-    for v, sh in zip(visible, short):
-        n = 1
-        if sh:
-            n = v * target // total  # the block's share of the items, 1..cap
-            n = 1 if n < 1 else cap if n > cap else n
-            if v > n * LONG_SEGMENT_TOKENS:  # segments over LONG_SEGMENT_TOKENS keys: many waves
-                n = -(-v // MANY_WAVES_SEGMENT_TOKENS)
-            by_length = -(-v // MIN_SEGMENT_TOKENS)  # no segment under MIN_SEGMENT_TOKENS keys
-            n = by_length if n > by_length else n
-            n = 1 if n < 1 else n
-            n = max_splits if n > max_splits else n
-        splits.append(n)
-    return splits
+    # Up to `small` keys the rule gives 1 (a share under 2 items, no long-segment cut): most of
+    # an unequal batch, decided by one comparison
+    small = min(LONG_SEGMENT_TOKENS, (2 * total - 1) // target)
+
+    def rule(v: int) -> int:
+        n = v * target // total  # the block's share of the items, 1..cap
+        n = 1 if n < 1 else cap if n > cap else n
+        if v > n * LONG_SEGMENT_TOKENS:  # segments over LONG_SEGMENT_TOKENS keys: many waves
+            n = -(-v // MANY_WAVES_SEGMENT_TOKENS)
+        by_length = -(-v // MIN_SEGMENT_TOKENS)  # no segment under MIN_SEGMENT_TOKENS keys
+        n = by_length if n > by_length else n
+        n = 1 if n < 1 else n
+        return max_splits if n > max_splits else n
+
+    if short is None:
+        return [1 if v <= small else rule(v) for v in visible]
+    return [rule(v) if sh and v > small else 1 for v, sh in zip(visible, short)]
 
 
 def _per_block(per_seq, blocks) -> list:
