@@ -48,6 +48,44 @@ def _gather_kv(k_cache, v_cache, pages, kvh, LARGE_CACHE):
     return k, v
 
 
+def _scores(qx, k, scale, softcap, SOFTCAP, EAGER):
+    """``qx @ k.T`` in fp32, scaled (and soft-capped) into base-2 logits. An inf product (inf in
+    q or k) becomes NaN: never a masked-looking -inf."""
+    if EAGER:
+        s = torch.matmul(qx.to(torch.float32), k.to(torch.float32).T)
+    else:
+        s = hl.dot(qx, k.T, out_dtype=torch.float32)
+    s = s + s * 0.0
+    if SOFTCAP:
+        return torch.tanh(s * (scale / softcap)) * (softcap * LOG2E)
+    return s * (scale * LOG2E)
+
+
+def _online_softmax_step(m_i, l_i, acc, s, v, EAGER):
+    """One KV tile of the online softmax: the running max, sum and accumulator after the masked
+    base-2 logits ``s`` and the values ``v``."""
+    m_new = torch.maximum(m_i, torch.amax(s, -1))
+    m_use = torch.where(m_new == float("-inf"), 0.0, m_new)  # a row with no visible key yet
+    p = torch.exp2(s - m_use.unsqueeze(-1))
+    alpha = torch.exp2(m_i - m_use)
+    l_i = l_i * alpha + torch.sum(p, -1)
+    if EAGER:
+        acc = acc * alpha.unsqueeze(-1) + torch.matmul(p, v.to(torch.float32))
+    else:
+        acc = acc * alpha.unsqueeze(-1) + hl.dot(p.to(v.dtype), v, out_dtype=torch.float32)
+    return m_new, l_i, acc
+
+
+def _finalize(m_i, l_i, acc):
+    """The normalized rows and their natural-log lse; a row with no visible key: 0 and -inf; an
+    inf or NaN in the accumulator reaches both as NaN."""
+    empty = l_i == 0.0
+    bad = torch.sum(acc * 0.0, -1)  # 0, or NaN where the accumulator holds an inf or NaN
+    inv = torch.where(empty, 0.0, 1.0 / torch.where(empty, 1.0, l_i)) + bad
+    lse_row = torch.where(empty, float("-inf"), (m_i + torch.log2(torch.where(empty, 1.0, l_i))) * LN2 + bad)
+    return torch.where(empty.unsqueeze(-1), 0.0, acc * inv.unsqueeze(-1)), lse_row
+
+
 def decode_partials(
     q: torch.Tensor,  # [num_tokens, num_q_heads, head_size]
     k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_size]
@@ -101,31 +139,11 @@ def decode_partials(
                 k_pos = (tile_p.index[:, None] * block_size + hl.arange(block_size)[None, :]).flatten(0, 1)
                 ok = (k_pos >= lo) & (k_pos < hi)
                 v = torch.where(ok[:, None], v, 0.0)  # keys past the sequence never reach a row (0 x NaN)
-                if EAGER:
-                    s = torch.matmul(qh.to(torch.float32), k.to(torch.float32).T)
-                else:
-                    s = hl.dot(qh, k.T, out_dtype=torch.float32)  # [GROUP_PAD, keys]
-                s = s + s * 0.0  # an inf product (inf in q or k) becomes NaN: never a masked-looking -inf
-                if SOFTCAP:
-                    s = torch.tanh(s * (scale / softcap)) * (softcap * LOG2E)
-                else:
-                    s = s * (scale * LOG2E)
+                s = _scores(qh, k, scale, softcap, SOFTCAP, EAGER)  # [GROUP_PAD, keys]
                 s = torch.where(ok[None, :], s, float("-inf"))
-                m_new = torch.maximum(m_i, torch.amax(s, -1))
-                m_use = torch.where(m_new == float("-inf"), 0.0, m_new)  # a row with no visible key yet
-                p = torch.exp2(s - m_use[:, None])
-                alpha = torch.exp2(m_i - m_use)
-                l_i = l_i * alpha + torch.sum(p, -1)
-                if EAGER:
-                    acc = acc * alpha[:, None] + torch.matmul(p, v.to(torch.float32))
-                else:
-                    acc = acc * alpha[:, None] + hl.dot(p.to(v.dtype), v, out_dtype=torch.float32)
-                m_i = m_new
-            empty = l_i == 0.0  # no visible key in the segment: out 0, lse -inf
-            bad = torch.sum(acc * 0.0, -1)  # 0, or NaN where the accumulator holds an inf or NaN
-            inv = torch.where(empty, 0.0, 1.0 / torch.where(empty, 1.0, l_i)) + bad
-            lse_row = torch.where(empty, float("-inf"), (m_i + torch.log2(torch.where(empty, 1.0, l_i))) * LN2 + bad)
-            out_grouped[item, kvh, tile_g, :] = torch.where(empty[:, None], 0.0, acc * inv[:, None])
+                m_i, l_i, acc = _online_softmax_step(m_i, l_i, acc, s, v, EAGER)
+            rows, lse_row = _finalize(m_i, l_i, acc)  # no visible key in the segment: out 0, lse -inf
+            out_grouped[item, kvh, tile_g, :] = rows
             lse_grouped[item, kvh, tile_g] = lse_row
 
 
@@ -219,15 +237,7 @@ def prefill(
             acc = hl.zeros([tile_m, head_size], dtype=torch.float32)
             for tile_p in hl.tile(lo // block_size, page_hi, block_size=block_p):
                 k, v = _gather_kv(k_cache, v_cache, block_table[seq, tile_p], kvh, LARGE_CACHE)
-                if EAGER:
-                    s = torch.matmul(qt.to(torch.float32), k.to(torch.float32).T)
-                else:
-                    s = hl.dot(qt, k.T, out_dtype=torch.float32)  # [block_m, keys]
-                s = s + s * 0.0  # an inf product (inf in q or k) becomes NaN: never a masked-looking -inf
-                if SOFTCAP:
-                    s = torch.tanh(s * (scale / softcap)) * (softcap * LOG2E)
-                else:
-                    s = s * (scale * LOG2E)
+                s = _scores(qt, k, scale, softcap, SOFTCAP, EAGER)  # [block_m, keys]
                 # The bound uses the unclipped tile end: a last tile's pages past page_hi load as zeros.
                 tile_lo = tile_p.begin * block_size
                 if (tile_lo < all_lo) | (tile_lo + block_p * block_size > all_hi):
@@ -237,21 +247,9 @@ def prefill(
                         k_pos[None, :] < q_pos[:, None] + right)
                     s = torch.where(ok, s, float("-inf"))
                     v = torch.where(in_seq[:, None], v, 0.0)  # keys past the sequence never reach a row
-                m_new = torch.maximum(m_i, torch.amax(s, -1))
-                m_use = torch.where(m_new == float("-inf"), 0.0, m_new)
-                p = torch.exp2(s - m_use[:, None])
-                alpha = torch.exp2(m_i - m_use)
-                l_i = l_i * alpha + torch.sum(p, -1)
-                if EAGER:
-                    acc = acc * alpha[:, None] + torch.matmul(p, v.to(torch.float32))
-                else:
-                    acc = acc * alpha[:, None] + hl.dot(p.to(v.dtype), v, out_dtype=torch.float32)
-                m_i = m_new
-            empty = l_i == 0.0  # no visible key
-            bad = torch.sum(acc * 0.0, -1)  # 0, or NaN where the accumulator holds an inf or NaN
-            inv = torch.where(empty, 0.0, 1.0 / torch.where(empty, 1.0, l_i)) + bad
-            lse_row = torch.where(empty, float("-inf"), (m_i + torch.log2(torch.where(empty, 1.0, l_i))) * LN2 + bad)
-            out[tile_m, h, :] = torch.where(empty[:, None], 0.0, acc * inv[:, None]).to(out.dtype)
+                m_i, l_i, acc = _online_softmax_step(m_i, l_i, acc, s, v, EAGER)
+            rows, lse_row = _finalize(m_i, l_i, acc)
+            out[tile_m, h, :] = rows.to(out.dtype)
             lse[tile_m, h] = lse_row
 
 
