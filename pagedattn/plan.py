@@ -152,6 +152,10 @@ class AttentionPlan:
             num_programs=self.split_programs or self.num_programs, max_splits=self.partial_out.shape[2],
             sliding_window=self.sliding_window,
         )
+        self._load(qsl, lens, items, rows)
+
+    def _load(self, qsl: list[int], lens: list[int], items: torch.Tensor, rows: torch.Tensor) -> None:
+        """Upload the work list made for the batch (qsl, lens) and record that batch."""
         if items.shape[0] > self.work_items.shape[0]:
             raise ValueError(f"{items.shape[0]} work items exceed the plan's capacity {self.work_items.shape[0]}")
         atomic = self.schedule == "atomic" or (
@@ -734,10 +738,10 @@ def _plan_persistent(qsl, lens, *, tiles, num_q_heads, num_kv_heads, head_size, 
     split_programs = min(num_programs, wave)
     max_splits = max(1, min(PERSISTENT_MAX_SPLITS, -(-max_context_len // MIN_SEGMENT_TOKENS)))
     if fit_splits:  # a plan for this batch only: partials for the splits its list uses
-        items, _ = persistent_work_list(qsl, lens, tiles=tiles, num_kv_heads=num_kv_heads,
-                                        num_programs=split_programs, max_splits=max_splits,
-                                        sliding_window=sliding_window)
-        max_splits = max(1, int(items[:, 4].max())) if items.shape[0] else 1
+        listed = persistent_work_list(qsl, lens, tiles=tiles, num_kv_heads=num_kv_heads,
+                                      num_programs=split_programs, max_splits=max_splits,
+                                      sliding_window=sliding_window)
+        max_splits = max(1, int(listed[0][:, 4].max())) if listed[0].shape[0] else 1
     max_q_blocks = max_num_tokens // tiles.block_q + max_num_seqs
     max_items = max(1, max_q_blocks * num_kv_heads * max_splits)
     plan = AttentionPlan(
@@ -755,5 +759,8 @@ def _plan_persistent(qsl, lens, *, tiles, num_q_heads, num_kv_heads, head_size, 
         # measured on 4-warp decode tiles up to head 128 only (the cap would spill wider tiles)
         max_registers=UNEQUAL_MAX_REGISTERS if fit_splits and tiles.num_warps == 4 and head_size <= 128 else None,
     )
-    plan.update(qsl, lens)
+    if fit_splits:  # the list above, cut under the splits it uses, is the one update() would make
+        plan._load(qsl, lens, *listed)
+    else:
+        plan.update(qsl, lens)
     return plan

@@ -47,6 +47,9 @@ def test_balanced_plan_is_right(path):
         assert plan.path == "persistent" and int(items[items[:, 0] == 0, 4].max()) > 1
         assert int(items[items[:, 0] != 0, 4].max()) == 1
         assert plan.partial_out.shape[2] == int(items[:, 4].max())  # partials for the splits used, no more
+        first = items.clone()
+        plan.update(b.query_start_loc.tolist(), b.seq_lens.tolist())  # the list the plan made is update()'s
+        assert torch.equal(plan.work_items[: int(plan.work_counts[0])], first)
     else:
         assert plan.path == "split_kv" and plan.segment_size > 0 and plan.num_splits > 1
     out = torch.full_like(b.q, float("nan"))
