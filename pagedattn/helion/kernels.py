@@ -63,7 +63,8 @@ def _scores(qx, k, scale, softcap, SOFTCAP, EAGER):
 
 def _online_softmax_step(m_i, l_i, acc, s, v, EAGER):
     """One KV tile of the online softmax: the running max, sum and accumulator after the masked
-    base-2 logits ``s`` and the values ``v``."""
+    base-2 logits ``s`` and the values ``v``. Columns are ``unsqueeze(-1)``, not ``[:, None]``:
+    in a called function Helion lowers a subscript to an inductor slice it cannot emit."""
     m_new = torch.maximum(m_i, torch.amax(s, -1))
     m_use = torch.where(m_new == float("-inf"), 0.0, m_new)  # a row with no visible key yet
     p = torch.exp2(s - m_use.unsqueeze(-1))
