@@ -24,7 +24,7 @@ from pagedattn._checks import (
 from pagedattn._streams import side_stream
 from pagedattn.ops.common.attention_math import ALIBI_LINEAR, ALIBI_NONE, ALIBI_SQRT
 from pagedattn.ops.common.host_math import next_power_of_2
-from pagedattn.ops.common.device import current_stream_handle, interpreter_on
+from pagedattn.ops.common.device import cuda_stream_handle, current_stream_handle, interpreter_on
 from pagedattn.ops.common.launching import launch, record, wait_stream
 from pagedattn.ops.kv_write.kernel import write_kv_kernel
 from pagedattn.ops.merge.kernel import merge_states_kernel
@@ -316,7 +316,7 @@ def _layout_key(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, out
         seq_lens.shape, seq_lens.stride(), seq_lens.dtype, seq_lens.get_device(),
         query_start_loc.shape, query_start_loc.stride(), query_start_loc.dtype, query_start_loc.get_device(),
         return_lse, max_query_len, max_seq_len, scale, causal, sliding_window, softcap, alibi_sqrt,
-        current_stream_handle(q.device),
+        cuda_stream_handle(dev),  # q.is_cuda was checked: dev is its index
     )
     if out is not None:
         key += (out.shape, out.stride(), out.dtype, out.get_device())

@@ -8,16 +8,16 @@ one host synchronization per call. Turn it on with ``validate=True`` on ``paged_
 
 from __future__ import annotations
 
-import os
-
 import torch
+
+from pagedattn.ops.common.device import environ_is
 
 __all__ = ["validate_metadata", "validation_requested"]
 
 
 def validation_requested(flag: bool) -> bool:
     """``flag``, or the environment variable PAGEDATTN_VALIDATE=1 (read on every call)."""
-    return flag or os.environ.get("PAGEDATTN_VALIDATE", "0") == "1"
+    return flag or environ_is("PAGEDATTN_VALIDATE", "1")
 
 
 def validate_metadata(

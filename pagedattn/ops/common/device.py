@@ -20,6 +20,12 @@ def cuda_sm90_or_newer(device: torch.device) -> bool:
     return _sm90_or_newer(device.index if device.index is not None else torch.cuda.current_device())
 
 
+def cuda_stream_handle(index: int) -> int:
+    """The raw handle of CUDA device ``index``'s current stream (``index``: a CUDA tensor's
+    ``get_device()``), without building a ``torch.device``: a key part of every replayed call."""
+    return torch._C._cuda_getCurrentRawStream(index)
+
+
 def current_stream_handle(device: torch.device) -> int:
     """The raw handle of ``device``'s current CUDA stream (0 off CUDA): a key part, cheaply read."""
     if device.type != "cuda":
@@ -27,7 +33,23 @@ def current_stream_handle(device: torch.device) -> int:
     return torch._C._cuda_getCurrentRawStream(device.index if device.index is not None else torch.cuda.current_device())
 
 
+def environ_is(name: str, value: str) -> bool:
+    """``os.environ.get(name) == value``, read at each call from the mapping behind ``os.environ``
+    (which every change through ``os.environ`` updates): ``os.environ.get`` encodes the name on
+    every read, about 1 us of the ~20 us a planned per-layer call may take; this takes ~0.1."""
+    if _ENVIRON_DATA is None:  # not CPython's os._Environ
+        return os.environ.get(name) == value
+    return _ENVIRON_DATA.get(_encode_key(name)) == _encode_value(value)
+
+
+_ENVIRON_DATA = getattr(os.environ, "_data", None)
+if not isinstance(_ENVIRON_DATA, dict):
+    _ENVIRON_DATA = None
+_encode_key = functools.lru_cache(maxsize=None)(getattr(os.environ, "encodekey", str))
+_encode_value = functools.lru_cache(maxsize=None)(getattr(os.environ, "encodevalue", str))
+
+
 def interpreter_on() -> bool:
     """Whether Triton runs its interpreter (``TRITON_INTERPRET=1``), read at each call (the tests
     and the CPU fallbacks set it after import)."""
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+    return environ_is("TRITON_INTERPRET", "1")

@@ -101,6 +101,9 @@ class Tape:
         _RECORDING.reset(self._token)
         if exc[0] is not None or not self._ops:
             self.usable = False
+        # (bindable, byte offset) of every address that must stay 16-byte aligned, checked before
+        # a replay launches anything
+        self._aligned = tuple(sorted({a for op in self._ops if isinstance(op, _Launch) for a in op.aligned}))
         return False
 
     def _slot(self, t: torch.Tensor):
@@ -180,29 +183,16 @@ class Tape:
         for i, j in self._aliases:
             if ptrs[i] != ptrs[j]:
                 return False  # recorded through one tensor in both places: re-record
-        launches = []
+        for b, off in self._aligned:
+            if (ptrs[b] + off) & 15:
+                return False  # compiled for 16-byte aligned pointers: re-record instead
         for op in self._ops:
-            if isinstance(op, _Launch):
+            if op.__class__ is _Launch:
                 args = op.values.copy()
-                for i, j, b, off, form in op.slots:
-                    ptr = ptrs[b] + off
-                    if isinstance(form, _DescriptorLayout):  # a tensor descriptor over the bound tensor
-                        if ptr % 16:
-                            return False  # a descriptor's base must be 16-byte aligned
-                        ptr = form.over(ptr)
-                    elif form and ptr % 16:
-                        return False  # compiled for 16-byte aligned pointers: re-record instead
-                    if j < 0:
-                        args[i] = ptr
-                    else:
-                        members = list(args[i])
-                        members[j] = ptr
-                        args[i] = tuple(members)
-                launches.append((op, args))
-            else:
-                launches.append((op, None))
-        for op, args in launches:
-            if args is not None:
+                for i, b, off in op.pointers:
+                    args[i] = ptrs[b] + off
+                if op.others:
+                    op.bind_others(args, ptrs)
                 op.call(*op.prefix, *args)
             else:
                 waiter, waitee, event = op
@@ -253,9 +243,13 @@ class _Launch:
     when the kernel needs no scratch memory and no tensor descriptors (the launcher's Python
     wrapper only allocates those): one Python frame less per launch. Otherwise, and on other
     backends, through the launcher as the JIT calls it.
+
+    The slots are split for the replay: ``pointers`` (argument, bindable, byte offset), the plain
+    pointer arguments set by one assignment each; ``others``, members of tuple arguments and
+    tensor descriptors; ``aligned``, the (bindable, byte offset) pairs compiled as 16-byte aligned.
     """
 
-    __slots__ = ("call", "prefix", "values", "slots")
+    __slots__ = ("call", "prefix", "values", "pointers", "others", "aligned")
 
     def __init__(self, compiled, grid, stream, values, slots):
         launcher = compiled.run  # initializes the module's handles once
@@ -272,4 +266,19 @@ class _Launch:
             self.call = launcher
             self.prefix = (*grid, stream, compiled.function, *tail)
         self.values = values
-        self.slots = slots
+        self.pointers = [(i, b, off) for i, j, b, off, form in slots if j < 0 and form.__class__ is bool]
+        self.others = [s for s in slots if s[1] >= 0 or s[4].__class__ is not bool]
+        self.aligned = [(b, off) for _, _, b, off, form in slots if form is not False]
+
+    def bind_others(self, args: list, ptrs: list) -> None:
+        """Put the bound addresses into tuple members and rebuilt tensor descriptors."""
+        for i, j, b, off, form in self.others:
+            ptr = ptrs[b] + off
+            if isinstance(form, _DescriptorLayout):  # a tensor descriptor over the bound tensor
+                ptr = form.over(ptr)
+            if j < 0:
+                args[i] = ptr
+            else:
+                members = list(args[i])
+                members[j] = ptr
+                args[i] = tuple(members)
