@@ -24,8 +24,8 @@ from pagedattn._checks import (
 from pagedattn._streams import side_stream
 from pagedattn.ops.common.attention_math import ALIBI_LINEAR, ALIBI_NONE, ALIBI_SQRT
 from pagedattn.ops.common.host_math import next_power_of_2
-from pagedattn.ops.common.device import cuda_stream_handle, current_stream_handle, interpreter_on
-from pagedattn.ops.common.launching import launch, record, wait_stream
+from pagedattn.ops.common.device import interpreter_on
+from pagedattn.ops.common.launching import Tapes, call_context, launch, scalar_or_tensor, wait_stream
 from pagedattn.ops.kv_write.kernel import write_kv_kernel
 from pagedattn.ops.merge.kernel import merge_states_kernel
 from pagedattn.ops.persistent.launch import launch_persistent
@@ -181,27 +181,24 @@ def paged_attention(
     """
     plan_given = plan is not None
     key = None
-    if (isinstance(q, torch.Tensor) and q.is_cuda and (isinstance(plan, AttentionPlan) or (
+    if (isinstance(q, torch.Tensor) and q.is_cuda and q.dim() == 3 and (isinstance(plan, AttentionPlan) or (
             plan is None and max_query_len is not None and max_seq_len is not None))
             and not validation_requested(validate)):
-        # The thin path: a call whose layout matches one that passed every check below replays
-        # that call's launches (pagedattn.ops.common.launching), skipping checks and launchers.
-        try:
-            key = _layout_key(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, out, lse_out, return_lse,
-                              max_query_len, max_seq_len, scale, causal, sliding_window, softcap, alibi_slopes,
-                              alibi_sqrt, sinks, prefix_ranges, k_scale, v_scale)
-        except AttributeError:  # not tensors: the checks below name the argument
-            key = None
-        tape = None if key is None else (plan._tapes if plan_given else _CALL_TAPES).get(key)
-        if tape is not None:
+        # The thin path: a call whose scalars and tensor layouts match a call that passed every
+        # check below replays that call's launches (pagedattn.ops.common.launching), skipping the
+        # checks and the launchers.
+        key = (return_lse, max_query_len, max_seq_len, scale, causal, sliding_window, softcap, alibi_sqrt,
+               scalar_or_tensor(k_scale), scalar_or_tensor(v_scale), *call_context(q))
+        tapes = plan._tapes if plan_given else _CALL_TAPES
+        if key in tapes:
             if out is None:
                 out = torch.empty_like(q)
             lse = lse_out
             if lse is None and return_lse:
                 lse = torch.empty(q.shape[0], q.shape[1], dtype=torch.float32, device=q.device)
-            if tape.replay((q, k_cache, v_cache, block_table, seq_lens, query_start_loc, out, lse, alibi_slopes,
-                            sinks, prefix_ranges, k_scale if isinstance(k_scale, torch.Tensor) else None,
-                            v_scale if isinstance(v_scale, torch.Tensor) else None)):
+            if tapes.replay(key, (q, k_cache, v_cache, block_table, seq_lens, query_start_loc, out, lse, alibi_slopes,
+                                  sinks, prefix_ranges, k_scale if isinstance(k_scale, torch.Tensor) else None,
+                                  v_scale if isinstance(v_scale, torch.Tensor) else None)):
                 return out if lse is None else (out, lse)
 
     check_tensor("q", q, ndim=3, dtypes=FLOAT_DTYPES)
@@ -291,44 +288,11 @@ def paged_attention(
         binds = (q, k_cache, v_cache, block_table, seq_lens, query_start_loc, out, lse, alibi_slopes, sinks,
                  prefix_ranges, k_scale if isinstance(k_scale, torch.Tensor) else None,
                  v_scale if isinstance(v_scale, torch.Tensor) else None)
-        record(plan._tapes if plan_given else _CALL_TAPES, key, binds,
-               lambda: _RUN_PATH[plan.path](out, lse, args, plan), TAPES_KEPT)
+        (plan._tapes if plan_given else _CALL_TAPES).record(key, binds, lambda: _RUN_PATH[plan.path](out, lse, args, plan))
     return (out, lse) if return_lse else out
 
 
-TAPES_KEPT = 64  # recorded layouts per plan (and for calls without a plan)
-_CALL_TAPES: dict = {}
-
-
-def _layout_key(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, out, lse_out, return_lse,
-                max_query_len, max_seq_len, scale, causal, sliding_window, softcap, alibi_slopes, alibi_sqrt,
-                sinks, prefix_ranges, k_scale, v_scale):
-    """Everything a call's launches depend on but its tensors' addresses: two calls with equal keys
-    launch the same kernels with the same grids and arguments up to those addresses (and pass or
-    fail the same checks). Written out flat: it runs on every call of the thin path."""
-    dev = q.get_device()
-    key = (
-        q.shape, q.stride(), q.dtype, dev,
-        (q.requires_grad or k_cache.requires_grad or v_cache.requires_grad) and torch.is_grad_enabled(),
-        k_cache.shape, k_cache.stride(), k_cache.dtype, k_cache.get_device(),
-        v_cache.shape, v_cache.stride(), v_cache.dtype, v_cache.get_device(),
-        block_table.shape, block_table.stride(), block_table.dtype, block_table.get_device(),
-        seq_lens.shape, seq_lens.stride(), seq_lens.dtype, seq_lens.get_device(),
-        query_start_loc.shape, query_start_loc.stride(), query_start_loc.dtype, query_start_loc.get_device(),
-        return_lse, max_query_len, max_seq_len, scale, causal, sliding_window, softcap, alibi_sqrt,
-        cuda_stream_handle(dev),  # q.is_cuda was checked: dev is its index
-    )
-    if out is not None:
-        key += (out.shape, out.stride(), out.dtype, out.get_device())
-    if lse_out is not None:
-        key += ("lse", lse_out.shape, lse_out.stride(), lse_out.dtype, lse_out.get_device())
-    for name, t in (("alibi", alibi_slopes), ("sinks", sinks), ("prefix", prefix_ranges)):
-        if t is not None:
-            key += (name, t.shape, t.stride(), t.dtype, t.get_device())
-    for name, x in (("k_scale", k_scale), ("v_scale", v_scale)):
-        if x is not None:
-            key += (name, (x.shape, x.dtype, x.get_device()) if isinstance(x, torch.Tensor) else x)
-    return key
+_CALL_TAPES = Tapes()  # for calls without a plan (a plan holds its own)
 
 
 def _run_unified(out, lse, args: AttentionArgs, plan: AttentionPlan) -> None:
@@ -445,22 +409,18 @@ def varlen_attention(
     >>> out = varlen_attention(q, k, v, cu_q, cu_k, max_query_len=2048, causal=True)
     """
     key = None
-    if isinstance(q, torch.Tensor) and q.is_cuda and max_query_len is not None:
+    if isinstance(q, torch.Tensor) and q.is_cuda and q.dim() == 3 and max_query_len is not None:
         # The thin path, as in paged_attention: a layout that passed the checks below replays its launch.
-        try:
-            key = _varlen_layout_key(q, k, v, cu_seqlens_q, cu_seqlens_k, out, lse_out, return_lse, max_query_len,
-                                     scale, causal, sliding_window, softcap, alibi_slopes, alibi_sqrt, sinks,
-                                     prefix_ranges)
-        except AttributeError:  # not tensors: the checks below name the argument
-            key = None
-        tape = None if key is None else _VARLEN_TAPES.get(key)
-        if tape is not None:
+        key = (return_lse, max_query_len, scale, causal, sliding_window, softcap, alibi_sqrt,
+               os.environ.get("PAGEDATTN_TMA", ""), *call_context(q))
+        if key in _VARLEN_TAPES and isinstance(v, torch.Tensor) and v.dim() == 3:
             if out is None:
                 out = q.new_empty(q.shape[0], q.shape[1], v.shape[2])
             lse = lse_out
             if lse is None and return_lse:
                 lse = torch.empty(q.shape[0], q.shape[1], dtype=torch.float32, device=q.device)
-            if tape.replay((q, k, v, cu_seqlens_q, cu_seqlens_k, out, lse, alibi_slopes, sinks, prefix_ranges)):
+            if _VARLEN_TAPES.replay(key, (q, k, v, cu_seqlens_q, cu_seqlens_k, out, lse, alibi_slopes, sinks,
+                                          prefix_ranges)):
                 return (out, lse) if return_lse or lse_out is not None else out
     check_tensor("q", q, ndim=3, dtypes=FLOAT_DTYPES)
     device = q.device
@@ -519,38 +479,14 @@ def varlen_attention(
     if key is None or autotune_enabled(device):
         launch_prefill(out, lse, args, tiles, max_query_len=max_query_len, cu_seqlens_k=cu_seqlens_k)
     else:
-        record(_VARLEN_TAPES, key, (q, k, v, cu_seqlens_q, cu_seqlens_k, out, lse, alibi_slopes, sinks, prefix_ranges),
-               lambda: launch_prefill(out, lse, args, tiles, max_query_len=max_query_len, cu_seqlens_k=cu_seqlens_k),
-               TAPES_KEPT)
+        _VARLEN_TAPES.record(key, (q, k, v, cu_seqlens_q, cu_seqlens_k, out, lse, alibi_slopes, sinks, prefix_ranges),
+                             lambda: launch_prefill(out, lse, args, tiles, max_query_len=max_query_len,
+                                                    cu_seqlens_k=cu_seqlens_k))
     return (out, lse) if return_lse else out
 
 
-_VARLEN_TAPES: dict = {}
-
-
-def _tensor_layouts(*tensors) -> tuple:
-    """Shape, strides, dtype and device of each tensor (None stays None): what a layout key
-    holds of a call's tensors."""
-    return tuple(None if t is None else (t.shape, t.stride(), t.dtype, t.get_device()) for t in tensors)
-
-
-def _varlen_layout_key(q, k, v, cu_seqlens_q, cu_seqlens_k, out, lse_out, return_lse, max_query_len, scale, causal,
-                       sliding_window, softcap, alibi_slopes, alibi_sqrt, sinks, prefix_ranges):
-    """``_layout_key`` of a ``varlen_attention`` call (K's row count sets its descriptors' shape)."""
-    return (_tensor_layouts(q, k, v, cu_seqlens_q, cu_seqlens_k, out, lse_out, alibi_slopes, sinks, prefix_ranges),
-            (q.requires_grad or k.requires_grad or v.requires_grad) and torch.is_grad_enabled(),
-            return_lse, max_query_len, scale, causal, sliding_window, softcap, alibi_sqrt,
-            current_stream_handle(q.device), os.environ.get("PAGEDATTN_TMA", ""))
-
-
-_WRITE_TAPES: dict = {}
-
-
-def _write_kv_layout_key(key, value, k_cache, v_cache, slot_mapping, k_scale, v_scale):
-    """``_layout_key`` of a ``write_kv`` call (a float scale by value: its device copy is recorded)."""
-    return (_tensor_layouts(key, value, k_cache, v_cache, slot_mapping),
-            tuple((x.shape, x.dtype, x.get_device()) if isinstance(x, torch.Tensor) else x for x in (k_scale, v_scale)),
-            current_stream_handle(key.device))
+_VARLEN_TAPES = Tapes()
+_WRITE_TAPES = Tapes()
 
 
 def _rounded_into(res, out, like: torch.Tensor):
@@ -691,16 +627,12 @@ def write_kv(
     >>> write_kv(k_new, v_new, k_cache, v_cache, slot_mapping)
     """
     tape_key = None
+    binds = (key, value, k_cache, v_cache, slot_mapping,
+             *(x if isinstance(x, torch.Tensor) else None for x in (k_scale, v_scale)))
     if isinstance(key, torch.Tensor) and key.is_cuda and not validation_requested(validate):
         # The thin path, as in paged_attention: a layout that passed the checks below replays its launch.
-        try:
-            tape_key = _write_kv_layout_key(key, value, k_cache, v_cache, slot_mapping, k_scale, v_scale)
-        except AttributeError:  # not tensors: the checks below name the argument
-            tape_key = None
-        tape = None if tape_key is None else _WRITE_TAPES.get(tape_key)
-        binds = (key, value, k_cache, v_cache, slot_mapping,
-                 *(x if isinstance(x, torch.Tensor) else None for x in (k_scale, v_scale)))
-        if tape is not None and tape.replay(binds):
+        tape_key = (scalar_or_tensor(k_scale), scalar_or_tensor(v_scale), *call_context(key))
+        if _WRITE_TAPES.replay(tape_key, binds):
             return
     check_tensor("key", key, ndim=3, dtypes=FLOAT_DTYPES)
     device = key.device
@@ -742,4 +674,4 @@ def write_kv(
     if tape_key is None:
         run()
     else:
-        record(_WRITE_TAPES, tape_key, binds, run, TAPES_KEPT)
+        _WRITE_TAPES.record(tape_key, binds, run)

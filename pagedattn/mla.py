@@ -30,8 +30,8 @@ from pagedattn.ops.mla.launch import (
     resolve_mla_config,
 )
 from pagedattn.api import _rounded_into, _scale_tensor
-from pagedattn.ops.common.device import current_stream_handle, interpreter_on
-from pagedattn.ops.common.launching import record
+from pagedattn.ops.common.device import interpreter_on
+from pagedattn.ops.common.launching import Tapes, call_context, scalar_or_tensor
 from pagedattn.plan import num_sms
 
 __all__ = ["mla_decode", "write_mla_kv"]
@@ -133,24 +133,16 @@ def _mla_decode(q_nope, q_pe, kv_cache, block_table, seq_lens, query_start_loc, 
     key = None
     if (config is None and isinstance(q_nope, torch.Tensor) and q_nope.is_cuda and max_query_len is not None
             and (max_seq_len is not None or num_splits is not None)):
-        # The thin path: a call whose layout matches an earlier, checked one replays its launches.
-        try:
-            key = (tuple((t.shape, t.stride(), t.dtype, t.device) for t in (
-                q_nope, q_pe, kv_cache, block_table, seq_lens, query_start_loc)),
-                None if out is None else (out.shape, out.stride(), out.dtype, out.device),
-                q_nope.requires_grad and torch.is_grad_enabled(), scale, max_query_len, max_seq_len,
-                kv_scale if not isinstance(kv_scale, torch.Tensor) else (kv_scale.shape, kv_scale.dtype),
-                num_splits, return_lse, current_stream_handle(q_nope.device))
-        except AttributeError:  # not tensors: the checks below name the argument
-            key = None
-        tape = None if key is None else _TAPES.get(key)
-        if tape is not None:
+        # The thin path: a call whose scalars and layouts match an earlier, checked one replays its launches.
+        key = (scale, max_query_len, max_seq_len, scalar_or_tensor(kv_scale), num_splits, return_lse,
+               *call_context(q_nope))
+        if key in _TAPES and q_nope.dim() == 3:
             if out is None:
                 out = torch.empty(q_nope.shape, dtype=q_nope.dtype, device=q_nope.device)
             lse = torch.empty(q_nope.shape[:2], dtype=torch.float32, device=q_nope.device) if return_lse else None
             binds = (q_nope, q_pe, kv_cache, block_table, seq_lens, query_start_loc, out, lse,
                      kv_scale if isinstance(kv_scale, torch.Tensor) else None)
-            if tape.replay(binds):
+            if _TAPES.replay(key, binds):
                 return (out, lse) if return_lse else out
     check_tensor("q_nope", q_nope, ndim=3, dtypes=FLOAT_DTYPES)
     device = q_nope.device
@@ -217,13 +209,12 @@ def _mla_decode(q_nope, q_pe, kv_cache, block_table, seq_lens, query_start_loc, 
     if key is None:
         run()
     else:  # recorded, so that the next call with this layout replays it
-        record(_TAPES, key, (q_nope, q_pe, kv_cache, block_table, seq_lens, query_start_loc, out, lse,
-                             kv_scale if isinstance(kv_scale, torch.Tensor) else None), run, TAPES_KEPT)
+        _TAPES.record(key, (q_nope, q_pe, kv_cache, block_table, seq_lens, query_start_loc, out, lse,
+                            kv_scale if isinstance(kv_scale, torch.Tensor) else None), run)
     return (out, lse) if return_lse else out
 
 
-TAPES_KEPT = 32  # recorded layouts of mla_decode calls (each keeps its split workspace)
-_TAPES: dict = {}
+_TAPES = Tapes(kept=32)  # recorded mla_decode calls (each keeps its split workspace)
 
 
 def write_mla_kv(

@@ -23,8 +23,9 @@ The path rule (``path="auto"``):
   pieces). If that leaves segments longer than ``LONG_SEGMENT_TOKENS``, cut
   ``MANY_WAVES_SEGMENT_TOKENS``-key segments instead (many waves of long programs). At most
   ``ceil(max_seq_len / MIN_SEGMENT_TOKENS)`` splits (a segment streams enough keys to amortize
-  writing and merging its partial) and ``MAX_SPLITS``; one split means 2D. The persistent
-  path's work list (``persistent_work_list``) applies the same rule per Q block. The constants come from H200 split-count sweeps (docs/perf-notes.md, "Decode tiles and splits"):
+  writing and merging its partial) and ``MAX_SPLITS``; one split means 2D, except that a pure
+  decode batch whose programs read at least ``LONG_DECODE_TOKENS`` keys runs the same items in
+  the persistent kernel (that constant's comment says why). The persistent path's work list (``persistent_work_list``) applies the same rule per Q block. The constants come from H200 split-count sweeps (docs/perf-notes.md, "Decode tiles and splits"):
   a grid of 1.3-1.5 waves of long programs lost 15-25% to one of 0.65-1 wave; batch 1 preferred
   32 splits to 40-49 by 8%; 2.5+ waves of 2048-key segments beat an under-filled single wave of
   8192-key ones by 14%.
@@ -39,6 +40,7 @@ import torch
 from pagedattn._streams import side_stream
 from pagedattn.ops.common.device import current_stream_handle, interpreter_on
 from pagedattn.ops.common.host_math import cdiv, next_power_of_2
+from pagedattn.ops.common.launching import Tapes
 from pagedattn.ops.common.tiles import Tiles
 
 SPLIT_KV_MAX_QUERY_LEN = 8
@@ -66,6 +68,12 @@ UNEQUAL_WAVES = 3
 # 168). H200: 2 x 16384 + 126 x 512 119 -> 113 us, 1 x 65536 + 255 x 128 143 -> 128. Plans for
 # CUDA graphs keep the compiler's choice: uniform 32 x 4096 lost 135 -> 149 us with the cap.
 UNEQUAL_MAX_REGISTERS = 168
+# A decode batch of about equal lengths for which the split rule picks 2D (one split) runs the
+# persistent kernel on the same items when its programs are long (at least this many visible
+# keys), without the register cap: 2 programs per SM (194 registers) against the 2D
+# kernel's 3 (150). H200: 32 x 4096 143 -> 135 us, 128 x 4096 519 -> 501; with the cap (3 per
+# SM) the same lists took 154 and 528. Short programs lose (128 x 512: 76 -> 82 us).
+LONG_DECODE_TOKENS = 2048
 PREFILL_MIN_QUERY_LEN = 128
 # short_prefill: up to this many waves of 128-row prefill programs, 64-row tiles at head 128
 # (H200, paged, head 128: they won at 1, 2, 3.9 and 7.8 waves and lost 3% at 15.5)
@@ -129,7 +137,7 @@ class AttentionPlan:
     _staging: list | None = field(default=None, repr=False, compare=False)
     _staged: object = field(default=None, repr=False, compare=False)
     # recorded launches of the per-layer call, by input layout (pagedattn.ops.common.launching)
-    _tapes: dict = field(default_factory=dict, repr=False, compare=False)
+    _tapes: Tapes = field(default_factory=Tapes, repr=False, compare=False)
 
     def update(self, query_start_loc, seq_lens) -> None:
         """Re-plan a persistent plan for a new batch in place (same buffers, same grid).
@@ -650,6 +658,7 @@ def plan_attention(
     group = num_q_heads // num_kv_heads
 
     segment = 0
+    cap_registers = True
     if batch_invariant:
         tiles = pick_tiles(max_query_len, group, head_size, fixed=True)
         if segment_size < tiles.tile_n or segment_size % tiles.tile_n:
@@ -682,12 +691,17 @@ def plan_attention(
                     splits = -(-max_seq_len // segment)
         if path == "auto":
             path = auto_path(max_query_len, splits)
+            visible = min(max_seq_len, sliding_window) if sliding_window else max_seq_len
+            if path == "unified" and max_query_len == 1 and visible >= LONG_DECODE_TOKENS:
+                path = "persistent"  # a full 2D grid of long decodes: the persistent kernel, uncapped
+                cap_registers = False
     if path == "persistent":
         return _plan_persistent(
             qsl, lens, tiles=tiles, num_q_heads=num_q_heads, num_kv_heads=num_kv_heads, head_size=head_size,
             device=device, max_num_tokens=max_num_tokens, max_num_seqs=max(len(lens), max_num_seqs or 0),
             max_context_len=max(max_seq_len, max_context_len or 0), num_programs=num_programs,
             schedule=schedule, sliding_window=sliding_window, fit_splits=path_requested == "auto",
+            cap_registers=cap_registers,
         )
     if path == "prefill":
         min_q_len = PREFILL_MIN_QUERY_LEN if path_requested == "auto" else 0
@@ -730,7 +744,7 @@ def _plan_prefill_tiles(q_lens, lens, prefill_seqs, num_q_heads, head_size, dtyp
 
 def _plan_persistent(qsl, lens, *, tiles, num_q_heads, num_kv_heads, head_size, device, max_num_tokens,
                      max_num_seqs, max_context_len, num_programs, schedule, sliding_window,
-                     fit_splits: bool = False) -> AttentionPlan:
+                     fit_splits: bool = False, cap_registers: bool = True) -> AttentionPlan:
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
     wave = RESIDENT_PROGRAMS_PER_SM * num_sms(device)
@@ -757,7 +771,8 @@ def _plan_persistent(qsl, lens, *, tiles, num_q_heads, num_kv_heads, head_size, 
         num_programs=num_programs, split_programs=split_programs, schedule=schedule, max_num_seqs=max_num_seqs,
         sliding_window=sliding_window,
         # measured on 4-warp decode tiles up to head 128 only (the cap would spill wider tiles)
-        max_registers=UNEQUAL_MAX_REGISTERS if fit_splits and tiles.num_warps == 4 and head_size <= 128 else None,
+        max_registers=(UNEQUAL_MAX_REGISTERS if fit_splits and cap_registers and tiles.num_warps == 4
+                       and head_size <= 128 else None),
     )
     if fit_splits:  # the list above, cut under the splits it uses, is the one update() would make
         plan._load(qsl, lens, *listed)

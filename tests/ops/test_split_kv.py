@@ -105,9 +105,18 @@ def test_auto_rule():
     decode = plan_attention([0, 1], [5000], num_q_heads=4, num_kv_heads=2, head_size=32, device=DEVICE)
     assert decode.path == "split_kv" and decode.num_splits > 1
     assert decode.partial_out.shape == (1, 4, decode.num_splits, 32)
-    wide = plan_attention(list(range(0, 4 * sms + 1)), [5000] * (4 * sms), num_q_heads=4, num_kv_heads=2,
+    wide = plan_attention(list(range(0, 4 * sms + 1)), [1000] * (4 * sms), num_q_heads=4, num_kv_heads=2,
                           head_size=32, device=DEVICE)
     assert wide.path == "unified"  # 2 KV heads x 16 sequences: 32 programs >= one resident wave (3 x 4)
+    # the same grid of programs of >= LONG_DECODE_TOKENS keys: the persistent kernel on the same
+    # 32 items, without the register cap; a window keeps the programs short
+    long_wide = plan_attention(list(range(0, 4 * sms + 1)), [5000] * (4 * sms), num_q_heads=4, num_kv_heads=2,
+                               head_size=32, device=DEVICE)
+    assert long_wide.path == "persistent" and long_wide.max_registers is None and long_wide.num_splits == 1
+    assert int(long_wide.work_counts[0]) == 4 * sms * 2
+    windowed = plan_attention(list(range(0, 4 * sms + 1)), [5000] * (4 * sms), num_q_heads=4, num_kv_heads=2,
+                              head_size=32, device=DEVICE, sliding_window=1000)
+    assert windowed.path == "unified"
     prefill = plan_attention([0, 100], [5000], num_q_heads=4, num_kv_heads=2, head_size=32, device=DEVICE)
     assert prefill.path == "unified"
     short = plan_attention([0, 1], [100], num_q_heads=4, num_kv_heads=2, head_size=32, device=DEVICE)

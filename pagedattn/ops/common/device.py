@@ -20,12 +20,6 @@ def cuda_sm90_or_newer(device: torch.device) -> bool:
     return _sm90_or_newer(device.index if device.index is not None else torch.cuda.current_device())
 
 
-def cuda_stream_handle(index: int) -> int:
-    """The raw handle of CUDA device ``index``'s current stream (``index``: a CUDA tensor's
-    ``get_device()``), without building a ``torch.device``: a key part of every replayed call."""
-    return torch._C._cuda_getCurrentRawStream(index)
-
-
 def current_stream_handle(device: torch.device) -> int:
     """The raw handle of ``device``'s current CUDA stream (0 off CUDA): a key part, cheaply read."""
     if device.type != "cuda":

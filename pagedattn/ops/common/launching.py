@@ -5,9 +5,16 @@ specialization key and looks the compiled kernel up: 28-43 us on the H200 machin
 kernel of ~45 arguments, where the compiled handle's own launcher takes about 8 us. Every
 launcher launches through :func:`launch`; while a :class:`Tape` records (``with tape:``), each
 launch and each cross-stream wait is kept with its compiled kernel, grid, stream and arguments
-in signature order. A later call whose inputs have the same layout (the caller keys tapes by
-shapes, strides, dtypes and scalars) replays the tape: it puts its tensors' addresses into the
-recorded arguments and launches through the handles, skipping the JIT and the launchers.
+in signature order. A later call with the same scalars (the caller's key: sizes, flags, the
+stream) and tensors of the same layout (dtype, device, shape, strides, ``requires_grad``, which
+of them are None) replays the tape: it puts its tensors' addresses into the recorded arguments
+and launches through the handles, skipping the JIT and the launchers' Python.
+
+A tape's replay is a Python function generated for it when the recording ends: the recorded
+arguments are constants, each tensor address one addition, and the layout check one call of
+torch's C++ tensor guard (the check Dynamo uses; about 1 us for 8 tensors where reading shape,
+strides, dtype and device in Python took 5-8 us on the H200 machine). Where that guard is
+missing, the generated code compares the layouts in Python.
 
 What a replay may reuse: tensors that are not the caller's (plan workspaces, a device copy of a
 float scale) stay as recorded, so they must be the same on every call with that key. A host
@@ -35,15 +42,64 @@ def launch(kernel, grid, **kwargs):
     return compiled
 
 
-def record(tapes: dict, key, bindables, run, kept: int) -> None:
-    """Run ``run()`` while a :class:`Tape` over ``bindables`` records it, and keep the tape under
-    ``key`` in ``tapes`` (at most ``kept``, the oldest dropped first) if it can be replayed."""
-    with Tape(bindables) as tape:
-        run()
-    if tape.usable:
-        if len(tapes) >= kept:
-            tapes.pop(next(iter(tapes)))
-        tapes[key] = tape
+def call_context(t: torch.Tensor) -> tuple:
+    """What every caller's key holds besides its scalars: the device of ``t`` (a CUDA tensor),
+    its current stream and whether grad mode is on."""
+    dev = t.get_device()
+    return dev, torch._C._cuda_getCurrentRawStream(dev), torch.is_grad_enabled()
+
+
+def scalar_or_tensor(x):
+    """A scale argument in a key: the number itself, or "tensor" (its layout is the tape's)."""
+    return "tensor" if isinstance(x, torch.Tensor) else x
+
+
+class Tapes:
+    """The tapes of one call site (or one plan): up to ``kept``, the oldest dropped first, by the
+    caller's key; under one key, one tape per layout of the call's tensors."""
+
+    def __init__(self, kept: int = 64):
+        self._kept = kept
+        self._by_key: dict = {}
+        self._count = 0
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __contains__(self, key) -> bool:
+        return key in self._by_key
+
+    def clear(self) -> None:
+        self._by_key.clear()
+        self._count = 0
+
+    def replay(self, key, bindables) -> bool:
+        """Replay the tape recorded under ``key`` for ``bindables``' layout; False (nothing
+        launched) if there is none, or if its pointers' alignment differs from the recording's."""
+        for tape in self._by_key.get(key, ()):
+            try:
+                if tape.replay(bindables):
+                    return True
+            except (AttributeError, TypeError):  # not tensors where tensors were recorded
+                return False
+        return False
+
+    def record(self, key, bindables, run) -> None:
+        """Run ``run()`` while a :class:`Tape` over ``bindables`` records it, and keep the tape
+        under ``key`` if it can be replayed."""
+        with Tape(bindables) as tape:
+            run()
+        if not tape.usable:
+            return
+        if self._count >= self._kept:  # the oldest key's oldest tape
+            oldest = next(iter(self._by_key))
+            entries = self._by_key[oldest]
+            entries.pop(0)
+            if not entries:
+                del self._by_key[oldest]
+            self._count -= 1
+        self._by_key.setdefault(key, []).append(tape)
+        self._count += 1
 
 
 def wait_stream(waiter: torch.cuda.Stream, waitee: torch.cuda.Stream) -> None:
@@ -90,6 +146,8 @@ class Tape:
         # prefill): recorded through the first, so a replay needs the same tensor in both places
         self._aliases = [(i, j) for i, a in enumerate(self._ranges) for j in range(i + 1, len(self._ranges))
                          if a is not None and a == self._ranges[j]]
+        self._layouts = [None if t is None else _layout(t) for t in bindables]
+        self._guard = _layout_guard([t for t in bindables if t is not None])
         self._ops: list = []
         self.usable = True
 
@@ -101,9 +159,14 @@ class Tape:
         _RECORDING.reset(self._token)
         if exc[0] is not None or not self._ops:
             self.usable = False
-        # (bindable, byte offset) of every address that must stay 16-byte aligned, checked before
-        # a replay launches anything
-        self._aligned = tuple(sorted({a for op in self._ops if isinstance(op, _Launch) for a in op.aligned}))
+        if self.usable:
+            self.replay = _compile_replay(self._layouts, self._guard, self._aliases, self._ops)
+        return False
+
+    def replay(self, bindables) -> bool:
+        """Launch the recorded work with ``bindables`` in place of the recorded tensors; falsy
+        (nothing launched) if their layout or a pointer's alignment differs from the recording's.
+        (Replaced by the function generated when the recording ends.)"""
         return False
 
     def _slot(self, t: torch.Tensor):
@@ -176,31 +239,6 @@ class Tape:
         stream = driver.active.get_current_stream(driver.active.get_current_device())
         self._ops.append(_Launch(compiled, g, stream, values, slots))
 
-    def replay(self, bindables) -> bool:
-        """Launch the recorded work with ``bindables`` in place of the recorded tensors; False
-        (nothing launched) if a tensor's alignment differs from the recording's."""
-        ptrs = [0 if t is None else t.data_ptr() for t in bindables]
-        for i, j in self._aliases:
-            if ptrs[i] != ptrs[j]:
-                return False  # recorded through one tensor in both places: re-record
-        for b, off in self._aligned:
-            if (ptrs[b] + off) & 15:
-                return False  # compiled for 16-byte aligned pointers: re-record instead
-        for op in self._ops:
-            if op.__class__ is _Launch:
-                args = op.values.copy()
-                for i, b, off in op.pointers:
-                    args[i] = ptrs[b] + off
-                if op.others:
-                    op.bind_others(args, ptrs)
-                op.call(*op.prefix, *args)
-            else:
-                waiter, waitee, event = op
-                event.record(waitee)
-                waiter.wait_event(event)
-        return True
-
-
 class _NotReplayable(Exception):
     pass
 
@@ -243,13 +281,9 @@ class _Launch:
     when the kernel needs no scratch memory and no tensor descriptors (the launcher's Python
     wrapper only allocates those): one Python frame less per launch. Otherwise, and on other
     backends, through the launcher as the JIT calls it.
-
-    The slots are split for the replay: ``pointers`` (argument, bindable, byte offset), the plain
-    pointer arguments set by one assignment each; ``others``, members of tuple arguments and
-    tensor descriptors; ``aligned``, the (bindable, byte offset) pairs compiled as 16-byte aligned.
     """
 
-    __slots__ = ("call", "prefix", "values", "pointers", "others", "aligned")
+    __slots__ = ("call", "prefix", "values", "slots")
 
     def __init__(self, compiled, grid, stream, values, slots):
         launcher = compiled.run  # initializes the module's handles once
@@ -266,19 +300,103 @@ class _Launch:
             self.call = launcher
             self.prefix = (*grid, stream, compiled.function, *tail)
         self.values = values
-        self.pointers = [(i, b, off) for i, j, b, off, form in slots if j < 0 and form.__class__ is bool]
-        self.others = [s for s in slots if s[1] >= 0 or s[4].__class__ is not bool]
-        self.aligned = [(b, off) for _, _, b, off, form in slots if form is not False]
+        self.slots = slots
 
-    def bind_others(self, args: list, ptrs: list) -> None:
-        """Put the bound addresses into tuple members and rebuilt tensor descriptors."""
-        for i, j, b, off, form in self.others:
-            ptr = ptrs[b] + off
+
+def _layout(t: torch.Tensor) -> tuple:
+    return (t.dtype, t.get_device(), t.shape, t.stride(), t.requires_grad)
+
+
+def _layout_of(x) -> tuple | None:
+    """``_layout`` of a tensor; None for anything else (the replay then finds no match)."""
+    return _layout(x) if isinstance(x, torch.Tensor) else None
+
+
+def _layout_guard(tensors: list):
+    """A function of ``len(tensors)`` tensors: whether they have the layouts (dtype, device,
+    shape, strides, requires_grad, dispatch keys) of ``tensors``. Torch's C++ tensor guard where
+    it exists (it keeps sizes and strides, not the tensors: a tape holds no caller's memory);
+    else None."""
+    try:
+        from torch._C._dynamo.guards import TensorGuards
+
+        guard = TensorGuards(*tensors, dynamic_dims_sizes=None, dynamic_dims_strides=None).check
+        if guard(*tensors):
+            return guard
+    except Exception:  # noqa: BLE001 - another torch: the generated code compares in Python
+        pass
+    return None
+
+
+def _compile_replay(layouts: list, guard, aliases: list, ops: list):
+    """The replay function of a tape (see the module docstring): ``replay(bindables)`` checks
+    that the tensors in ``bindables`` have the recorded layouts (None where None was recorded),
+    that tensors recorded as one are one and that pointers compiled as 16-byte aligned still
+    are, and returns None / False if not; else launches the recorded work and returns True.
+    ``guard``: :func:`_layout_guard` of the recorded tensors that were not None, or None."""
+    consts: dict = {}
+
+    def const(value) -> str:
+        name = f"c{len(consts)}"
+        consts[name] = value
+        return name
+
+    n = len(layouts)
+    names = [f"b{i}" for i in range(n)]
+    present = [i for i in range(n) if layouts[i] is not None]
+    lines = ["def replay(bindables):", f"    {', '.join(names)}, = bindables"]
+    absent = [f"{names[i]} is not None" for i in range(n) if layouts[i] is None]
+    if absent:
+        lines.append(f"    if {' or '.join(absent)}: return None")
+    if present:
+        args = ", ".join(names[i] for i in present)
+        if guard is not None:
+            lines.append(f"    if not {const(guard)}({args}): return None")
+        else:
+            layout = const(_layout_of)
+            recorded = const(tuple(layouts[i] for i in present))
+            lines.append(f"    if ({', '.join(f'{layout}({names[i]})' for i in present)},) != {recorded}: return None")
+
+    used = sorted({s[2] for op in ops if isinstance(op, _Launch) for s in op.slots} | {i for a in aliases for i in a})
+    for i in used:
+        lines.append(f"    p{i} = {names[i]}.data_ptr()")
+    for i, j in aliases:
+        lines.append(f"    if p{i} != p{j}: return False")
+    aligned = sorted({(b, off) for op in ops if isinstance(op, _Launch) for _, _, b, off, form in op.slots
+                      if form is not False})  # aligned pointers and descriptor bases
+    if aligned:
+        lines.append(f"    if {' or '.join(f'({_address(b, off)}) & 15' for b, off in aligned)}: return False")
+
+    for op in ops:
+        if not isinstance(op, _Launch):
+            waiter, waitee, event = op
+            # the event's own C methods: torch.cuda.Event.record / Stream.wait_event are Python
+            # wrappers around them (three frames a wait)
+            base = super(torch.cuda.Event, event) if isinstance(event, torch.cuda.Event) else event
+            lines.append(f"    {const(base.record)}({const(waitee)}); {const(base.wait)}({const(waiter)})")
+            continue
+        by_arg: dict = {}
+        for i, j, b, off, form in op.slots:
+            expr = _address(b, off)
             if isinstance(form, _DescriptorLayout):  # a tensor descriptor over the bound tensor
-                ptr = form.over(ptr)
-            if j < 0:
-                args[i] = ptr
+                expr = f"{const(form)}.over({expr})"
+            by_arg.setdefault(i, {})[j] = expr
+        args = []
+        for i, value in enumerate(op.values):
+            fills = by_arg.get(i)
+            if fills is None:
+                args.append(const(value))
+            elif -1 in fills:
+                args.append(fills[-1])
             else:
-                members = list(args[i])
-                members[j] = ptr
-                args[i] = tuple(members)
+                members = [fills.get(j) or const(m) for j, m in enumerate(value)]
+                args.append(f"({', '.join(members)},)")
+        lines.append(f"    {const(op.call)}(*{const(op.prefix)}, {', '.join(args)})")
+    lines.append("    return True")
+    namespace = dict(consts)
+    exec(compile("\n".join(lines), "<pagedattn tape replay>", "exec"), namespace)  # noqa: S102 - our own source
+    return namespace["replay"]
+
+
+def _address(b: int, off: int) -> str:
+    return f"p{b} + {off}" if off else f"p{b}"
