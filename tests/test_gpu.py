@@ -449,8 +449,9 @@ def replays(monkeypatch):
     from pagedattn.ops.common import launching
 
     results = []
-    real = launching.Tape.replay
-    monkeypatch.setattr(launching.Tape, "replay", lambda self, b: results.append(real(self, b)) or results[-1])
+    real = launching.Tapes.replay
+    monkeypatch.setattr(launching.Tapes, "replay",
+                        lambda self, key, b: results.append(real(self, key, b)) or results[-1])
     return results
 
 
