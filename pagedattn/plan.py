@@ -69,11 +69,17 @@ UNEQUAL_WAVES = 3
 # CUDA graphs keep the compiler's choice: uniform 32 x 4096 lost 135 -> 149 us with the cap.
 UNEQUAL_MAX_REGISTERS = 168
 # A decode batch of about equal lengths for which the split rule picks 2D (one split) runs the
-# persistent kernel on the same items when its programs are long (at least this many visible
-# keys), without the register cap: 2 programs per SM (194 registers) against the 2D
-# kernel's 3 (150). H200: 32 x 4096 143 -> 135 us, 128 x 4096 519 -> 501; with the cap (3 per
-# SM) the same lists took 154 and 528. Short programs lose (128 x 512: 76 -> 82 us).
+# persistent kernel on the same items, without the register cap, when its programs are long (at
+# least this many visible keys) and persistent_takes_fewer_waves says so. Uncapped, the
+# persistent kernel holds 2 programs per SM (194 registers), the 2D kernel 3 (150): with the SMs
+# saturated a program at 2 per SM streams 1.5x the bytes per second of one at 3 per SM, so the
+# persistent kernel wins where its whole waves are fewer than 1.5x the 2D kernel's. H200, 2D ->
+# persistent: 32 x 4096 143 -> 135 us, 64 x 2048 154 -> 136, 64 x 8192 576 -> 489, 128 x 4096
+# 519 -> 501, 128 x 8192 1006 -> 957; the rule keeps 2D at 48 x 16384 (722 against 771) and
+# 96 x 4096 (369 against 372). With the cap (3 per SM) the lists of 32 and 128 x 4096 took 154
+# and 528. Short programs lose (128 x 512: 76 -> 82 us).
 LONG_DECODE_TOKENS = 2048
+PERSISTENT_UNCAPPED_PROGRAMS_PER_SM = 2
 PREFILL_MIN_QUERY_LEN = 128
 # short_prefill: up to this many waves of 128-row prefill programs, 64-row tiles at head 128
 # (H200, paged, head 128: they won at 1, 2, 3.9 and 7.8 waves and lost 3% at 15.5)
@@ -334,6 +340,15 @@ def balanced_segment(q_lens, lens, *, block_q: int, tile_n: int, num_kv_heads: i
     while -(-longest // segment) > MAX_SPLITS:
         segment *= 2
     return segment
+
+
+def persistent_takes_fewer_waves(programs: int, sms: int) -> bool:
+    """Whether ``programs`` equal decode programs finish sooner in the uncapped persistent kernel
+    (2 per SM) than in the 2D kernel (3 per SM, each wave 1.5x as long): by at least half a
+    persistent wave (closer calls keep 2D)."""
+    waves_persistent = -(-programs // (PERSISTENT_UNCAPPED_PROGRAMS_PER_SM * sms))
+    waves_2d = -(-programs // (RESIDENT_PROGRAMS_PER_SM * sms))
+    return 2 * waves_persistent <= 3 * waves_2d - 1
 
 
 def auto_path(max_query_len: int, num_splits: int) -> str:
@@ -692,8 +707,9 @@ def plan_attention(
         if path == "auto":
             path = auto_path(max_query_len, splits)
             visible = min(max_seq_len, sliding_window) if sliding_window else max_seq_len
-            if path == "unified" and max_query_len == 1 and visible >= LONG_DECODE_TOKENS:
-                path = "persistent"  # a full 2D grid of long decodes: the persistent kernel, uncapped
+            if (path == "unified" and num_splits is None and max_query_len == 1 and visible >= LONG_DECODE_TOKENS
+                    and persistent_takes_fewer_waves(num_q_blocks * num_kv_heads, num_sms(device))):
+                path = "persistent"  # long decodes in fewer waves of 2 programs per SM: uncapped
                 cap_registers = False
     if path == "persistent":
         return _plan_persistent(

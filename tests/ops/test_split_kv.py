@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from pagedattn import paged_attention, plan_attention
+from pagedattn.plan import persistent_takes_fewer_waves
 from pagedattn.reference import paged_attention_ref
 from pagedattn.testing import BATCHES, FEATURES, assert_matches_reference, feature_kwargs, make_paged_batch
 from tests.conftest import DEVICE
@@ -114,6 +115,10 @@ def test_auto_rule():
                                head_size=32, device=DEVICE)
     assert long_wide.path == "persistent" and long_wide.max_registers is None and long_wide.num_splits == 1
     assert int(long_wide.work_counts[0]) == 4 * sms * 2
+    # 12 programs: one wave of 3 per SM, two of 2 per SM: the 2D kernel stays
+    one_wave = plan_attention(list(range(0, 6 + 1)), [5000] * 6, num_q_heads=4, num_kv_heads=2, head_size=32,
+                              device=DEVICE)
+    assert one_wave.path == "unified"
     windowed = plan_attention(list(range(0, 4 * sms + 1)), [5000] * (4 * sms), num_q_heads=4, num_kv_heads=2,
                               head_size=32, device=DEVICE, sliding_window=1000)
     assert windowed.path == "unified"
@@ -135,3 +140,11 @@ def test_plan_mismatch_raises():
         paged_attention(*batch.args(), plan=small)
     with pytest.raises(ValueError, match="path"):
         plan_attention([0, 1], [10], num_q_heads=4, num_kv_heads=2, head_size=32, path="bogus")
+
+
+@pytest.mark.parametrize("programs, persistent", [(256, True), (384, False), (512, True), (768, False), (1024, True)])
+def test_persistent_wave_rule_on_the_h200(programs, persistent):
+    """The rule against the H200 sweep (132 SMs): where the persistent kernel's waves of 2 per SM
+    beat the 2D kernel's of 3 (32/64/128 sequences x 8 KV heads at 2048-8192 keys) and where they
+    lost (48 x 16384 keys: 384 programs; 96 x 4096: 768)."""
+    assert persistent_takes_fewer_waves(programs, 132) is persistent
