@@ -772,6 +772,11 @@ def _plan_persistent(qsl, lens, *, tiles, num_q_heads, num_kv_heads, head_size, 
                                       num_programs=split_programs, max_splits=max_splits,
                                       sliding_window=sliding_window)
         max_splits = max(1, int(listed[0][:, 4].max())) if listed[0].shape[0] else 1
+        if max_splits == 1 and schedule == "auto":
+            # one item per (sequence, Q block, KV head): static striding (the atomic counter pays
+            # off at 2+ items a program of unequal length), and the launcher then needs no
+            # reduce kernel (nothing to merge, no counter to reset)
+            schedule = "static"
     max_q_blocks = max_num_tokens // tiles.block_q + max_num_seqs
     max_items = max(1, max_q_blocks * num_kv_heads * max_splits)
     plan = AttentionPlan(

@@ -235,3 +235,26 @@ def test_corrupt_work_list_writes_no_row_past_num_tokens():
     for s in set(range(len(cases))) - touched:
         r = slice(int(batch.query_start_loc[s]), int(batch.query_start_loc[s + 1]))
         torch.testing.assert_close(out[r].double(), ref_out[r], atol=2e-4, rtol=2e-4)
+
+
+def test_long_uniform_decode_plan_runs_one_launch(monkeypatch):
+    """A decode batch of long, about equal contexts under path="auto": the persistent kernel on
+    one item per sequence and KV head, static striding and no reduce launch, also after update()
+    (the plan's partials hold one split, so no batch can need a merge)."""
+    from pagedattn.ops.persistent import launch as persistent_launch
+
+    launched = []
+    real = persistent_launch.launch
+    monkeypatch.setattr(persistent_launch, "launch",
+                        lambda kernel, grid, **kw: launched.append(kernel) or real(kernel, grid, **kw))
+    g = torch.Generator().manual_seed(3)
+    batch = make_paged_batch([(1, 2100 + 7 * i) for i in range(8)], dtype=torch.float32, device=DEVICE, generator=g)
+    plan = plan_attention(batch.query_start_loc, batch.seq_lens, num_q_heads=4, num_kv_heads=2, head_size=32,
+                          device=DEVICE)
+    assert plan.path == "persistent" and plan.schedule == "static" and plan.partial_out.shape[2] == 1
+    check(batch, plan, {})
+    assert len(launched) == 1
+    smaller = make_paged_batch([(1, 2300), (1, 40), (1, 2050)], dtype=torch.float32, device=DEVICE, generator=g)
+    plan.update(smaller.query_start_loc, smaller.seq_lens)
+    check(smaller, plan, {})
+    assert len(launched) == 2
