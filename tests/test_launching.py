@@ -147,7 +147,7 @@ def test_tapes_by_key_and_layout_oldest_dropped():
     assert len(calls) == 4
     tapes.record("j", small, _recording(small, calls))
     assert len(tapes) == 2
-    assert not tapes.replay("k", _tensors(seed=1))  # the oldest (small under "k") was dropped
+    assert not tapes.replay("k", _tensors(seed=1))  # the least recently replayed (small under "k") was dropped
     assert tapes.replay("k", wide) and tapes.replay("j", _tensors(seed=3))
     assert not tapes.replay("k", (None, None, None))  # not tensors: falls back to the checked call
 
@@ -172,3 +172,22 @@ def test_replay_keeps_the_order_of_launches_and_cross_stream_waits(guard_kind):
     assert tape.replay((a, b, c))
     assert log == [("record", "caller"), ("wait", "side"), (4, 2, 1, "stream", a.data_ptr()),
                    ("record", "side"), ("wait", "caller")]
+
+
+def test_tapes_try_the_most_recently_replayed_first():
+    """Many layouts under one key (write_kv's token counts): a replay finds the layout in use
+    with its first check, so the calls of one step do not scan every recorded layout."""
+    tapes = Tapes(kept=8)
+    calls = []
+    layouts = [(torch.randn(n, 4, 16), torch.randn(32, 16), torch.randint(0, 9, (5,), dtype=torch.int32))
+               for n in range(1, 7)]
+    for bindables in layouts:
+        tapes.record("k", bindables, _recording(bindables, calls))
+    checked = []
+    for tape in tapes._by_key["k"]:
+        real = tape.replay
+        tape.replay = lambda b, real=real, tape=tape: checked.append(tape) or real(b)
+    assert tapes.replay("k", layouts[0])  # the first recorded: last in the list
+    assert len(checked) == 6
+    checked.clear()
+    assert tapes.replay("k", layouts[0]) and len(checked) == 1

@@ -55,8 +55,10 @@ def scalar_or_tensor(x):
 
 
 class Tapes:
-    """The tapes of one call site (or one plan): up to ``kept``, the oldest dropped first, by the
-    caller's key; under one key, one tape per layout of the call's tensors."""
+    """The tapes of one call site (or one plan): up to ``kept``, by the caller's key; under one
+    key, one tape per layout of the call's tensors, the most recently replayed first (the layers
+    of one step share a layout: after the first, each call's first check hits). When full, the
+    least recently replayed tape of the oldest key is dropped."""
 
     def __init__(self, kept: int = 64):
         self._kept = kept
@@ -76,9 +78,12 @@ class Tapes:
     def replay(self, key, bindables) -> bool:
         """Replay the tape recorded under ``key`` for ``bindables``' layout; False (nothing
         launched) if there is none, or if its pointers' alignment differs from the recording's."""
-        for tape in self._by_key.get(key, ()):
+        entries = self._by_key.get(key, ())
+        for i, tape in enumerate(entries):
             try:
                 if tape.replay(bindables):
+                    if i:
+                        entries.insert(0, entries.pop(i))
                     return True
             except (AttributeError, TypeError):  # not tensors where tensors were recorded
                 return False
@@ -91,14 +96,14 @@ class Tapes:
             run()
         if not tape.usable:
             return
-        if self._count >= self._kept:  # the oldest key's oldest tape
+        if self._count >= self._kept:
             oldest = next(iter(self._by_key))
             entries = self._by_key[oldest]
-            entries.pop(0)
+            entries.pop()
             if not entries:
                 del self._by_key[oldest]
             self._count -= 1
-        self._by_key.setdefault(key, []).append(tape)
+        self._by_key.setdefault(key, []).insert(0, tape)
         self._count += 1
 
 
