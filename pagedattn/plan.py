@@ -344,11 +344,12 @@ def balanced_segment(q_lens, lens, *, block_q: int, tile_n: int, num_kv_heads: i
 
 def persistent_takes_fewer_waves(programs: int, sms: int) -> bool:
     """Whether ``programs`` equal decode programs finish sooner in the uncapped persistent kernel
-    (2 per SM) than in the 2D kernel (3 per SM, each wave 1.5x as long): by at least half a
-    persistent wave (closer calls keep 2D)."""
-    waves_persistent = -(-programs // (PERSISTENT_UNCAPPED_PROGRAMS_PER_SM * sms))
-    waves_2d = -(-programs // (RESIDENT_PROGRAMS_PER_SM * sms))
-    return 2 * waves_persistent <= 3 * waves_2d - 1
+    (2 per SM) than in the 2D kernel (3 per SM): a wave's time grows with the programs sharing
+    an SM, so each kernel's time is its waves x its programs per SM; the persistent kernel must
+    win by at least half of one of its waves (closer calls keep 2D)."""
+    persistent = cdiv(programs, PERSISTENT_UNCAPPED_PROGRAMS_PER_SM * sms) * PERSISTENT_UNCAPPED_PROGRAMS_PER_SM
+    two_d = cdiv(programs, RESIDENT_PROGRAMS_PER_SM * sms) * RESIDENT_PROGRAMS_PER_SM
+    return persistent <= two_d - PERSISTENT_UNCAPPED_PROGRAMS_PER_SM / 2
 
 
 def auto_path(max_query_len: int, num_splits: int) -> str:
