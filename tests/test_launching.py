@@ -191,3 +191,23 @@ def test_tapes_try_the_most_recently_replayed_first():
     assert len(checked) == 6
     checked.clear()
     assert tapes.replay("k", layouts[0]) and len(checked) == 1
+
+
+def test_replay_passes_a_workspace_as_its_address_and_keeps_it_alive(guard_kind):
+    """A device tensor that is not the caller's (a plan's workspace) is passed as an int, which
+    Triton's launcher uses as is (no data_ptr() call, no driver query per launch); the tape keeps
+    the tensor alive so that its address stays valid."""
+    calls = []
+    workspace = torch.empty(16, device="meta")  # a tensor off the host, as a GPU workspace is
+    ref = weakref.ref(workspace)
+    recorded = _tensors()
+    tape = Tape(recorded)
+    with tape:
+        tape._ops.append(_stand_in_launch(calls, [0, workspace, (3, workspace)], [(0, -1, 0, 0, True)]))
+    del workspace
+    gc.collect()
+    assert ref() is not None
+    a, b, c = _tensors(seed=1)
+    assert tape.replay((a, b, c))
+    assert calls == [(4, 2, 1, "stream", a.data_ptr(), ref().data_ptr(), (3, ref().data_ptr()))]
+    assert all(type(x) is int for x in calls[0][5:6] + calls[0][6])

@@ -340,6 +340,8 @@ def _compile_replay(layouts: list, guard, aliases: list, ops: list):
     are, and returns None / False if not; else launches the recorded work and returns True.
     ``guard``: :func:`_layout_guard` of the recorded tensors that were not None, or None."""
     consts: dict = {}
+    kept: list = []  # the tensors whose addresses are constants: alive while the tape is
+    consts["kept"] = kept
 
     def const(value) -> str:
         name = f"c{len(consts)}"
@@ -390,11 +392,11 @@ def _compile_replay(layouts: list, guard, aliases: list, ops: list):
         for i, value in enumerate(op.values):
             fills = by_arg.get(i)
             if fills is None:
-                args.append(const(value))
+                args.append(const(_fixed(value, kept)))
             elif -1 in fills:
                 args.append(fills[-1])
             else:
-                members = [fills.get(j) or const(m) for j, m in enumerate(value)]
+                members = [fills.get(j) or const(_fixed(m, kept)) for j, m in enumerate(value)]
                 args.append(f"({', '.join(members)},)")
         lines.append(f"    {const(op.call)}(*{const(op.prefix)}, {', '.join(args)})")
     lines.append("    return True")
@@ -410,6 +412,20 @@ def _compile_replay(layouts: list, guard, aliases: list, ops: list):
 
 
 _REPLAY_CODE: dict = {}  # generated source -> its compiled code
+
+
+def _fixed(value, kept: list):
+    """A recorded argument as a replay passes it: a tensor that is not the caller's (a plan's
+    workspace) as its address, the rest as recorded. Triton's launcher takes an int as a device
+    address as is; for a tensor it calls ``data_ptr()`` and asks the driver whether the address is
+    a device's (``cuPointerGetAttribute``), per tensor argument and launch. A recorded tensor keeps
+    its address while it lives (a plan updates its buffers in place), and ``kept`` keeps it alive."""
+    if isinstance(value, torch.Tensor) and value.device.type != "cpu":
+        kept.append(value)
+        return value.data_ptr()
+    if isinstance(value, tuple) and any(isinstance(m, torch.Tensor) for m in value):
+        return tuple(_fixed(m, kept) for m in value)
+    return value
 
 
 def _address(b: int, off: int) -> str:
