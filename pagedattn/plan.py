@@ -21,14 +21,19 @@ The path rule (``path="auto"``):
   (RESIDENT_PROGRAMS_PER_SM * num_sms) // programs_2d)`` segments: at most one wave, and a
   sequence cut in at most 32 pieces (the merge and each program's fixed start cost grow with the
   pieces). If that leaves segments longer than ``LONG_SEGMENT_TOKENS``, cut
-  ``MANY_WAVES_SEGMENT_TOKENS``-key segments instead (many waves of long programs). At most
+  ``MANY_WAVES_SEGMENT_TOKENS``-key segments instead (many waves of long programs). Short
+  contexts do not split unless the 2D grid leaves most SMs idle: splitting needs
+  ``programs_2d * RESIDENT_PROGRAMS_PER_SM * SPLIT_COST_TOKENS < num_sms * (max_seq_len -
+  SPLIT_COST_TOKENS)`` (on 132 SMs: no split at 256 keys; at 512 keys up to 44 programs, at 1024
+  up to 132). At most
   ``ceil(max_seq_len / MIN_SEGMENT_TOKENS)`` splits (a segment streams enough keys to amortize
   writing and merging its partial) and ``MAX_SPLITS``; one split means 2D, except that a pure
   decode batch whose programs read at least ``LONG_DECODE_TOKENS`` keys runs the same items in
   the persistent kernel (that constant's comment says why). The persistent path's work list (``persistent_work_list``) applies the same rule per Q block. The constants come from H200 split-count sweeps (docs/perf-notes.md, "Decode tiles and splits"):
   a grid of 1.3-1.5 waves of long programs lost 15-25% to one of 0.65-1 wave; batch 1 preferred
   32 splits to 40-49 by 8%; 2.5+ waves of 2048-key segments beat an under-filled single wave of
-  8192-key ones by 14%.
+  8192-key ones by 14%; below ``SPLIT_COST_TOKENS``' bound the 2D kernel won by 4-36% (B=16 at
+  256 keys 11.2 against 14.8 us, B=24 at 512 keys 18.5 against 25.0).
 """
 
 from __future__ import annotations
@@ -49,6 +54,10 @@ FILL_MAX_SPLITS = 32  # the one-wave split count is capped here
 LONG_SEGMENT_TOKENS = 4096
 MANY_WAVES_SEGMENT_TOKENS = 2048
 MIN_SEGMENT_TOKENS = 128
+# What splitting costs beyond the 2D kernel (the merge launch, the partials' round trip, ~5 us on
+# the H200), in keys one 2D program streams in that time: B=1 decodes ran 8.3 us at 256 keys and
+# 12.7 at 512 on the 2D kernel, 8.5 at 512 keys in 4 splits.
+SPLIT_COST_TOKENS = 256
 MAX_SPLITS = 128
 INVARIANT_SEGMENT_TOKENS = 1024
 PERSISTENT_MAX_SPLITS = 64
@@ -303,6 +312,8 @@ def choose_num_splits(num_q_blocks: int, num_kv_heads: int, max_query_len: int, 
     programs_2d = max(1, num_q_blocks * num_kv_heads)
     if programs_2d >= RESIDENT_PROGRAMS_PER_SM * sms:
         return 1
+    if programs_2d * RESIDENT_PROGRAMS_PER_SM * SPLIT_COST_TOKENS >= sms * (max_seq_len - SPLIT_COST_TOKENS):
+        return 1  # short contexts: the idle SMs' share of the keys does not pay for the merge
     splits = max(1, min(FILL_MAX_SPLITS, (RESIDENT_PROGRAMS_PER_SM * sms) // programs_2d))
     if -(-max_seq_len // splits) > LONG_SEGMENT_TOKENS:
         splits = -(-max_seq_len // MANY_WAVES_SEGMENT_TOKENS)
@@ -329,10 +340,11 @@ def balanced_segment(q_lens, lens, *, block_q: int, tile_n: int, num_kv_heads: i
     visible = [max(v, 0) for v in lens]
     if sliding_window:
         visible = [min(v, sliding_window + q - 1) for v, q in zip(visible, q_lens)]
+    blocks = sum(-(-q // block_q) for q in q_lens if q > 0)
     work = sum(v * -(-q // block_q) for v, q in zip(visible, q_lens) if q > 0) * num_kv_heads
     longest = max([v for v, q in zip(visible, q_lens) if q > 0] + [0])
-    if work == 0 or longest <= MIN_SEGMENT_TOKENS:
-        return 0
+    if work == 0 or longest <= MIN_SEGMENT_TOKENS or longest * blocks * num_kv_heads <= UNEQUAL_RATIO * work:
+        return 0  # equal lengths: the uniform rule's cut (one split of a short context included)
     share = work / (RESIDENT_PROGRAMS_PER_SM * sms)
     segment = max(MIN_SEGMENT_TOKENS, -(-int(share) // tile_n) * tile_n)
     if longest / splits <= 2 * segment:
@@ -497,7 +509,7 @@ def _splits_per_seq(q_lens, blocks, lens, *, num_kv_heads, num_programs, max_spl
         short_blocks = sum(nb for nb, sh in zip(blocks, short) if sh)
         longest = max([v for v, sh in zip(visible, short) if sh] + [0])
     unequal = longest > MIN_SEGMENT_TOKENS and longest * short_blocks > UNEQUAL_RATIO * keys
-    if full and not unequal:
+    if not unequal and (full or _split_costs_more(short_blocks * num_kv_heads, longest, num_programs)):
         return None
     total = max(keys * num_kv_heads, 1)
     target, cap = (UNEQUAL_WAVES * num_programs, max_splits) if unequal else (num_programs, FILL_MAX_SPLITS)
@@ -518,6 +530,17 @@ def _splits_per_seq(q_lens, blocks, lens, *, num_kv_heads, num_programs, max_spl
     if short is None:
         return [1 if v <= small else rule(v) for v in visible]
     return [rule(v) if sh and v > small else 1 for v, sh in zip(visible, short)]
+
+
+def _split_costs_more(items: int, visible: int, wave: int) -> bool:
+    """The split rule's short-context bound (``choose_num_splits``) for the persistent kernel of
+    ``items`` unsplit items of ``visible`` keys, ``wave`` = RESIDENT_PROGRAMS_PER_SM x SMs: with
+    its 2 programs per SM (graph plans keep the compiler's 194 registers) in place of the 2D
+    kernel's 3. H200 graph replays, one item per block against the cut list: 16 x 512 18.4
+    against 23.6 us, 24 x 512 20.2 against 30.4, 16 x 256 12.4 against 15.0; the cut list won at
+    8 x 512 (13.7 against 15.2) and 8 x 1024 (22.0 against 25.8)."""
+    return (items * PERSISTENT_UNCAPPED_PROGRAMS_PER_SM * RESIDENT_PROGRAMS_PER_SM * SPLIT_COST_TOKENS
+            >= wave * (visible - SPLIT_COST_TOKENS))
 
 
 def _per_block(per_seq, blocks) -> list:

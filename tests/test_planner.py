@@ -28,6 +28,26 @@ def test_uniform_batches_keep_the_uniform_rule(lens, splits):
     assert balanced_segment([1] * len(lens), lens, splits=splits, **H200) == 0
 
 
+@pytest.mark.parametrize("batch", [8, 16, 24])
+def test_short_uniform_decodes_are_not_cut(batch):
+    """512-key decodes the split rule leaves unsplit (its short-context bound) are not taken for
+    an unequal batch: the 2D kernel runs them (H200: 8 x 512 13.6 us, the cut list 14.8)."""
+    assert balanced_segment([1] * batch, [512] * batch, splits=1, **H200) == 0
+    assert balanced_segment([1] * batch, [512] * (batch - 1) + [4096], splits=1, **H200) > 0
+
+
+@pytest.mark.parametrize("batch, seq_len, cut", [(1, 512, True), (8, 512, True), (16, 512, False), (24, 512, False),
+                                                  (8, 256, False), (16, 256, False), (8, 1024, True)])
+def test_persistent_list_leaves_short_contexts_whole(batch, seq_len, cut):
+    """The persistent kernel's list (graph plans) at short contexts on 132 SMs: split where the
+    cut list won on the H200, one item per sequence and KV head where it lost."""
+    from pagedattn.plan import Tiles, persistent_work_list
+
+    items, rows = persistent_work_list(list(range(batch + 1)), [seq_len] * batch, tiles=Tiles(16, 4, 64, 4),
+                                       num_kv_heads=8, num_programs=396, max_splits=64)
+    assert (len(items) > batch * 8) == cut and (len(rows) > 0) == cut
+
+
 def test_window_bounds_the_work():
     lens = [16384] * 2 + [512] * 126
     assert balanced_segment([1] * 128, lens, splits=1, **dict(H200, sliding_window=512)) == 0

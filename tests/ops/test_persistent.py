@@ -63,7 +63,8 @@ def test_persistent_fp8_softcap():
 def _work_list_loop(qsl, lens, *, tiles, num_kv_heads, num_programs, max_splits, sliding_window=None):
     """The work list spelled out as loops (the rule in persistent_work_list's docstring)."""
     from pagedattn.plan import (
-        FILL_MAX_SPLITS, LONG_SEGMENT_TOKENS, MANY_WAVES_SEGMENT_TOKENS, MIN_SEGMENT_TOKENS, SPLIT_KV_MAX_QUERY_LEN,
+        FILL_MAX_SPLITS, LONG_SEGMENT_TOKENS, MANY_WAVES_SEGMENT_TOKENS, MIN_SEGMENT_TOKENS,
+        PERSISTENT_UNCAPPED_PROGRAMS_PER_SM, RESIDENT_PROGRAMS_PER_SM, SPLIT_COST_TOKENS, SPLIT_KV_MAX_QUERY_LEN,
         UNEQUAL_RATIO, UNEQUAL_WAVES,
     )
 
@@ -76,7 +77,11 @@ def _work_list_loop(qsl, lens, *, tiles, num_kv_heads, num_programs, max_splits,
     short = [v for _, _, v, q in blocks if q <= SPLIT_KV_MAX_QUERY_LEN]
     total = sum(short) * num_kv_heads
     unequal = max(short + [0]) > MIN_SEGMENT_TOKENS and max(short + [0]) * len(short) > UNEQUAL_RATIO * sum(short)
-    full = len(blocks) * num_kv_heads >= num_programs and not unequal
+    # short contexts: the split rule's bound at the persistent kernel's 2 programs per SM
+    # (num_programs is RESIDENT_PROGRAMS_PER_SM per SM)
+    short_context = (len(short) * num_kv_heads * PERSISTENT_UNCAPPED_PROGRAMS_PER_SM * RESIDENT_PROGRAMS_PER_SM
+                     * SPLIT_COST_TOKENS >= num_programs * (max(short + [0]) - SPLIT_COST_TOKENS))
+    full = (len(blocks) * num_kv_heads >= num_programs or short_context) and not unequal
     target, cap = (UNEQUAL_WAVES * num_programs, max_splits) if unequal else (num_programs, FILL_MAX_SPLITS)
 
     def splits(visible):
@@ -203,7 +208,7 @@ def test_corrupt_work_list_writes_no_row_past_num_tokens():
     from tests.ops.test_unified import guard_rows_untouched, guarded_outputs
 
     g = torch.Generator().manual_seed(41)
-    cases = [(1, 300), (3, 40), (1, 200)]
+    cases = [(1, 600), (3, 40), (1, 60)]  # unequal lengths: the long sequence is split
     batch = make_paged_batch(cases, dtype=torch.float32, device=DEVICE, generator=g)
     num_tokens, num_heads, head_size = batch.q.shape
     plan = plan_attention(batch.query_start_loc, batch.seq_lens, num_q_heads=num_heads, num_kv_heads=2,

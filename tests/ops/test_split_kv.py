@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from pagedattn import paged_attention, plan_attention
-from pagedattn.plan import persistent_takes_fewer_waves
+from pagedattn.plan import choose_num_splits, persistent_takes_fewer_waves
 from pagedattn.reference import paged_attention_ref
 from pagedattn.testing import BATCHES, FEATURES, assert_matches_reference, feature_kwargs, make_paged_batch
 from tests.conftest import DEVICE
@@ -126,6 +126,19 @@ def test_auto_rule():
     assert prefill.path == "unified"
     short = plan_attention([0, 1], [100], num_q_heads=4, num_kv_heads=2, head_size=32, device=DEVICE)
     assert short.path == "unified"
+
+
+@pytest.mark.parametrize("batch, seq_len, splits", [
+    (1, 256, False), (16, 256, False),  # 256 keys: the merge costs what splitting saves
+    (1, 512, True), (4, 512, True), (8, 512, False), (24, 512, False),
+    (8, 1024, True), (16, 1024, True), (32, 1024, False),  # 32 x 8 programs: one wave of 3 per SM
+    (16, 2048, True),
+])
+def test_short_contexts_split_only_when_most_sms_idle(batch, seq_len, splits):
+    """The split rule on the H200's 132 SMs (8 KV heads: 8 programs a sequence), fitted to a
+    sweep of B=1-32 at 256-2048 keys: splitting won where it is taken and lost where it is not."""
+    n = choose_num_splits(batch, 8, 1, seq_len, 132)
+    assert (n > 1) == splits, n
 
 
 def test_plan_mismatch_raises():
