@@ -4,6 +4,7 @@ import json
 import math
 
 import pytest
+import torch
 
 from pagedattn.bench.cli import main
 
@@ -160,6 +161,23 @@ def test_waves_plot_from_json(tmp_path, layout):
     assert plot_main([str(src), "--out", str(tmp_path / "plots")]) == 0
     png = tmp_path / "plots" / "waves.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_host_timer_runs_every_row_once_a_round():
+    """The rows' runs interleave (a, a, b, b per round at 2 calls a run), after the warm-up of
+    each; every row gets the median, the best and all of its runs."""
+    from pagedattn.bench.host import HostTimer
+
+    order = []
+    timer = HostTimer(torch.device("cpu"), calls=2, runs=3, warmup=1)
+    rows = [{"name": "a"}, {"name": "b"}]
+    for row in rows:
+        timer.add(row, lambda name=row["name"]: order.append(name))
+    timer.measure()
+    assert order == ["a", "b"] + ["a", "a", "b", "b"] * 3
+    for row in rows:
+        assert len(row["host_us_runs"]) == 3 and row["host_us_best"] <= row["host_us"]
+        assert row["host_us_best"] == pytest.approx(min(row["host_us_runs"]), abs=0.01)
 
 
 def test_bench_host_quick(tmp_path, capsys):

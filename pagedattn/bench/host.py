@@ -6,8 +6,11 @@ per path at the Llama-3.1-8B attention shape (32 query heads, 8 KV heads, head s
 page 16), with a plan built once and out= / lse_out= preallocated, as an engine's per-layer call:
 
 * host time of one call: N calls back to back without synchronizing (after a warm-up), wall time
-  / N; the median of several such runs. The GPU keeps up or queues: either way the wall clock
-  stops once the host has issued the N-th call.
+  / N; the median of several such runs (and the best). The GPU keeps up or queues: either way
+  the wall clock stops once the host has issued the N-th call. The runs are taken in rounds over
+  every row of the table, one run of each row a round (``HostTimer``), so that the rows, the
+  peers' included, share the host's slow and fast spells: on the GPU machines' CPUs a row timed
+  on its own read 1.5-3x apart between runs of the table minutes apart.
 * GPU time of one call: CUDA-graph replays for short calls, triton's do_bench median otherwise
   (pagedattn.bench.timing.bench).
 * launches: the kernels one call runs (from torch.profiler), which sets the host target: 15 us
@@ -71,21 +74,39 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def host_time_us(fn: Callable, device: torch.device, *, calls: int = CALLS, runs: int = RUNS,
-                 warmup: int = 3) -> dict:
-    """``{"host_us", "host_us_runs"}``: wall time of ``calls`` back-to-back calls / calls, median of runs."""
-    for _ in range(warmup):
-        fn()
-    _sync(device)
-    per_call = []
-    for _ in range(runs):
-        _sync(device)
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        per_call.append((time.perf_counter() - t0) / calls * 1e6)
-        _sync(device)
-    return {"host_us": statistics.median(per_call), "host_us_runs": [round(x, 2) for x in per_call]}
+class HostTimer:
+    """Host times of many rows, in interleaved rounds: ``add(row, fn)`` as each row passes its
+    check, then ``measure()`` warms every call up and runs ``runs`` rounds, each one run of
+    ``calls`` back-to-back calls of every row in turn; a row gets the median of its runs
+    (``host_us``), the best (``host_us_best``) and all of them (``host_us_runs``)."""
+
+    def __init__(self, device: torch.device, *, calls: int = CALLS, runs: int = RUNS, warmup: int = 3):
+        self.device, self.calls, self.runs, self.warmup = device, calls, runs, warmup
+        self._rows: list = []
+
+    def add(self, row: dict, fn: Callable) -> None:
+        self._rows.append((row, fn))
+
+    def measure(self, progress=None) -> None:
+        for _, fn in self._rows:
+            for _ in range(self.warmup):
+                fn()
+        _sync(self.device)
+        per_call = [[] for _ in self._rows]
+        for _ in range(self.runs):
+            for times, (_, fn) in zip(per_call, self._rows):
+                _sync(self.device)
+                t0 = time.perf_counter()
+                for _ in range(self.calls):
+                    fn()
+                times.append((time.perf_counter() - t0) / self.calls * 1e6)
+                _sync(self.device)
+            if progress is not None:
+                progress.step("host-time round")
+        for times, (row, _) in zip(per_call, self._rows):
+            row.update(host_us=statistics.median(times), host_us_best=min(times),
+                       host_us_runs=[round(x, 2) for x in times])
+        self._rows.clear()
 
 
 def count_launches(fn: Callable, device: torch.device) -> int | None:
@@ -135,13 +156,13 @@ def _row(call: str, case: str, **kw) -> dict:
                 launches=None, target_us=None, method=None, note="", **kw)
 
 
-def _time_row(row: dict, fn: Callable, device: torch.device, *, calls: int, runs: int, two_streams: bool = False,
+def _time_row(row: dict, fn: Callable, device: torch.device, *, timer: HostTimer, two_streams: bool = False,
               path: str = "") -> None:
-    """Fill host time, GPU time, launches and the target of a row whose call passed its check."""
+    """Fill GPU time, launches and the target of a row whose call passed its check, and give the
+    call to ``timer`` for its host time."""
     from pagedattn.bench.timing import bench
 
-    # on the interpreter the checked call was the warm-up (nothing compiles)
-    row.update(host_time_us(fn, device, calls=calls, runs=runs, warmup=0 if device.type == "cpu" else 3))
+    timer.add(row, fn)
     if device.type == "cuda":
         timing = bench([fn], device)
         row.update(gpu_us=timing["time_us"], method=timing["method"])
@@ -151,7 +172,7 @@ def _time_row(row: dict, fn: Callable, device: torch.device, *, calls: int, runs
         row["method"] = "interpreter (not a speed)"
 
 
-def _checked_row(row: dict, fn: Callable, check: Callable[[], tuple], device, *, calls, runs, progress,
+def _checked_row(row: dict, fn: Callable, check: Callable[[], tuple], device, *, timer, progress,
                  path: str) -> dict:
     """Run ``fn`` once, ``check()`` its result -> (ok, max_err, tolerance), and time the row if it
     passed; an exception is the row's note. Reports the verdict to ``progress``."""
@@ -160,14 +181,14 @@ def _checked_row(row: dict, fn: Callable, check: Callable[[], tuple], device, *,
         ok, err, tol = check()
         row.update(ok=ok, max_err=err, tolerance=tol)
         if ok:
-            _time_row(row, fn, device, calls=calls, runs=runs, path=path)
+            _time_row(row, fn, device, timer=timer, path=path)
     except Exception as e:  # noqa: BLE001
         row.update(ok=False, note=f"{type(e).__name__}: {str(e)[:200]}")
     progress.step(f"{row['case']}: {_verdict(row)}")
     return row
 
 
-def attention_rows(case: HostCase, device, dtype, *, calls, runs, seed, progress) -> list[dict]:
+def attention_rows(case: HostCase, device, dtype, *, timer, seed, progress) -> list[dict]:
     from pagedattn.bench.check import compare, reference
     from pagedattn.bench.workloads import LLAMA, _case, build_inputs
 
@@ -187,7 +208,7 @@ def attention_rows(case: HostCase, device, dtype, *, calls, runs, seed, progress
                 row["plan"] = plan.path + (f" x{plan.num_splits}" if plan.path == "split_kv" else "")
             two_streams = plan is not None and plan.path == "prefill" and bool(plan.rest_max_query_len)
             if ok:
-                _time_row(row, fn, device, calls=calls, runs=runs, two_streams=two_streams, path=path)
+                _time_row(row, fn, device, timer=timer, two_streams=two_streams, path=path)
             else:
                 row["note"] = f"max abs error {err:.3g} > {tol:g}: not timed"
         except Exception as e:  # noqa: BLE001 - reported in the table, the run goes on
@@ -197,7 +218,7 @@ def attention_rows(case: HostCase, device, dtype, *, calls, runs, seed, progress
     return rows
 
 
-def peer_rows(case: HostCase, device, dtype, providers, *, calls, runs, seed, progress) -> list[dict]:
+def peer_rows(case: HostCase, device, dtype, providers, *, timer, seed, progress) -> list[dict]:
     """The peers' per-layer calls (``Prepared.run``; their planning happens in ``prepare``)."""
     from pagedattn.bench.check import compare, reference
     from pagedattn.bench.workloads import LLAMA, _case, build_inputs
@@ -217,7 +238,7 @@ def peer_rows(case: HostCase, device, dtype, providers, *, calls, runs, seed, pr
                 err, ok, tol = compare(prepared.to_tokens(prepared()), ref)
                 row.update(ok=ok, max_err=err, tolerance=tol, note=prepared.note)
                 if ok:
-                    _time_row(row, prepared.run, device, calls=calls, runs=runs)
+                    _time_row(row, prepared.run, device, timer=timer)
                     row["target_us"] = None
             except Exception as e:  # noqa: BLE001
                 row.update(ok=False, note=f"{type(e).__name__}: {str(e)[:200]}")
@@ -226,7 +247,7 @@ def peer_rows(case: HostCase, device, dtype, providers, *, calls, runs, seed, pr
     return rows
 
 
-def mla_rows(device, dtype, *, quick, calls, runs, seed, progress) -> list[dict]:
+def mla_rows(device, dtype, *, quick, timer, seed, progress) -> list[dict]:
     from pagedattn import mla_decode
     from pagedattn.reference import mla_decode_ref
     from pagedattn.testing import TOLERANCES, make_paged_batch, max_errors, within_tolerance
@@ -252,10 +273,10 @@ def mla_rows(device, dtype, *, quick, calls, runs, seed, progress) -> list[dict]
         return within_tolerance(out, None, ref, None), max_errors(out, None, ref, None)[0], TOLERANCES[dtype][0]
 
     row = _row("mla_decode", f"MLA decode B={batch} L={ctx}, {heads} heads", path="mla_decode")
-    return [_checked_row(row, fn, check, device, calls=calls, runs=runs, progress=progress, path="mla_decode")]
+    return [_checked_row(row, fn, check, device, timer=timer, progress=progress, path="mla_decode")]
 
 
-def varlen_rows(device, dtype, *, quick, calls, runs, seed, progress) -> list[dict]:
+def varlen_rows(device, dtype, *, quick, timer, seed, progress) -> list[dict]:
     """varlen_attention (contiguous K/V, no plan: what an encoder or an MLA prefill calls)."""
     from pagedattn import varlen_attention
     from pagedattn.reference import varlen_attention_ref
@@ -278,10 +299,10 @@ def varlen_rows(device, dtype, *, quick, calls, runs, seed, progress) -> list[di
 
     row = _row("varlen_attention", f"varlen prefill S={s} (contiguous K/V)", path="varlen, no plan")
     # no plan: the 40 us target
-    return [_checked_row(row, fn, check, device, calls=calls, runs=runs, progress=progress, path="planless")]
+    return [_checked_row(row, fn, check, device, timer=timer, progress=progress, path="planless")]
 
 
-def write_kv_rows(device, dtype, *, quick, calls, runs, seed, progress) -> list[dict]:
+def write_kv_rows(device, dtype, *, quick, timer, seed, progress) -> list[dict]:
     from pagedattn import write_kv
     from pagedattn.reference import write_kv_ref
 
@@ -305,7 +326,7 @@ def write_kv_rows(device, dtype, *, quick, calls, runs, seed, progress) -> list[
             write_kv(key, value, k_cache, v_cache, slots)
 
         label = f"write_kv {tokens} tokens" + (" (a decode step)" if tokens <= 32 else " (a prefill)")
-        rows.append(_checked_row(_row("write_kv", label, path="write_kv"), fn, check, device, calls=calls, runs=runs,
+        rows.append(_checked_row(_row("write_kv", label, path="write_kv"), fn, check, device, timer=timer,
                                  progress=progress, path="write_kv"))
     return rows
 
@@ -339,11 +360,12 @@ def markdown_table(results: dict) -> str:
             lines.append(f"| {r['call']} | {r['case']} | {_path(r)} | {check} | {host} |")
     else:
         lines += [f"Host time: {cfg['calls']} calls back to back without synchronizing, wall time / "
-                  f"{cfg['calls']} (median of {cfg['runs']} runs, after warm-up). GPU time: "
+                  f"{cfg['calls']} (median of {cfg['runs']} runs taken in rounds over every row, after "
+                  "warm-up; best: the fastest run). GPU time: "
                   "CUDA-graph replay or do_bench median. Target: host time a call may cost (15 us one launch, "
                   "25 us two launches or streams, 40 us without a plan).", ""]
-        lines += ["| call | batch | path (plan) | launches | host us / call | GPU us / call | host / GPU | target | check |",
-                  "|---|---|---|---|---|---|---|---|---|"]
+        lines += ["| call | batch | path (plan) | launches | host us / call | best | GPU us / call | host / GPU | target "
+                  "| check |", "|---|---|---|---|---|---|---|---|---|---|"]
         for r in results["rows"]:
             ratio = r["host_us"] / r["gpu_us"] if r["host_us"] and r["gpu_us"] else None
             check = "-" if r["ok"] is None else ("PASS" if r["ok"] else "FAIL")
@@ -351,7 +373,8 @@ def markdown_table(results: dict) -> str:
             if r["target_us"] is not None and r["host_us"] is not None:
                 target += " (met)" if r["host_us"] <= r["target_us"] else " (not met)"
             lines.append(f"| {r['call']} | {r['case']} | {_path(r)} | {_fmt(r['launches'], 'd')} | "
-                         f"{_fmt(r['host_us'])} | {_fmt(r['gpu_us'])} | {_fmt(ratio, '.2f')} | {target} | {check} |")
+                         f"{_fmt(r['host_us'])} | {_fmt(r.get('host_us_best'))} | {_fmt(r['gpu_us'])} | "
+                         f"{_fmt(ratio, '.2f')} | {target} | {check} |")
     notes = [r for r in results["rows"] if r.get("note") and not r["ok"]]
     if notes:
         lines.append("")
@@ -372,7 +395,7 @@ def build_parser() -> argparse.ArgumentParser:
                                 description="Host time and GPU time of one call per path (the per-layer cost).")
     p.add_argument("--quick", action="store_true", help="tiny shapes (the default without a GPU)")
     p.add_argument("--calls", type=int, default=None, help=f"back-to-back calls per run (default {CALLS}; 1 on the CPU)")
-    p.add_argument("--runs", type=int, default=None, help=f"runs whose median is reported (default {RUNS}; 1 on the CPU)")
+    p.add_argument("--runs", type=int, default=None, help=f"host-time rounds over every row; each row's median is reported (default {RUNS}; 1 on the CPU)")
     p.add_argument("--case", action="append", help="keep only batches whose label contains this text (repeatable)")
     p.add_argument("--peers", default="all",
                    help="comma list of peer providers of pagedattn bench to time beside (default: every available "
@@ -424,13 +447,16 @@ def main(argv=None) -> int:
         interpreter_banner()
     cases = [c for c in _cases(quick) if not args.case or any(t in c.label for t in args.case)]
     peers = _peers(args.peers, device)
-    steps = sum(len(c.paths) + len(peers) for c in cases) + 1 + (0 if args.no_mla else 1) + (0 if args.no_write_kv else 2)
+    steps = (sum(len(c.paths) + len(peers) for c in cases) + 1 + (0 if args.no_mla else 1)
+             + (0 if args.no_write_kv else 2) + runs)
     progress = Progress(steps, stream=sys.stderr)
     results = dict(machine=machine_info(device),
                    config=dict(argv=list(sys.argv[1:] if argv is None else argv), dtype=str(dtype).removeprefix("torch."),
                                quick=quick, calls=calls, runs=runs, peers=[p.name for p in peers]),
                    rows=[])
-    timing = dict(calls=calls, runs=runs, seed=args.seed, progress=progress)
+    # on the interpreter the checked call was the warm-up (nothing compiles)
+    timer = HostTimer(device, calls=calls, runs=runs, warmup=0 if on_cpu else 3)
+    timing = dict(timer=timer, seed=args.seed, progress=progress)
     try:
         for case in cases:
             results["rows"] += attention_rows(case, device, dtype, **timing)
@@ -442,6 +468,7 @@ def main(argv=None) -> int:
             results["rows"] += mla_rows(device, dtype, quick=quick, **timing)
         if not args.no_write_kv:
             results["rows"] += write_kv_rows(device, dtype, quick=quick, **timing)
+        timer.measure(progress)
     finally:
         progress.close()
     write_outputs(results, args.json, markdown_table(results), args.markdown)
