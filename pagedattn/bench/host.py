@@ -336,7 +336,10 @@ def _verdict(row: dict) -> str:
         return "skipped"
     if not row["ok"]:
         return "FAIL"
-    return "PASS" if row["gpu_us"] is None else f"host {row['host_us']:.1f} us, GPU {row['gpu_us']:.1f} us"
+    if row["gpu_us"] is None:
+        return "PASS"
+    host = "" if row["host_us"] is None else f"host {row['host_us']:.1f} us, "  # host times come last
+    return f"{host}GPU {row['gpu_us']:.1f} us"
 
 
 def _fmt(x, spec=".1f") -> str:
