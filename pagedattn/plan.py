@@ -435,8 +435,9 @@ def persistent_work_list(qsl, lens, *, tiles: Tiles, num_kv_heads: int, num_prog
     """(items [n, 5] int32, reduce rows [m, 2] int32) for the persistent kernel.
 
     Every Q block is one item per KV head, or several (its key range cut in equal segments)
-    when its queries are short and the unsplit items would not fill one wave of
-    ``num_programs`` programs. The split-KV rule (module docstring), with that wave: a Q block
+    when its queries are short, the unsplit items would not fill one wave of ``num_programs``
+    programs and the contexts are long enough to pay for the reduce (``_split_costs_more``).
+    The split-KV rule (module docstring), with that wave: a Q block
     gets its share of the programs, ``floor(visible * num_programs / total visible)`` items per
     KV head (at least one, at most FILL_MAX_SPLITS), so the list holds at most one item per
     program of the wave; if that leaves items over LONG_SEGMENT_TOKENS keys,
