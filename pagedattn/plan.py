@@ -312,7 +312,7 @@ def choose_num_splits(num_q_blocks: int, num_kv_heads: int, max_query_len: int, 
     programs_2d = max(1, num_q_blocks * num_kv_heads)
     if programs_2d >= RESIDENT_PROGRAMS_PER_SM * sms:
         return 1
-    if programs_2d * RESIDENT_PROGRAMS_PER_SM * SPLIT_COST_TOKENS >= sms * (max_seq_len - SPLIT_COST_TOKENS):
+    if _split_costs_more(programs_2d, max_seq_len, RESIDENT_PROGRAMS_PER_SM * sms, RESIDENT_PROGRAMS_PER_SM):
         return 1  # short contexts: the idle SMs' share of the keys does not pay for the merge
     splits = max(1, min(FILL_MAX_SPLITS, (RESIDENT_PROGRAMS_PER_SM * sms) // programs_2d))
     if -(-max_seq_len // splits) > LONG_SEGMENT_TOKENS:
@@ -510,7 +510,8 @@ def _splits_per_seq(q_lens, blocks, lens, *, num_kv_heads, num_programs, max_spl
         short_blocks = sum(nb for nb, sh in zip(blocks, short) if sh)
         longest = max([v for v, sh in zip(visible, short) if sh] + [0])
     unequal = longest > MIN_SEGMENT_TOKENS and longest * short_blocks > UNEQUAL_RATIO * keys
-    if not unequal and (full or _split_costs_more(short_blocks * num_kv_heads, longest, num_programs)):
+    if not unequal and (full or _split_costs_more(short_blocks * num_kv_heads, longest, num_programs,
+                                                  PERSISTENT_UNCAPPED_PROGRAMS_PER_SM)):
         return None
     total = max(keys * num_kv_heads, 1)
     target, cap = (UNEQUAL_WAVES * num_programs, max_splits) if unequal else (num_programs, FILL_MAX_SPLITS)
@@ -533,14 +534,16 @@ def _splits_per_seq(q_lens, blocks, lens, *, num_kv_heads, num_programs, max_spl
     return [rule(v) if sh and v > small else 1 for v, sh in zip(visible, short)]
 
 
-def _split_costs_more(items: int, visible: int, wave: int) -> bool:
-    """The split rule's short-context bound (``choose_num_splits``) for the persistent kernel of
-    ``items`` unsplit items of ``visible`` keys, ``wave`` = RESIDENT_PROGRAMS_PER_SM x SMs: with
-    its 2 programs per SM (graph plans keep the compiler's 194 registers) in place of the 2D
-    kernel's 3. H200 graph replays, one item per block against the cut list: 16 x 512 18.4
-    against 23.6 us, 24 x 512 20.2 against 30.4, 16 x 256 12.4 against 15.0; the cut list won at
-    8 x 512 (13.7 against 15.2) and 8 x 1024 (22.0 against 25.8)."""
-    return (items * PERSISTENT_UNCAPPED_PROGRAMS_PER_SM * RESIDENT_PROGRAMS_PER_SM * SPLIT_COST_TOKENS
+def _split_costs_more(programs: int, visible: int, wave: int, programs_per_sm: int) -> bool:
+    """The split rule's short-context bound: whether ``programs`` unsplit programs of ``visible``
+    keys, on a kernel holding ``programs_per_sm`` per SM, leave too few SMs idle for splitting to
+    pay (``programs x programs_per_sm x SPLIT_COST_TOKENS >= SMs x (visible - SPLIT_COST_TOKENS)``;
+    ``wave`` = RESIDENT_PROGRAMS_PER_SM x SMs). The 2D kernel holds 3 per SM (``choose_num_splits``);
+    the persistent kernel 2 (graph plans keep the compiler's 194 registers), so its list leaves
+    more short contexts whole. H200 graph replays, one item per block against the cut list:
+    16 x 512 18.4 against 23.6 us, 24 x 512 20.2 against 30.4, 16 x 256 12.4 against 15.0; the cut
+    list won at 8 x 512 (13.7 against 15.2) and 8 x 1024 (22.0 against 25.8)."""
+    return (programs * programs_per_sm * RESIDENT_PROGRAMS_PER_SM * SPLIT_COST_TOKENS
             >= wave * (visible - SPLIT_COST_TOKENS))
 
 

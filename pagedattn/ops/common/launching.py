@@ -17,7 +17,8 @@ strides, dtype and device in Python took 5-8 us on the H200 machine). Where that
 missing, the generated code compares the layouts in Python.
 
 What a replay may reuse: tensors that are not the caller's (plan workspaces, a device copy of a
-float scale) stay as recorded, so they must be the same on every call with that key. A host
+float scale) stay as recorded (passed as their addresses, the tape keeping them alive), so they
+must be the same on every call with that key. A host
 tensor descriptor over a caller's tensor is rebuilt over the replay's tensor with the recorded
 shape and box. On the interpreter nothing is compiled, and a tape records nothing (``usable``
 stays False).
