@@ -20,8 +20,9 @@ The path rule (``path="auto"``):
   If not, split each sequence's keys into ``num_splits = min(FILL_MAX_SPLITS,
   (RESIDENT_PROGRAMS_PER_SM * num_sms) // programs_2d)`` segments: at most one wave, and a
   sequence cut in at most 32 pieces (the merge and each program's fixed start cost grow with the
-  pieces). If that leaves segments longer than ``LONG_SEGMENT_TOKENS``, cut
-  ``MANY_WAVES_SEGMENT_TOKENS``-key segments instead (many waves of long programs). Short
+  pieces). If that leaves segments longer than ``LONG_SEGMENT_TOKENS`` in a wave filled to
+  less than ``FULL_WAVE_FILL`` (or in one split), cut ``MANY_WAVES_SEGMENT_TOKENS``-key segments
+  instead (many waves of long programs). Short
   contexts do not split unless the 2D grid leaves most SMs idle: splitting needs
   ``programs_2d * RESIDENT_PROGRAMS_PER_SM * SPLIT_COST_TOKENS < num_sms * (max_seq_len -
   SPLIT_COST_TOKENS)`` (on 132 SMs: no split at 256 keys; at 512 keys up to 44 programs, at 1024
@@ -53,6 +54,11 @@ RESIDENT_PROGRAMS_PER_SM = 3  # decode tiles (16 x 64 keys, 4 warps, 3 stages): 
 FILL_MAX_SPLITS = 32  # the one-wave split count is capped here
 LONG_SEGMENT_TOKENS = 4096
 MANY_WAVES_SEGMENT_TOKENS = 2048
+# A one-wave split count that fills this share of the wave keeps its long segments: H200, 8 KV
+# heads, B=8 L=32768 6 splits 259.5 against 16 splits 274.7 us, B=16 L=16384 3 against 8 260.5 /
+# 275.3, B=4 L=65536 12 against 32 260.4 / 274.7, B=16 L=32768 505 / 519, B=24 L=32768 (2 splits)
+# 761.8 / 760.7; an under-filled wave (B=8 L=32768 at 4 splits, 0.65 of it: 299) still loses.
+FULL_WAVE_FILL = 0.9
 MIN_SEGMENT_TOKENS = 128
 # What splitting costs beyond the 2D kernel (the merge launch, the partials' round trip, ~5 us on
 # the H200), in keys one 2D program streams in that time: B=1 decodes ran 8.3 us at 256 keys and
@@ -314,8 +320,10 @@ def choose_num_splits(num_q_blocks: int, num_kv_heads: int, max_query_len: int, 
         return 1
     if _split_costs_more(programs_2d, max_seq_len, RESIDENT_PROGRAMS_PER_SM * sms, RESIDENT_PROGRAMS_PER_SM):
         return 1  # short contexts: the idle SMs' share of the keys does not pay for the merge
-    splits = max(1, min(FILL_MAX_SPLITS, (RESIDENT_PROGRAMS_PER_SM * sms) // programs_2d))
-    if -(-max_seq_len // splits) > LONG_SEGMENT_TOKENS:
+    wave = RESIDENT_PROGRAMS_PER_SM * sms
+    splits = max(1, min(FILL_MAX_SPLITS, wave // programs_2d))
+    full_wave = splits > 1 and programs_2d * splits >= FULL_WAVE_FILL * wave
+    if -(-max_seq_len // splits) > LONG_SEGMENT_TOKENS and not full_wave:
         splits = -(-max_seq_len // MANY_WAVES_SEGMENT_TOKENS)
     by_length = -(-max_seq_len // MIN_SEGMENT_TOKENS)
     return max(1, min(splits, by_length, MAX_SPLITS))

@@ -141,6 +141,18 @@ def test_short_contexts_split_only_when_most_sms_idle(batch, seq_len, splits):
     assert (n > 1) == splits, n
 
 
+@pytest.mark.parametrize("batch, seq_len, splits", [
+    (8, 32768, 6), (16, 16384, 3), (4, 65536, 12), (16, 32768, 3), (24, 32768, 2),  # one wave, 0.97 full
+    (8, 16384, 6),  # 2731-key segments: not long
+    (10, 32768, 16), (32, 32768, 16), (48, 16384, 8),  # 0.81 and 0.65 of a wave, or one split: 2048 keys
+])
+def test_long_segments_kept_in_a_full_wave(batch, seq_len, splits):
+    """The long-context split rule against the H200 sweep (132 SMs, 8 KV heads): a one-wave split
+    count that fills the wave keeps its long segments; an under-filled wave or a single split
+    takes 2048-key segments."""
+    assert choose_num_splits(batch, 8, 1, seq_len, 132) == splits
+
+
 def test_plan_mismatch_raises():
     g = torch.Generator().manual_seed(1)
     batch = make_paged_batch(BATCHES["decode"], dtype=torch.float16, device=DEVICE, generator=g)
