@@ -59,3 +59,32 @@ def test_serve_bad_input(capsys):
     assert "--num-requests must be >= 1" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         run(["--quick", "--prompt-len", "9:3"])
+
+
+@pytest.mark.parametrize("prompt_len", [(128, 2048), (128, 8192)])
+def test_warmup_reaches_a_mixed_step_of_decodes_and_long_chunks(prompt_len):
+    """The warm-up traces, scheduled as the engine schedules them (2048 tokens a step), hold a
+    step whose long chunks (prefill kernel) run beside decodes only: the unified kernel's decode
+    tiles, which the measured trace otherwise compiled on a cold cache."""
+    from pagedattn.engine.block_manager import BlockManager
+    from pagedattn.engine.config import EngineConfig
+    from pagedattn.engine.scheduler import Scheduler
+    from pagedattn.engine.sequence import SamplingParams, Sequence
+    from pagedattn.plan import PREFILL_MIN_QUERY_LEN
+
+    traces = serve.warmup_traces(8, prompt_len, 1000, seed=1)
+    assert len(traces) == 2 and len(traces[0]) == 8
+    longest = max(len(r["prompt"]) + r["output_len"] for t in traces for r in t)
+    cfg = EngineConfig(max_model_len=longest, max_num_seqs=64, max_num_batched_tokens=2048, block_size=16)
+    kinds = []
+    for trace in traces:
+        sched = Scheduler(cfg, BlockManager(cfg.num_blocks, cfg.block_size))
+        for r in trace:
+            sched.add(Sequence(r["prompt"], SamplingParams(max_tokens=r["output_len"], ignore_eos=True)))
+        while sched.has_unfinished():
+            batch = sched.schedule()
+            rest = [n for n in batch.num_new if n < PREFILL_MIN_QUERY_LEN]
+            if batch.num_decode and len(rest) < len(batch.num_new):
+                kinds.append("decodes only" if all(n == 1 for n in rest) else "decodes and short chunks")
+            sched.postprocess(batch, [7] * sum(batch.samples(i) for i in range(len(batch.seqs))))
+    assert "decodes only" in kinds, kinds

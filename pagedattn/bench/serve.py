@@ -106,6 +106,19 @@ def make_trace(num_requests: int, prompt_len, output_len, rate: float, vocab_siz
             for n, m, t in zip(lens, outs, offsets)]
 
 
+def warmup_traces(num_requests: int, prompt_len, vocab_size: int, seed: int) -> list[list[dict]]:
+    """The traces run before the measured one, so that it compiles no kernel: ``num_requests``
+    prompts of the trace's lengths at once (prefill and mixed steps, graph replays), then one
+    short prompt and two of the longest: the long ones' chunks are prefilled beside the short
+    one's decodes, a mixed step whose other sequences are all decodes (the unified kernel's
+    decode tiles, which the first trace, whose short chunks join the decodes, may not reach)."""
+    lo, hi = prompt_len
+    g = torch.Generator().manual_seed(seed)
+    pair = [dict(prompt=torch.randint(0, vocab_size, (n,), generator=g).tolist(), output_len=m, offset_s=0.0)
+            for n, m in ((lo, 8), (hi, 4), (hi, 4))]
+    return [make_trace(num_requests, prompt_len, (4, 4), math.inf, vocab_size, seed), pair]
+
+
 def percentile(xs, q: float):
     """Linear-interpolated ``q``-th percentile (0..100) of ``xs``; None when empty."""
     xs = sorted(xs)
@@ -179,12 +192,12 @@ def flashinfer_installed() -> str:
     return f"flashinfer is {'installed' if importlib.util.find_spec('flashinfer') else 'not installed'} here"
 
 
-def run_attention(attention: str, model, mcfg, s: dict, trace, warmup, args, device, dtype) -> dict:
+def run_attention(attention: str, model, mcfg, s: dict, trace, warmups, args, device, dtype) -> dict:
     from pagedattn.engine.config import EngineConfig
     from pagedattn.engine.llm import Engine
 
     rec = dict(attention=attention)
-    max_len = max(len(r["prompt"]) + r["output_len"] for r in trace + warmup)
+    max_len = max(len(r["prompt"]) + r["output_len"] for r in trace + [r for w in warmups for r in w])
     ecfg = EngineConfig(max_model_len=max_len, max_num_seqs=s["max_num_seqs"],
                         max_num_batched_tokens=s["max_num_batched_tokens"], num_blocks=args.num_blocks,
                         attention=attention, device=str(device), dtype=str(dtype).removeprefix("torch."),
@@ -199,8 +212,9 @@ def run_attention(attention: str, model, mcfg, s: dict, trace, warmup, args, dev
         return rec
     rec.update(status="ok", attention_note=engine.runner.attn.note, graph_note=engine.runner.graph_note)
     try:
-        if warmup:
-            run_trace(engine, warmup)  # compiles and autotunes the kernels of every kind of step
+        for warmup in warmups:
+            if warmup:
+                run_trace(engine, warmup)  # compiles and autotunes the kernels of every kind of step
         seqs, steps, wall = run_trace(engine, trace)
         rec.update(summarize(seqs, steps, wall), preemptions=engine.scheduler.num_preemptions)
     except Exception as e:  # noqa: BLE001 - a failed attention is a row of the table; the others still run
@@ -301,7 +315,7 @@ def main(args: argparse.Namespace) -> int:
           f"{time.perf_counter() - t0:.1f} s", file=sys.stderr)
     trace = make_trace(s["num_requests"], s["prompt_len"], s["output_len"], args.request_rate, mcfg.vocab_size,
                        args.seed)
-    warmup = make_trace(s["warmup_requests"], s["prompt_len"], (4, 4), math.inf, mcfg.vocab_size, args.seed + 1)
+    warmups = warmup_traces(s["warmup_requests"], s["prompt_len"], mcfg.vocab_size, args.seed + 1) if s["warmup_requests"] else []
     note = INTERPRETER_NOTE if device.type == "cpu" else None
     if note:
         print(f"note: {note}", file=sys.stderr)
@@ -316,7 +330,7 @@ def main(args: argparse.Namespace) -> int:
                     enforce_eager=args.enforce_eager),
         records=[])
     for attention in names:
-        rec = run_attention(attention, model, mcfg, s, trace, warmup, args, device, dtype)
+        rec = run_attention(attention, model, mcfg, s, trace, warmups, args, device, dtype)
         results["records"].append(rec)
         print(_line(rec), file=sys.stderr, flush=True)
         write_json(results, args.json)  # partial results survive a crash or a timeout
