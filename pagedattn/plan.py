@@ -316,11 +316,11 @@ def choose_num_splits(num_q_blocks: int, num_kv_heads: int, max_query_len: int, 
     if max_query_len > SPLIT_KV_MAX_QUERY_LEN or max_seq_len <= MIN_SEGMENT_TOKENS:
         return 1
     programs_2d = max(1, num_q_blocks * num_kv_heads)
-    if programs_2d >= RESIDENT_PROGRAMS_PER_SM * sms:
-        return 1
-    if _split_costs_more(programs_2d, max_seq_len, RESIDENT_PROGRAMS_PER_SM * sms, RESIDENT_PROGRAMS_PER_SM):
-        return 1  # short contexts: the idle SMs' share of the keys does not pay for the merge
     wave = RESIDENT_PROGRAMS_PER_SM * sms
+    if programs_2d >= wave:
+        return 1
+    if _split_costs_more(programs_2d, max_seq_len, wave, RESIDENT_PROGRAMS_PER_SM):
+        return 1  # short contexts: the idle SMs' share of the keys does not pay for the merge
     splits = max(1, min(FILL_MAX_SPLITS, wave // programs_2d))
     full_wave = splits > 1 and programs_2d * splits >= FULL_WAVE_FILL * wave
     if -(-max_seq_len // splits) > LONG_SEGMENT_TOKENS and not full_wave:

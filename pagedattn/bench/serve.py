@@ -213,8 +213,7 @@ def run_attention(attention: str, model, mcfg, s: dict, trace, warmups, args, de
     rec.update(status="ok", attention_note=engine.runner.attn.note, graph_note=engine.runner.graph_note)
     try:
         for warmup in warmups:
-            if warmup:
-                run_trace(engine, warmup)  # compiles and autotunes the kernels of every kind of step
+            run_trace(engine, warmup)  # compiles and autotunes the kernels of every kind of step
         seqs, steps, wall = run_trace(engine, trace)
         rec.update(summarize(seqs, steps, wall), preemptions=engine.scheduler.num_preemptions)
     except Exception as e:  # noqa: BLE001 - a failed attention is a row of the table; the others still run
