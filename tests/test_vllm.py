@@ -1,7 +1,9 @@
-"""pagedattn as vLLM's CUSTOM attention backend, tested against vLLM 0.33.0's own classes.
+"""pagedattn as vLLM's CUSTOM attention backend, tested against the real classes of the vLLM
+installed: ``.ci/run`` runs this file once with vLLM 0.26.0 and once with 0.33.0, the oldest and
+newest releases the backend serves.
 
 Skipped where vLLM is not installed (the default environment: vLLM pins another torch and
-triton); ``.ci/run`` builds a second environment with vLLM and runs this file there. vLLM's
+triton); ``.ci/run`` builds one environment per vLLM release and runs this file in each. vLLM's
 backend, impl, builder, metadata, registry, KV-cache spec, layout and view code are the real
 ones; only the ``VllmConfig`` handed to the builder is a stand-in, because vLLM cannot build one
 without a GPU ("Failed to infer device type"), and ``test_config_stand_in_matches_vllm`` checks
@@ -11,6 +13,7 @@ that every attribute the stand-in provides exists on vLLM's config classes.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import sys
 import types
 import zlib
@@ -23,20 +26,14 @@ try:
 except ModuleNotFoundError as e:  # only a missing vLLM skips; a vLLM that fails to import fails
     if e.name != "vllm":
         raise
-    pytest.skip("vLLM is not installed (.ci/run runs this file in an environment with vllm==0.33.0)",
+    pytest.skip("vLLM is not installed (.ci/run runs this file with vllm==0.26.0 and with vllm==0.33.0)",
                 allow_module_level=True)
 
 from vllm.config import CUDAGraphMode  # noqa: E402
 from vllm.platforms.interface import DeviceCapability  # noqa: E402
 from vllm.v1.attention.backend import AttentionCGSupport, AttentionType, CommonAttentionMetadata  # noqa: E402
 from vllm.v1.attention.backends.registry import AttentionBackendEnum  # noqa: E402
-from vllm.v1.kv_cache_interface import (  # noqa: E402
-    EncoderOnlyAttentionSpec,
-    FullAttentionSpec,
-    KVCacheTensor,
-    create_kv_cache_views,
-)
-from vllm.v1.kv_cache_layout import KVCacheLayout  # noqa: E402
+from vllm.v1.kv_cache_interface import EncoderOnlyAttentionSpec, FullAttentionSpec  # noqa: E402
 
 import pagedattn.integrations.vllm as pa_vllm  # noqa: E402
 from pagedattn.integrations.vllm.backend import (  # noqa: E402
@@ -109,13 +106,31 @@ def test_config_stand_in_matches_vllm():
 
 def vllm_kv_cache(num_blocks, block_size, layout, cache_dtype, num_kv_heads=NUM_KV_HEADS, head_size=HEAD_SIZE,
                   spec_cls=FullAttentionSpec):
-    """One layer's cache: a flat int8 buffer viewed by vLLM's create_kv_cache_views."""
+    """One layer's cache (``layout`` "NHD" or "HND"): a flat int8 buffer viewed by the installed
+    vLLM's own view code, ``create_kv_cache_views`` (0.33) or, where the backend shapes the cache
+    (0.26), the worker's reshape of the backend's ``get_kv_cache_shape`` in the order of its
+    ``get_kv_cache_stride_order``."""
     spec = spec_cls(block_size=block_size, num_kv_heads=num_kv_heads, head_size=head_size, dtype=cache_dtype)
     page = spec.page_size_bytes
     raw = torch.zeros(num_blocks * page, dtype=torch.int8)
+    try:
+        from vllm.v1.kv_cache_interface import KVCacheTensor, create_kv_cache_views
+        from vllm.v1.kv_cache_layout import KVCacheLayout
+    except ImportError:
+        from vllm.v1.attention.backends.utils import set_kv_cache_layout
+        from vllm.v1.worker.gpu.attn_utils import _reshape_attention_kv_cache
+
+        set_kv_cache_layout(layout)
+        try:
+            shape = PagedAttnBackend.get_kv_cache_shape(num_blocks, block_size, num_kv_heads, head_size)
+            order = PagedAttnBackend.get_kv_cache_stride_order()
+        finally:
+            set_kv_cache_layout(None)
+        return spec, _reshape_attention_kv_cache(raw, spec, shape, order, num_blocks, None)
     tensor = KVCacheTensor(size=num_blocks * page, layers=["layer.0"], layer_stride=num_blocks * page,
                            block_stride=page)
-    (view,) = create_kv_cache_views(raw, spec, num_blocks, layout, tensor)
+    layouts = {"NHD": KVCacheLayout.LBNHC, "HND": KVCacheLayout.LBHNC}
+    (view,) = create_kv_cache_views(raw, spec, num_blocks, layouts[layout], tensor)
     return spec, view
 
 
@@ -217,7 +232,7 @@ def test_forward_features(name, impl_kwargs):
                     "this interpreter rejects (GPU code is unaffected)")
     g = torch.Generator().manual_seed(zlib.crc32(name.encode()))
     block_size, num_blocks = 16, 12
-    spec, kv_cache = vllm_kv_cache(num_blocks, block_size, KVCacheLayout.LBNHC, torch.float16)
+    spec, kv_cache = vllm_kv_cache(num_blocks, block_size, "NHD", torch.float16)
     fill_random(kv_cache, False, g)
     impl = PagedAttnImpl(NUM_Q_HEADS, HEAD_SIZE, 0.2, NUM_KV_HEADS, impl_kwargs.get("alibi_slopes"),
                          impl_kwargs.get("sliding_window"), "auto", impl_kwargs.get("logits_soft_cap"),
@@ -255,7 +270,7 @@ def test_forward_features(name, impl_kwargs):
     assert_matches_reference(out[:n], None, ref, None)
 
 
-@pytest.mark.parametrize("layout", [KVCacheLayout.LBNHC, KVCacheLayout.LBHNC], ids=["NHD", "HND"])
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
 def test_kv_update_writes_views_and_skips_padding(layout):
     """do_kv_cache_update writes every real token into vLLM's own cache memory and nothing else."""
     g = torch.Generator().manual_seed(1)
@@ -281,7 +296,7 @@ def test_fp8_cache_with_scales_gqa_odd_block_hnd():
     """fp8 e4m3 cache (vLLM allocates uint8), per-tensor scales, 8:1 GQA, head 40, 5-token pages, HND."""
     g = torch.Generator().manual_seed(2)
     num_q, num_kv, head, block_size, num_blocks = 8, 1, 40, 5, 24
-    spec, kv_cache = vllm_kv_cache(num_blocks, block_size, KVCacheLayout.LBHNC, torch.uint8, num_kv_heads=num_kv,
+    spec, kv_cache = vllm_kv_cache(num_blocks, block_size, "HND", torch.uint8, num_kv_heads=num_kv,
                                    head_size=head)
     fill_random(kv_cache, True, g)
     impl = PagedAttnImpl(num_q, head, head ** -0.5, num_kv, None, None, "fp8")
@@ -300,7 +315,7 @@ def test_fp8_cache_with_scales_gqa_odd_block_hnd():
 
 def test_fp32_model():
     g = torch.Generator().manual_seed(3)
-    spec, kv_cache = vllm_kv_cache(10, 16, KVCacheLayout.LBNHC, torch.float32)
+    spec, kv_cache = vllm_kv_cache(10, 16, "NHD", torch.float32)
     fill_random(kv_cache, False, g)
     impl = PagedAttnImpl(NUM_Q_HEADS, HEAD_SIZE, 0.3, NUM_KV_HEADS, None, None, "auto")
     builder = make_builder(spec, config=make_config(dtype=torch.float32), impl=impl)
@@ -314,7 +329,7 @@ def test_fp32_model():
 
 def test_builder_maps_metadata_and_plans_the_step():
     g = torch.Generator().manual_seed(4)
-    spec, _ = vllm_kv_cache(12, 16, KVCacheLayout.LBNHC, torch.float16)
+    spec, _ = vllm_kv_cache(12, 16, "NHD", torch.float16)
     builder = make_builder(spec)
     assert builder.persistent_plan is None  # no full CUDA graphs configured
     step = Step(MIXED, block_size=16, num_blocks=12, dtype=torch.float16, g=g)
@@ -331,7 +346,7 @@ def test_cuda_graph_steps_share_one_persistent_plan():
     """With full CUDA graphs, decode steps (capture and replay) go through one plan updated in place."""
     g = torch.Generator().manual_seed(5)
     block_size, num_blocks = 16, 12
-    spec, kv_cache = vllm_kv_cache(num_blocks, block_size, KVCacheLayout.LBNHC, torch.float16)
+    spec, kv_cache = vllm_kv_cache(num_blocks, block_size, "NHD", torch.float16)
     fill_random(kv_cache, False, g)
     impl = PagedAttnImpl(NUM_Q_HEADS, HEAD_SIZE, 0.2, NUM_KV_HEADS, None, 6, "auto")
     config = make_config(cudagraph_mode=CUDAGraphMode.FULL_AND_PIECEWISE, capture_sizes=[1, 2, 4, 8])
@@ -361,7 +376,7 @@ def test_cross_attention_reads_encoder_cache():
     builder passes seq_lens = encoder lengths, causal=False); query_len may exceed seq_len."""
     g = torch.Generator().manual_seed(6)
     block_size, num_blocks = 16, 8
-    spec, kv_cache = vllm_kv_cache(num_blocks, block_size, KVCacheLayout.LBNHC, torch.float16)
+    spec, kv_cache = vllm_kv_cache(num_blocks, block_size, "NHD", torch.float16)
     fill_random(kv_cache, False, g)
     impl = PagedAttnImpl(NUM_Q_HEADS, HEAD_SIZE, 0.2, NUM_KV_HEADS, None, None, "auto",
                          attn_type=AttentionType.ENCODER_DECODER)
@@ -399,7 +414,7 @@ def test_encoder_attention_without_cache(attn_type):
 
 
 def test_profiling_run_without_metadata():
-    spec, kv_cache = vllm_kv_cache(4, 16, KVCacheLayout.LBNHC, torch.float16)
+    spec, kv_cache = vllm_kv_cache(4, 16, "NHD", torch.float16)
     impl = PagedAttnImpl(NUM_Q_HEADS, HEAD_SIZE, 0.2, NUM_KV_HEADS, None, None, "auto")
     out = torch.full((6, NUM_Q_HEADS, HEAD_SIZE), float("nan"), dtype=torch.float16)
     q = torch.randn(6, NUM_Q_HEADS, HEAD_SIZE, dtype=torch.float16)
@@ -444,6 +459,8 @@ def test_validate_configuration_reasons():
         args.update(over)
         return PagedAttnBackend.validate_configuration(**args)
 
+    # keywords of the newer releases (0.26.0 has none of them): each checked where vLLM takes it
+    takes = set(inspect.signature(PagedAttnBackend.validate_configuration).parameters)
     assert reasons() == []
     for ok in (dict(head_size=8), dict(head_size=80), dict(head_size=256), dict(block_size=5), dict(block_size=1),
                dict(kv_cache_dtype="fp8"), dict(kv_cache_dtype="fp8_e4m3"), dict(dtype=torch.float32),
@@ -456,13 +473,20 @@ def test_validate_configuration_reasons():
     assert reasons(use_mla=True) == ["MLA not supported"]
     assert reasons(use_sparse=True) == ["sparse not supported"]
     assert reasons(use_per_head_quant_scales=True) == ["per-head quant scales not supported"]
-    assert reasons(use_dcp=True) == ["DCP not supported"]
+    if "use_dcp" in takes:
+        assert reasons(use_dcp=True) == ["DCP not supported"]
     assert reasons(use_pcp=True) == ["PCP not supported"]
-    assert reasons(use_rswa=True) == ["R-SWA not supported"]
-    assert reasons(use_adaptive_verification=True)[0].startswith("device-cpu query lens mismatch")
+    if "use_rswa" in takes:
+        assert reasons(use_rswa=True) == ["R-SWA not supported"]
+    if "use_adaptive_verification" in takes:
+        assert reasons(use_adaptive_verification=True)[0].startswith("device-cpu query lens mismatch")
+    if hasattr(vllm.v1.attention.backend, "max_decode_query_len"):  # 0.33's interface: none of them skipped
+        assert {"use_dcp", "use_rswa", "use_adaptive_verification"} <= takes
     mismatch = reasons(kv_cache_dtype="float16")
     assert len(mismatch) == 1 and "differs from the model dtype" in mismatch[0]
-    assert PagedAttnBackend.supported_kv_cache_layouts() is None  # the kernels take any strides
+    # the kernels take any strides: no layout asked for (0.26 names the query get_required_kv_cache_layout)
+    layouts = getattr(PagedAttnBackend, "supported_kv_cache_layouts", None) or PagedAttnBackend.get_required_kv_cache_layout
+    assert layouts() is None
 
 
 @pytest.mark.parametrize("kwargs, match", [

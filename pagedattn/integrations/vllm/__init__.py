@@ -1,14 +1,15 @@
 """pagedattn as an out-of-tree attention backend of vLLM (``--attention-backend CUSTOM``).
 
->>> pip install "pagedattn[vllm]"
+>>> pip install -e ".[vllm]"      # from a checkout
 >>> vllm serve <model> --attention-backend CUSTOM
 
 Installing the package declares a ``vllm.general_plugins`` entry point, :func:`register`, which
 vLLM runs in every process it starts (front end, engine core, each tensor / pipeline parallel
 worker). It points vLLM's ``AttentionBackendEnum.CUSTOM`` at
 :class:`pagedattn.integrations.vllm.backend.PagedAttnBackend`; the backend module (which imports
-vLLM) is loaded only when vLLM resolves the class. Written against vLLM 0.33.0; see
-docs/vllm.md for what is declared, what is tested where, and what remains to run on GPUs.
+vLLM) is loaded only when vLLM resolves the class. Serves vLLM 0.26.0 through 0.33.0
+(``compat.py`` holds what differs between them); docs/vllm.md says what is declared and what is
+tested where.
 
 Importing this package does not import vLLM.
 """

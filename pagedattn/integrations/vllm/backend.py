@@ -1,6 +1,6 @@
 """The vLLM attention backend: :class:`PagedAttnBackend`, its metadata builder and its impl.
 
-Imports vLLM (written against 0.33.0). vLLM reaches it through ``AttentionBackendEnum.CUSTOM``
+Imports vLLM (0.26.0 through 0.33.0; :mod:`.compat` adapts to the release installed). vLLM reaches it through ``AttentionBackendEnum.CUSTOM``
 once :func:`pagedattn.integrations.vllm.register` has run (the package's entry point).
 
 How vLLM's objects map onto pagedattn's contract
@@ -45,9 +45,10 @@ from vllm.v1.attention.backend import (
     AttentionType,
     CommonAttentionMetadata,
     MultipleOf,
-    max_decode_query_len,
 )
 from vllm.v1.kv_cache_interface import EncoderOnlyAttentionSpec
+
+from pagedattn.integrations.vllm.compat import KvCacheShape, max_decode_query_len
 
 __all__ = [
     "PagedAttnBackend",
@@ -80,7 +81,7 @@ def _batch_invariant() -> bool:
     return bool(envs.VLLM_BATCH_INVARIANT)
 
 
-class PagedAttnBackend(AttentionBackend):
+class PagedAttnBackend(KvCacheShape, AttentionBackend):
     """pagedattn's kernels behind vLLM's attention-backend interface (``CUSTOM``)."""
 
     accept_output_buffer: bool = True
