@@ -51,6 +51,31 @@ def test_persistent_update_in_place():
         plan.update([0] + list(range(1, 11)), [5] * 10)
 
 
+def test_persistent_update_uploads_only_a_new_list(monkeypatch):
+    """Steady decode steps (same batch, longer contexts, same splits) keep the list already on the
+    device; a step whose batch or split counts differ uploads its own, and each step is right."""
+    g = torch.Generator().manual_seed(3)
+    plan = plan_attention([0, 1, 2, 3], [300] * 3, num_q_heads=4, num_kv_heads=2, head_size=32,
+                          device=DEVICE, path="persistent", num_programs=4, max_num_tokens=8, max_context_len=2048)
+    uploads = []
+    real_upload = type(plan)._upload
+    monkeypatch.setattr(type(plan), "_upload", lambda self, *a: (uploads.append(a[0].clone()), real_upload(self, *a)))
+    # the plan was made for the first batch; unsplit decodes of one batch keep one list
+    steps = [([(1, 300)] * 3, False), ([(1, 301)] * 3, False), ([(1, 302)] * 3, False),
+             ([(1, 302)] * 2, True),  # fewer sequences
+             ([(1, 1500), (1, 40), (1, 40)], True), ([(1, 1501), (1, 40), (1, 40)], None),  # unequal: the long one split
+             ([(1, 303)] * 3, True)]
+    for cases, uploaded in steps:
+        batch = make_paged_batch(cases, dtype=torch.float32, device=DEVICE, generator=g)
+        before = len(uploads)
+        plan.update(batch.query_start_loc, batch.seq_lens)
+        if uploaded is not None:
+            assert (len(uploads) > before) == uploaded, cases
+        plan.partial_out.fill_(float("nan"))
+        check(batch, plan, {})
+    assert any(int(items[:, 4].max()) > 1 for items in uploads)  # the unequal batch was cut
+
+
 def test_persistent_fp8_softcap():
     g = torch.Generator().manual_seed(2)
     batch = make_paged_batch(BATCHES["decode"], dtype=torch.float16, cache_dtype=torch.float8_e4m3fn,

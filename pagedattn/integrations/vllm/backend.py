@@ -237,9 +237,9 @@ class PagedAttnMetadataBuilder(AttentionMetadataBuilder[PagedAttnMetadata]):
               fast_build: bool = False) -> PagedAttnMetadata:
         m = common_attn_metadata
         num_reqs = m.num_reqs
-        qsl = [int(v) for v in m.query_start_loc_cpu[: num_reqs + 1].tolist()]
+        qsl = m.query_start_loc_cpu[: num_reqs + 1].tolist()
         if m.seq_lens_cpu_upper_bound is not None:
-            lens = [int(v) for v in m.seq_lens_cpu_upper_bound[:num_reqs].tolist()]
+            lens = m.seq_lens_cpu_upper_bound[:num_reqs].tolist()
         else:
             lens = [int(m.max_seq_len)] * num_reqs  # an upper bound too
         graph = self.graph_eligible(m)
