@@ -22,6 +22,7 @@ from pagedattn._checks import (
     refuse_autograd,
 )
 from pagedattn._streams import side_stream
+from pagedattn.conversions import rounded_into, scale_tensor
 from pagedattn.ops.common.attention_math import ALIBI_LINEAR, ALIBI_NONE, ALIBI_SQRT
 from pagedattn.ops.common.host_math import next_power_of_2
 from pagedattn.ops.common.device import interpreter_on
@@ -37,15 +38,6 @@ from pagedattn.plan import AttentionPlan, num_sms, pick_prefill_tiles, pick_tile
 from pagedattn.validate import validate_metadata, validation_requested
 
 __all__ = ["paged_attention", "varlen_attention", "write_kv", "merge_attention_states"]
-
-
-def _scale_tensor(x, device: torch.device) -> torch.Tensor:
-    """A 1-element fp32 device tensor for an fp8 scale; a float becomes a device fill (no sync)."""
-    if x is None:
-        x = 1.0
-    if isinstance(x, torch.Tensor):
-        return x.reshape(1)
-    return torch.full((1,), float(x), dtype=torch.float32, device=device)
 
 
 def _alibi_mode(alibi_slopes, alibi_sqrt: bool) -> int:
@@ -245,7 +237,7 @@ def paged_attention(
             sinks=sinks, prefix_ranges=prefix_ranges, k_scale=k_scale, v_scale=v_scale, lse_out=lse_out,
             return_lse=return_lse, plan=plan,
         )
-        return _rounded_into(res, out, q)
+        return rounded_into(res, out, q)
     if plan is not None:
         _check_plan(plan, q, k_cache, seq_lens)
     else:
@@ -266,8 +258,8 @@ def paged_attention(
     lse = _lse_buffer(lse_out, return_lse, num_tokens, num_q_heads, device)
     return_lse = lse is not None
     fp8 = k_cache.dtype in FP8_DTYPES
-    k_scale_t = _scale_tensor(k_scale, device) if fp8 else None
-    v_scale_t = _scale_tensor(v_scale, device) if fp8 else None
+    k_scale_t = scale_tensor(k_scale, device) if fp8 else None
+    v_scale_t = scale_tensor(v_scale, device) if fp8 else None
     args = AttentionArgs(
         q=q, k_cache=k_cache, v_cache=v_cache, block_table=block_table, seq_lens=seq_lens,
         query_start_loc=query_start_loc,
@@ -459,7 +451,7 @@ def varlen_attention(
             causal=causal, sliding_window=sliding_window, softcap=softcap, alibi_slopes=alibi_slopes,
             alibi_sqrt=alibi_sqrt, sinks=sinks, prefix_ranges=prefix_ranges, lse_out=lse_out, return_lse=return_lse,
         )
-        return _rounded_into(res, out, q)
+        return rounded_into(res, out, q)
     if out is None:
         out = q.new_empty(num_tokens, num_q_heads, head_size_v)
     lse = _lse_buffer(lse_out, return_lse, num_tokens, num_q_heads, device)
@@ -487,15 +479,6 @@ def varlen_attention(
 
 _VARLEN_TAPES = Tapes()
 _WRITE_TAPES = Tapes()
-
-
-def _rounded_into(res, out, like: torch.Tensor):
-    """An fp32 result (out, or (out, lse)) of an interpreter call rounded to ``like``'s dtype, into ``out``."""
-    res_out, lse = (res, None) if isinstance(res, torch.Tensor) else res
-    if out is None:
-        out = torch.empty(res_out.shape, dtype=like.dtype, device=like.device)
-    out.copy_(res_out)
-    return out if lse is None else (out, lse)
 
 
 def _check_plan(plan, q: torch.Tensor, k_cache: torch.Tensor, seq_lens: torch.Tensor) -> None:
@@ -574,7 +557,7 @@ def merge_attention_states(
     if out_a.dtype == torch.bfloat16 and interpreter_on():
         # The interpreter's bf16 arithmetic is not IEEE bf16: merge in fp32 and round once.
         res = merge_attention_states(out_a.float(), lse_a, out_b.float(), lse_b, lse_out=lse_out)
-        return _rounded_into(res, out, out_a)
+        return rounded_into(res, out, out_a)
     if out is None:
         out = torch.empty_like(out_a)
     lse = _lse_buffer(lse_out, True, num_tokens, num_heads, device)
@@ -659,8 +642,8 @@ def write_kv(
         k_cache_ptr=k_cache,
         v_cache_ptr=v_cache,
         slot_mapping_ptr=slot_mapping,
-        k_scale_ptr=_scale_tensor(k_scale, device) if fp8 else None,
-        v_scale_ptr=_scale_tensor(v_scale, device) if fp8 else None,
+        k_scale_ptr=scale_tensor(k_scale, device) if fp8 else None,
+        v_scale_ptr=scale_tensor(v_scale, device) if fp8 else None,
         stride_key_t=key.stride(0), stride_key_h=key.stride(1),
         stride_value_t=value.stride(0), stride_value_h=value.stride(1),
         stride_k_b=k_cache.stride(0), stride_k_s=k_cache.stride(1), stride_k_h=k_cache.stride(2),

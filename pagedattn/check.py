@@ -657,7 +657,7 @@ def run_check(device: str | None = None, *, full: bool = False, only: list[str] 
 
     ``only``: keep rows whose name contains any of these texts (e.g. ``["mla", "varlen"]``).
     """
-    from pagedattn.cli import Progress
+    from pagedattn.terminal import Progress
 
     device = device or select_device()
     stream = stream or sys.stdout

@@ -29,7 +29,7 @@ from pagedattn.ops.mla.launch import (
     launch_write_mla_kv,
     resolve_mla_config,
 )
-from pagedattn.api import _rounded_into, _scale_tensor
+from pagedattn.conversions import rounded_into, scale_tensor
 from pagedattn.ops.common.device import interpreter_on
 from pagedattn.ops.common.launching import Tapes, call_context, scalar_or_tensor
 from pagedattn.plan import num_sms
@@ -185,7 +185,7 @@ def _mla_decode(q_nope, q_pe, kv_cache, block_table, seq_lens, query_start_loc, 
         res = _mla_decode(q_nope.float(), q_pe.float(), kv_cache if fp8 else kv_cache.float(), block_table, seq_lens,
                           query_start_loc, scale=scale, max_query_len=max_query_len, max_seq_len=max_seq_len,
                           kv_scale=kv_scale, num_splits=num_splits, return_lse=return_lse, config=config)
-        return _rounded_into(res, out, q_nope)
+        return rounded_into(res, out, q_nope)
     config = resolve_mla_config(config, num_heads, max_query_len, (latent_dim + rope_dim) * q_nope.element_size(),
                                 fp8, num_seqs=num_seqs, sms=num_sms(device))
     if num_splits is None:
@@ -203,7 +203,7 @@ def _mla_decode(q_nope, q_pe, kv_cache, block_table, seq_lens, query_start_loc, 
         partial_out, partial_lse = _workspace(num_tokens, num_heads, num_splits, latent_dim, device)
     run = functools.partial(
         launch_mla_decode, out, lse, q_nope, q_pe, kv_cache, block_table, seq_lens, query_start_loc,
-        scale=float(scale), kv_scale=_scale_tensor(kv_scale, device) if fp8 else None, config=config,
+        scale=float(scale), kv_scale=scale_tensor(kv_scale, device) if fp8 else None, config=config,
         num_splits=num_splits, partial_out=partial_out, partial_lse=partial_lse,
     )
     if key is None:
@@ -256,4 +256,4 @@ def write_mla_kv(
     check_shape("slot_mapping", slot_mapping, (num_tokens,))
     check_scale_arg("kv_scale", kv_scale, device)
     fp8 = kv_cache.dtype in FP8_DTYPES
-    launch_write_mla_kv(c_kv, k_pe, kv_cache, slot_mapping, _scale_tensor(kv_scale, device) if fp8 else None)
+    launch_write_mla_kv(c_kv, k_pe, kv_cache, slot_mapping, scale_tensor(kv_scale, device) if fp8 else None)

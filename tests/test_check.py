@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import pagedattn.check as check
-from pagedattn.cli import Progress
+from pagedattn.terminal import Progress
 from pagedattn.cli import main as cli_main
 from pagedattn.testing import FEATURES
 from tests.conftest import DEVICE

@@ -117,10 +117,7 @@ def _routed_inputs(inputs: CaseInputs):
     order = route_order(qsl_host, lens_host, device=inputs.q.device)
     if order.is_identity:
         return inputs.q, inputs.block_table, inputs.seq_lens, inputs.query_start_loc, order
-    q_lens = [qsl_host[s + 1] - qsl_host[s] for s in order.seq_perm_host]
-    qsl = [0]
-    for n in q_lens:
-        qsl.append(qsl[-1] + n)
+    qsl = order.query_start_loc(qsl_host)
     return (inputs.q.index_select(0, order.token_perm), inputs.block_table.index_select(0, order.seq_perm),
             inputs.seq_lens.index_select(0, order.seq_perm),
             torch.tensor(qsl, dtype=torch.int32, device=inputs.q.device), order)
