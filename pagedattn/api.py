@@ -16,9 +16,11 @@ from pagedattn._checks import (
     check_head_size,
     check_optional_int,
     check_paged_metadata,
+    check_runs_on,
     check_scale_arg,
     check_shape,
     check_tensor,
+    interpreted,
     refuse_autograd,
 )
 from pagedattn._streams import side_stream
@@ -38,6 +40,9 @@ from pagedattn.plan import AttentionPlan, num_sms, pick_prefill_tiles, pick_tile
 from pagedattn.validate import validate_metadata, validation_requested
 
 __all__ = ["paged_attention", "varlen_attention", "write_kv", "merge_attention_states"]
+
+
+_INTERPRETED = interpreted(write_kv_kernel)  # the kernels were made for Triton's interpreter
 
 
 def _alibi_mode(alibi_slopes, alibi_sqrt: bool) -> int:
@@ -90,7 +95,7 @@ def paged_attention(
     return_lse: bool = False,
     lse_out: torch.Tensor | None = None,
     plan: AttentionPlan | None = None,
-    validate: bool = False,
+    validate: bool | None = None,
     allow_shared_blocks: bool = False,
 ):
     """Attention of a mixed batch (prefill, extend, decode) over a paged KV cache.
@@ -146,9 +151,10 @@ def paged_attention(
         / ``lse`` when they are not given, and never synchronizes. Without a plan the path is
         chosen by the same rule from ``max_query_len`` / ``max_seq_len`` and the split-KV
         workspace is allocated per call.
-    validate : bool
+    validate : bool, optional
         Check the metadata first (:func:`pagedattn.validate_metadata`; one host sync) and raise
-        ValueError naming the sequence and index of a bad entry. Also on for every call with
+        ValueError naming the sequence and index of a bad entry. Default (None): on for CPU
+        tensors (the interpreter), off on a GPU; also on for every call with
         ``PAGEDATTN_VALIDATE=1``. Without it, bad block ids or lengths are masked in the kernel
         (never read out of bounds) but not reported.
     allow_shared_blocks : bool
@@ -194,6 +200,7 @@ def paged_attention(
                 return out if lse is None else (out, lse)
 
     check_tensor("q", q, ndim=3, dtypes=FLOAT_DTYPES)
+    check_runs_on("q", q, _INTERPRETED)
     device = q.device
     num_tokens, num_q_heads, head_size = q.shape
     _check_cache_pair(k_cache, v_cache, q.dtype, device)
@@ -221,7 +228,7 @@ def paged_attention(
         check_tensor("out", out, dtypes=(q.dtype,), device=device)
         check_shape("out", out, tuple(q.shape))
 
-    if validation_requested(validate):
+    if validation_requested(validate, device):
         validate_metadata(
             block_table, seq_lens, query_start_loc, num_tokens=num_tokens, num_blocks=num_blocks,
             block_size=block_size, causal=causal, allow_shared_blocks=allow_shared_blocks,
@@ -235,7 +242,7 @@ def paged_attention(
             max_query_len=max_query_len, max_seq_len=max_seq_len, scale=scale, causal=causal,
             sliding_window=sliding_window, softcap=softcap, alibi_slopes=alibi_slopes, alibi_sqrt=alibi_sqrt,
             sinks=sinks, prefix_ranges=prefix_ranges, k_scale=k_scale, v_scale=v_scale, lse_out=lse_out,
-            return_lse=return_lse, plan=plan,
+            return_lse=return_lse, plan=plan, validate=False,
         )
         return rounded_into(res, out, q)
     if plan is not None:
@@ -415,6 +422,7 @@ def varlen_attention(
                                           prefix_ranges)):
                 return (out, lse) if return_lse or lse_out is not None else out
     check_tensor("q", q, ndim=3, dtypes=FLOAT_DTYPES)
+    check_runs_on("q", q, _INTERPRETED)
     device = q.device
     num_tokens, num_q_heads, head_size = q.shape
     check_tensor("k", k, ndim=3, dtypes=(q.dtype,), device=device)
@@ -543,6 +551,7 @@ def merge_attention_states(
     >>> o, l = merge_attention_states(o1, l1, o2, l2)
     """
     check_tensor("out_a", out_a, ndim=3, dtypes=FLOAT_DTYPES)
+    check_runs_on("out_a", out_a, _INTERPRETED)
     device = out_a.device
     check_tensor("out_b", out_b, ndim=3, dtypes=(out_a.dtype,), device=device)
     check_shape("out_b", out_b, tuple(out_a.shape))
@@ -587,7 +596,7 @@ def write_kv(
     *,
     k_scale: float | torch.Tensor | None = None,
     v_scale: float | torch.Tensor | None = None,
-    validate: bool = False,
+    validate: bool | None = None,
 ) -> None:
     """Scatter new tokens' K/V into the paged cache, in place.
 
@@ -601,9 +610,10 @@ def write_kv(
         ``slot = block * block_size + offset``; a slot of -1 skips the token (padding).
     k_scale, v_scale : float or 1-element float32 tensor, optional
         Quantization scales of an fp8 cache (default 1.0; ignored for other caches).
-    validate : bool
-        Raise ValueError for a slot outside [-1, num_blocks * block_size) (one host sync; also
-        with ``PAGEDATTN_VALIDATE=1``). Without it such slots are skipped.
+    validate : bool, optional
+        Raise ValueError for a slot outside [-1, num_blocks * block_size) (one host sync).
+        Default (None): on for CPU tensors, off on a GPU; also on with ``PAGEDATTN_VALIDATE=1``.
+        Without it such slots are skipped.
 
     Examples
     --------
@@ -618,6 +628,7 @@ def write_kv(
         if _WRITE_TAPES.replay(tape_key, binds):
             return
     check_tensor("key", key, ndim=3, dtypes=FLOAT_DTYPES)
+    check_runs_on("key", key, _INTERPRETED)
     device = key.device
     check_tensor("value", value, ndim=3, dtypes=(key.dtype,), device=device)
     check_shape("value", value, tuple(key.shape))
@@ -629,7 +640,7 @@ def write_kv(
     check_shape("slot_mapping", slot_mapping, (num_tokens,))
     check_scale_arg("k_scale", k_scale, device)
     check_scale_arg("v_scale", v_scale, device)
-    if validation_requested(validate):
+    if validation_requested(validate, device):
         validate_metadata(None, None, None, num_tokens=num_tokens, num_blocks=k_cache.shape[0],
                           block_size=k_cache.shape[1], slot_mapping=slot_mapping)
     if num_tokens == 0:
