@@ -23,10 +23,15 @@ INTERPRETER_BANNER = (
     "No GPU: this is a correctness run in Triton's interpreter on small shapes. Each case is checked "
     "against the reference (pass/fail); timings are interpreter timings and mean nothing about speed."
 )
+ENGINE_INTERPRETER_BANNER = (
+    "No GPU: the engine runs in Triton's interpreter on a tiny model. Nothing is compared with a "
+    "reference; timings are interpreter wall times and mean nothing about speed."
+)
 
 
-def interpreter_banner(stream=None) -> None:
-    print(INTERPRETER_BANNER, file=stream or sys.stderr, flush=True)
+def interpreter_banner(stream=None, *, checked: bool = True) -> None:
+    """The banner of a run in the interpreter; ``checked``: its rows are compared with a reference."""
+    print(INTERPRETER_BANNER if checked else ENGINE_INTERPRETER_BANNER, file=stream or sys.stderr, flush=True)
 
 
 class Progress:
@@ -87,3 +92,23 @@ class Progress:
     def close(self) -> None:
         self._clear()
         self.stream.flush()
+
+
+def missing_packages(prog: str, extra: str, packages: dict) -> str | None:
+    """A message saying what to install when any of ``packages`` (name -> what it is used for) is
+    not importable, else None. ``extra``: the optional-dependency group of pyproject.toml that
+    provides them."""
+    import importlib.util
+
+    def importable(name: str) -> bool:
+        try:
+            return importlib.util.find_spec(name) is not None
+        except (ImportError, ValueError):
+            return False
+
+    missing = [name for name in packages if not importable(name)]
+    if not missing:
+        return None
+    needs = ", ".join(f"{name} ({packages[name]})" for name in missing)
+    return (f"{prog} needs {needs}, not installed here. From the pagedattn checkout: "
+            f"pip install -e \".[{extra}]\"")
