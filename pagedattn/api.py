@@ -158,7 +158,8 @@ def paged_attention(
         ``PAGEDATTN_VALIDATE=1``. Without it, bad block ids or lengths are masked in the kernel
         (never read out of bounds) but not reported.
     allow_shared_blocks : bool
-        With ``validate``: whether a block may appear in two sequences (prefix caching).
+        With ``validate=True`` or ``PAGEDATTN_VALIDATE=1``: whether a block may appear in two
+        sequences (prefix caching). The default check on CPU tensors allows it.
 
     Returns
     -------
@@ -229,9 +230,11 @@ def paged_attention(
         check_shape("out", out, tuple(q.shape))
 
     if validation_requested(validate, device):
+        # the CPU's default check (neither validate=True nor PAGEDATTN_VALIDATE=1) lets prefix caching share blocks
+        cpu_default = validate is None and not validation_requested(False)
         validate_metadata(
             block_table, seq_lens, query_start_loc, num_tokens=num_tokens, num_blocks=num_blocks,
-            block_size=block_size, causal=causal, allow_shared_blocks=allow_shared_blocks,
+            block_size=block_size, causal=causal, allow_shared_blocks=allow_shared_blocks or cpu_default,
         )
     if q.dtype == torch.bfloat16 and interpreter_on():
         # The interpreter's bf16 tl.dot multiplies bit patterns: compute in fp32 and round once.

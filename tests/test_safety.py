@@ -140,6 +140,17 @@ def test_cpu_calls_validate_the_metadata_by_default(change, message):
 
 
 @pytest.mark.skipif(DEVICE != "cpu", reason="the default validates CPU tensors only")
+def test_cpu_default_lets_sequences_share_blocks():
+    """Prefix caching shares blocks: the default check allows it, validate=True names it."""
+    batch = make_paged_batch([(1, 20), (1, 20)], dtype=torch.float32, device=DEVICE,
+                             generator=torch.Generator().manual_seed(5))
+    batch.block_table[1, 0] = batch.block_table[0, 0]
+    paged_attention(*batch.args())
+    with pytest.raises(ValueError, match="allow_shared_blocks"):
+        paged_attention(*batch.args(), validate=True)
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="the default validates CPU tensors only")
 def test_cpu_write_kv_validates_slots_by_default():
     cache = torch.zeros(4, 16, 2, 32)
     key = torch.randn(2, 2, 32)

@@ -115,14 +115,16 @@ class PagedBackend:
         """``mod``: the layer's attention module (its scale, sliding_window, softcap, sinks), or None."""
         from pagedattn.api import paged_attention, write_kv
 
+        # validate=False: the runner builds the metadata, and a captured decode batch has padding
+        # rows past query_start_loc[-1] on purpose
         k_cache, v_cache = self.k_cache[layer], self.v_cache[layer]
-        write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        write_kv(k, v, k_cache, v_cache, meta.slot_mapping, validate=False)
         if mod is None:
             return paged_attention(q, k_cache, v_cache, meta.block_table, meta.seq_lens, meta.query_start_loc,
-                                   plan=meta.plan)
+                                   plan=meta.plan, validate=False)
         return paged_attention(q, k_cache, v_cache, meta.block_table, meta.seq_lens, meta.query_start_loc,
                                scale=mod.scale, sliding_window=mod.sliding_window, softcap=mod.softcap,
-                               sinks=mod.sinks, plan=meta.plan)
+                               sinks=mod.sinks, plan=meta.plan, validate=False)
 
 
 class SdpaBackend:

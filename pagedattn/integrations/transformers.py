@@ -560,11 +560,13 @@ def paged_attention_forward(
     else:
         layout = _layout_from_mask(attention_mask, batch, q_len, kv_len, causal, window, query.device)
     q = query.transpose(1, 2).reshape(batch * q_len, num_q_heads, head_dim)
+    # validate=False: the layout is built here, and a padded row's queries outnumber its keys on
+    # purpose (they see none; real_rows zeroes them)
     out = paged_attention(
         q, _paged(key, layout), _paged(value, layout), layout.block_table, layout.seq_lens,
         layout.query_start_loc, max_query_len=q_len, max_seq_len=layout.max_seq_len, scale=scaling,
         causal=layout.causal, sliding_window=layout.window, softcap=softcap or None, sinks=sinks,
-        prefix_ranges=layout.prefix_ranges,
+        prefix_ranges=layout.prefix_ranges, validate=False,
     ).view(batch, q_len, num_q_heads, head_dim)
     if layout.real_rows is not None:
         out = out * layout.real_rows[..., None, None].to(out.dtype)
