@@ -124,3 +124,23 @@ def refuse_autograd(fn: str, **tensors) -> None:
                 f"Call it under torch.no_grad() or torch.inference_mode(), or detach the inputs; for training "
                 f"use an attention with a backward pass (e.g. torch's scaled_dot_product_attention)."
             )
+
+
+def interpreted(kernel) -> bool:
+    """Whether a ``@triton.jit`` kernel (or a wrapper of one) was made for Triton's interpreter,
+    which Triton decides once, when the kernel's module is imported (``TRITON_INTERPRET=1``)."""
+    while type(kernel).__name__ not in ("InterpretedFunction", "JITFunction") and hasattr(kernel, "fn"):
+        kernel = kernel.fn  # autotuner / heuristics wrappers
+    return type(kernel).__name__ == "InterpretedFunction"
+
+
+def check_runs_on(name: str, x: torch.Tensor, kernels_interpreted: bool) -> None:
+    """Raise RuntimeError before any launch when ``x`` is on the CPU and the kernels were not made
+    for Triton's interpreter (they would fail inside Triton with "0 active drivers")."""
+    if x.device.type == "cpu" and not kernels_interpreted:
+        raise RuntimeError(
+            f"{name} is on the CPU, where pagedattn's Triton kernels run only in Triton's interpreter; "
+            "set TRITON_INTERPRET=1 in the environment before pagedattn is imported (e.g. "
+            "`TRITON_INTERPRET=1 python app.py`; Triton fixes the mode when it compiles the kernels at "
+            "import), or move the tensors to a GPU"
+        )

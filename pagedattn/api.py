@@ -16,12 +16,15 @@ from pagedattn._checks import (
     check_head_size,
     check_optional_int,
     check_paged_metadata,
+    check_runs_on,
     check_scale_arg,
     check_shape,
     check_tensor,
+    interpreted,
     refuse_autograd,
 )
 from pagedattn._streams import side_stream
+from pagedattn.conversions import rounded_into, scale_tensor
 from pagedattn.ops.common.attention_math import ALIBI_LINEAR, ALIBI_NONE, ALIBI_SQRT
 from pagedattn.ops.common.host_math import next_power_of_2
 from pagedattn.ops.common.device import interpreter_on
@@ -39,13 +42,7 @@ from pagedattn.validate import validate_metadata, validation_requested
 __all__ = ["paged_attention", "varlen_attention", "write_kv", "merge_attention_states"]
 
 
-def _scale_tensor(x, device: torch.device) -> torch.Tensor:
-    """A 1-element fp32 device tensor for an fp8 scale; a float becomes a device fill (no sync)."""
-    if x is None:
-        x = 1.0
-    if isinstance(x, torch.Tensor):
-        return x.reshape(1)
-    return torch.full((1,), float(x), dtype=torch.float32, device=device)
+_INTERPRETED = interpreted(write_kv_kernel)  # the kernels were made for Triton's interpreter
 
 
 def _alibi_mode(alibi_slopes, alibi_sqrt: bool) -> int:
@@ -98,7 +95,7 @@ def paged_attention(
     return_lse: bool = False,
     lse_out: torch.Tensor | None = None,
     plan: AttentionPlan | None = None,
-    validate: bool = False,
+    validate: bool | None = None,
     allow_shared_blocks: bool = False,
 ):
     """Attention of a mixed batch (prefill, extend, decode) over a paged KV cache.
@@ -154,13 +151,15 @@ def paged_attention(
         / ``lse`` when they are not given, and never synchronizes. Without a plan the path is
         chosen by the same rule from ``max_query_len`` / ``max_seq_len`` and the split-KV
         workspace is allocated per call.
-    validate : bool
+    validate : bool, optional
         Check the metadata first (:func:`pagedattn.validate_metadata`; one host sync) and raise
-        ValueError naming the sequence and index of a bad entry. Also on for every call with
+        ValueError naming the sequence and index of a bad entry. Default (None): on for CPU
+        tensors (the interpreter), off on a GPU; also on for every call with
         ``PAGEDATTN_VALIDATE=1``. Without it, bad block ids or lengths are masked in the kernel
         (never read out of bounds) but not reported.
     allow_shared_blocks : bool
-        With ``validate``: whether a block may appear in two sequences (prefix caching).
+        With ``validate=True`` or ``PAGEDATTN_VALIDATE=1``: whether a block may appear in two
+        sequences (prefix caching). The default check on CPU tensors allows it.
 
     Returns
     -------
@@ -202,6 +201,7 @@ def paged_attention(
                 return out if lse is None else (out, lse)
 
     check_tensor("q", q, ndim=3, dtypes=FLOAT_DTYPES)
+    check_runs_on("q", q, _INTERPRETED)
     device = q.device
     num_tokens, num_q_heads, head_size = q.shape
     _check_cache_pair(k_cache, v_cache, q.dtype, device)
@@ -229,10 +229,12 @@ def paged_attention(
         check_tensor("out", out, dtypes=(q.dtype,), device=device)
         check_shape("out", out, tuple(q.shape))
 
-    if validation_requested(validate):
+    if validation_requested(validate, device):
+        # the CPU's default check (neither validate=True nor PAGEDATTN_VALIDATE=1) lets prefix caching share blocks
+        cpu_default = validate is None and not validation_requested(False)
         validate_metadata(
             block_table, seq_lens, query_start_loc, num_tokens=num_tokens, num_blocks=num_blocks,
-            block_size=block_size, causal=causal, allow_shared_blocks=allow_shared_blocks,
+            block_size=block_size, causal=causal, allow_shared_blocks=allow_shared_blocks or cpu_default,
         )
     if q.dtype == torch.bfloat16 and interpreter_on():
         # The interpreter's bf16 tl.dot multiplies bit patterns: compute in fp32 and round once.
@@ -243,9 +245,9 @@ def paged_attention(
             max_query_len=max_query_len, max_seq_len=max_seq_len, scale=scale, causal=causal,
             sliding_window=sliding_window, softcap=softcap, alibi_slopes=alibi_slopes, alibi_sqrt=alibi_sqrt,
             sinks=sinks, prefix_ranges=prefix_ranges, k_scale=k_scale, v_scale=v_scale, lse_out=lse_out,
-            return_lse=return_lse, plan=plan,
+            return_lse=return_lse, plan=plan, validate=False,
         )
-        return _rounded_into(res, out, q)
+        return rounded_into(res, out, q)
     if plan is not None:
         _check_plan(plan, q, k_cache, seq_lens)
     else:
@@ -266,8 +268,8 @@ def paged_attention(
     lse = _lse_buffer(lse_out, return_lse, num_tokens, num_q_heads, device)
     return_lse = lse is not None
     fp8 = k_cache.dtype in FP8_DTYPES
-    k_scale_t = _scale_tensor(k_scale, device) if fp8 else None
-    v_scale_t = _scale_tensor(v_scale, device) if fp8 else None
+    k_scale_t = scale_tensor(k_scale, device) if fp8 else None
+    v_scale_t = scale_tensor(v_scale, device) if fp8 else None
     args = AttentionArgs(
         q=q, k_cache=k_cache, v_cache=v_cache, block_table=block_table, seq_lens=seq_lens,
         query_start_loc=query_start_loc,
@@ -423,6 +425,7 @@ def varlen_attention(
                                           prefix_ranges)):
                 return (out, lse) if return_lse or lse_out is not None else out
     check_tensor("q", q, ndim=3, dtypes=FLOAT_DTYPES)
+    check_runs_on("q", q, _INTERPRETED)
     device = q.device
     num_tokens, num_q_heads, head_size = q.shape
     check_tensor("k", k, ndim=3, dtypes=(q.dtype,), device=device)
@@ -459,7 +462,7 @@ def varlen_attention(
             causal=causal, sliding_window=sliding_window, softcap=softcap, alibi_slopes=alibi_slopes,
             alibi_sqrt=alibi_sqrt, sinks=sinks, prefix_ranges=prefix_ranges, lse_out=lse_out, return_lse=return_lse,
         )
-        return _rounded_into(res, out, q)
+        return rounded_into(res, out, q)
     if out is None:
         out = q.new_empty(num_tokens, num_q_heads, head_size_v)
     lse = _lse_buffer(lse_out, return_lse, num_tokens, num_q_heads, device)
@@ -487,15 +490,6 @@ def varlen_attention(
 
 _VARLEN_TAPES = Tapes()
 _WRITE_TAPES = Tapes()
-
-
-def _rounded_into(res, out, like: torch.Tensor):
-    """An fp32 result (out, or (out, lse)) of an interpreter call rounded to ``like``'s dtype, into ``out``."""
-    res_out, lse = (res, None) if isinstance(res, torch.Tensor) else res
-    if out is None:
-        out = torch.empty(res_out.shape, dtype=like.dtype, device=like.device)
-    out.copy_(res_out)
-    return out if lse is None else (out, lse)
 
 
 def _check_plan(plan, q: torch.Tensor, k_cache: torch.Tensor, seq_lens: torch.Tensor) -> None:
@@ -560,6 +554,7 @@ def merge_attention_states(
     >>> o, l = merge_attention_states(o1, l1, o2, l2)
     """
     check_tensor("out_a", out_a, ndim=3, dtypes=FLOAT_DTYPES)
+    check_runs_on("out_a", out_a, _INTERPRETED)
     device = out_a.device
     check_tensor("out_b", out_b, ndim=3, dtypes=(out_a.dtype,), device=device)
     check_shape("out_b", out_b, tuple(out_a.shape))
@@ -574,7 +569,7 @@ def merge_attention_states(
     if out_a.dtype == torch.bfloat16 and interpreter_on():
         # The interpreter's bf16 arithmetic is not IEEE bf16: merge in fp32 and round once.
         res = merge_attention_states(out_a.float(), lse_a, out_b.float(), lse_b, lse_out=lse_out)
-        return _rounded_into(res, out, out_a)
+        return rounded_into(res, out, out_a)
     if out is None:
         out = torch.empty_like(out_a)
     lse = _lse_buffer(lse_out, True, num_tokens, num_heads, device)
@@ -604,7 +599,7 @@ def write_kv(
     *,
     k_scale: float | torch.Tensor | None = None,
     v_scale: float | torch.Tensor | None = None,
-    validate: bool = False,
+    validate: bool | None = None,
 ) -> None:
     """Scatter new tokens' K/V into the paged cache, in place.
 
@@ -618,9 +613,10 @@ def write_kv(
         ``slot = block * block_size + offset``; a slot of -1 skips the token (padding).
     k_scale, v_scale : float or 1-element float32 tensor, optional
         Quantization scales of an fp8 cache (default 1.0; ignored for other caches).
-    validate : bool
-        Raise ValueError for a slot outside [-1, num_blocks * block_size) (one host sync; also
-        with ``PAGEDATTN_VALIDATE=1``). Without it such slots are skipped.
+    validate : bool, optional
+        Raise ValueError for a slot outside [-1, num_blocks * block_size) (one host sync).
+        Default (None): on for CPU tensors, off on a GPU; also on with ``PAGEDATTN_VALIDATE=1``.
+        Without it such slots are skipped.
 
     Examples
     --------
@@ -635,6 +631,7 @@ def write_kv(
         if _WRITE_TAPES.replay(tape_key, binds):
             return
     check_tensor("key", key, ndim=3, dtypes=FLOAT_DTYPES)
+    check_runs_on("key", key, _INTERPRETED)
     device = key.device
     check_tensor("value", value, ndim=3, dtypes=(key.dtype,), device=device)
     check_shape("value", value, tuple(key.shape))
@@ -646,7 +643,7 @@ def write_kv(
     check_shape("slot_mapping", slot_mapping, (num_tokens,))
     check_scale_arg("k_scale", k_scale, device)
     check_scale_arg("v_scale", v_scale, device)
-    if validation_requested(validate):
+    if validation_requested(validate, device):
         validate_metadata(None, None, None, num_tokens=num_tokens, num_blocks=k_cache.shape[0],
                           block_size=k_cache.shape[1], slot_mapping=slot_mapping)
     if num_tokens == 0:
@@ -659,8 +656,8 @@ def write_kv(
         k_cache_ptr=k_cache,
         v_cache_ptr=v_cache,
         slot_mapping_ptr=slot_mapping,
-        k_scale_ptr=_scale_tensor(k_scale, device) if fp8 else None,
-        v_scale_ptr=_scale_tensor(v_scale, device) if fp8 else None,
+        k_scale_ptr=scale_tensor(k_scale, device) if fp8 else None,
+        v_scale_ptr=scale_tensor(v_scale, device) if fp8 else None,
         stride_key_t=key.stride(0), stride_key_h=key.stride(1),
         stride_value_t=value.stride(0), stride_value_h=value.stride(1),
         stride_k_b=k_cache.stride(0), stride_k_s=k_cache.stride(1), stride_k_h=k_cache.stride(2),

@@ -28,13 +28,13 @@ from typing import Callable
 # Kernel families and the paths of paged_attention a row can name.
 ATTENTION_PATHS = ("unified", "split_kv", "persistent", "prefill", "auto")
 
-# Seconds one row takes in the interpreter, measured with these small shapes on 2 CPU cores of
-# an idle machine, and a rough cost of one row on a GPU with a cold Triton cache, where
+# Seconds one row takes in the interpreter, measured with these small shapes on 2 CPU cores
+# (torch 2.13, triton 3.6; the default's 57 rows in 18.6 s), and a rough cost of one row on a GPU with a cold Triton cache, where
 # compiling the row's kernel specialization dominates (about a second for an attention kernel;
 # not measured for this list). Used only for the estimate printed before the run starts.
 CPU_ROW_SECONDS = {
-    "unified": 0.4, "split_kv": 1.5, "persistent": 0.35, "prefill": 0.5, "auto": 1.0, "varlen": 0.5,
-    "merge": 0.2, "write_kv": 0.25, "mla": 0.5, "write_mla_kv": 0.15,
+    "unified": 0.2, "split_kv": 0.65, "persistent": 0.2, "prefill": 0.35, "auto": 0.55, "varlen": 0.3,
+    "merge": 0.1, "write_kv": 0.2, "mla": 0.4, "write_mla_kv": 0.1,
 }
 GPU_ROW_SECONDS = 1.0
 
@@ -657,7 +657,7 @@ def run_check(device: str | None = None, *, full: bool = False, only: list[str] 
 
     ``only``: keep rows whose name contains any of these texts (e.g. ``["mla", "varlen"]``).
     """
-    from pagedattn.cli import Progress
+    from pagedattn.terminal import Progress
 
     device = device or select_device()
     stream = stream or sys.stdout

@@ -1,9 +1,7 @@
 """The pagedattn command: check, bench (kernels, e2e, serve, mla, host, plot, tune, waves) and generate.
 
-Also the small terminal helpers every command shares: a progress display that redraws one line
-on a terminal and prints plain lines otherwise (logs get one line per finished step, never a
-stream of carriage returns), and the banner a benchmark prints when it runs in Triton's
-interpreter.
+The terminal helpers the commands share (progress, the interpreter banner) are in
+:mod:`pagedattn.terminal`.
 """
 
 from __future__ import annotations
@@ -12,14 +10,15 @@ import importlib
 import os
 import re
 import sys
-import time
+
+from pagedattn.terminal import gpu_present, interpreter_banner
 
 USAGE = """usage: pagedattn <command> [options]
        pagedattn --version
 
 commands:
   check            check every kernel family and feature against the float64 reference
-                   on this machine (about a minute on a GPU, two on a CPU)
+                   on this machine (about a minute on a GPU, 20 s on a CPU)
   bench            benchmarks; "pagedattn bench --help" lists them:
                      kernels (the default), e2e, serve, mla, host, plot, tune, waves
   generate         generate text with the built-in engine
@@ -57,6 +56,7 @@ BENCHMARKS = {
 }
 # benchmarks that print their own interpreter banner and pass/fail columns
 _OWN_BANNER = {"kernels", "host", "plot", "tune", "waves"}
+_UNCHECKED = {"e2e", "serve"}  # engine runs: nothing is compared with a reference
 
 
 def plain(text: str) -> str:
@@ -88,83 +88,6 @@ def version_line() -> str:
     return f"pagedattn {package_version()} ({', '.join(parts)}, python {sys.version.split()[0]})"
 
 
-def gpu_present() -> bool:
-    """A CUDA/ROCm GPU that the kernels will use (not forced into the interpreter)."""
-    import torch
-
-    return torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0") != "1"
-
-
-INTERPRETER_BANNER = (
-    "No GPU: this is a correctness run in Triton's interpreter on small shapes. Each case is checked "
-    "against the reference (pass/fail); timings are interpreter timings and mean nothing about speed."
-)
-
-
-def interpreter_banner(stream=None) -> None:
-    print(INTERPRETER_BANNER, file=stream or sys.stderr, flush=True)
-
-
-class Progress:
-    """Rows printed as they finish, with the count and the elapsed time.
-
-    On a terminal a status line (the running step, elapsed time, estimated time left) is redrawn
-    below the rows; elsewhere (a log file, CI) only the finished rows are printed, one line each.
-    ``weights``: relative cost of each step, for the time-left estimate.
-    """
-
-    def __init__(self, total: int, *, weights=None, stream=None, live: bool | None = None):
-        self.stream = stream or sys.stdout
-        self.live = bool(getattr(self.stream, "isatty", lambda: False)()) if live is None else live
-        self.total = total
-        self.weights = list(weights) if weights is not None else [1.0] * total
-        self.count = 0
-        self._t0 = time.perf_counter()
-        self._drawn = False
-
-    @property
-    def elapsed(self) -> float:
-        return time.perf_counter() - self._t0
-
-    def _left(self) -> str:
-        done = sum(self.weights[: self.count])
-        if self.count == 0 or done <= 0:
-            return ""
-        left = self.elapsed * sum(self.weights[self.count:]) / done
-        return f", about {left:.0f} s left"
-
-    def _clear(self) -> None:
-        if self._drawn:
-            self.stream.write("\r\x1b[K")
-            self._drawn = False
-
-    def start(self, label: str) -> None:
-        """A step begins (shown only on a terminal)."""
-        if not self.live:
-            return
-        self._clear()
-        width = 100
-        line = f"[{self.count + 1}/{self.total}] {self.elapsed:.0f} s{self._left()}: {label}"
-        self.stream.write(line[:width])
-        self.stream.flush()
-        self._drawn = True
-
-    def done(self, text: str) -> None:
-        """A step finished: print its row."""
-        self.count += 1
-        self._clear()
-        self.stream.write(text + "\n")
-        self.stream.flush()
-
-    def step(self, label: str) -> None:
-        """A step finished, with a short label: ``[i/n] label (elapsed)``."""
-        self.done(f"[{self.count + 1}/{self.total}] {label} ({self.elapsed:.0f} s)")
-
-    def close(self) -> None:
-        self._clear()
-        self.stream.flush()
-
-
 def _run_bench(name: str, rest: list[str]) -> int:
     module_name, needs_gpu = BENCHMARKS[name]
     prog = f"pagedattn bench {name}"
@@ -181,7 +104,7 @@ def _run_bench(name: str, rest: list[str]) -> int:
               file=sys.stderr)
         return 2
     if name not in _OWN_BANNER and not any(a in ("-h", "--help") for a in rest) and not gpu_present():
-        interpreter_banner()
+        interpreter_banner(checked=name not in _UNCHECKED)
     if hasattr(module, "add_arguments"):  # parser built here, options added by the module
         import argparse
 

@@ -16,9 +16,11 @@ from pagedattn._checks import (
     FP8_DTYPES,
     check_optional_int,
     check_paged_metadata,
+    check_runs_on,
     check_scale_arg,
     check_shape,
     check_tensor,
+    interpreted,
     refuse_autograd,
 )
 from pagedattn.ops.mla.launch import (
@@ -29,9 +31,10 @@ from pagedattn.ops.mla.launch import (
     launch_write_mla_kv,
     resolve_mla_config,
 )
-from pagedattn.api import _rounded_into, _scale_tensor
+from pagedattn.conversions import rounded_into, scale_tensor
 from pagedattn.ops.common.device import interpreter_on
 from pagedattn.ops.common.launching import Tapes, call_context, scalar_or_tensor
+from pagedattn.ops.mla.kernel import mla_decode_kernel
 from pagedattn.plan import num_sms
 
 __all__ = ["mla_decode", "write_mla_kv"]
@@ -39,6 +42,8 @@ __all__ = ["mla_decode", "write_mla_kv"]
 MAX_LATENT_DIM = 512
 MAX_ROPE_DIM = 128
 
+
+_INTERPRETED = interpreted(mla_decode_kernel)  # the kernels were made for Triton's interpreter
 
 def _check_dims(latent_name: str, latent_dim: int, rope_name: str, rope_dim: int) -> None:
     for name, what, dim, top in ((latent_name, "latent", latent_dim, MAX_LATENT_DIM),
@@ -145,6 +150,7 @@ def _mla_decode(q_nope, q_pe, kv_cache, block_table, seq_lens, query_start_loc, 
             if _TAPES.replay(key, binds):
                 return (out, lse) if return_lse else out
     check_tensor("q_nope", q_nope, ndim=3, dtypes=FLOAT_DTYPES)
+    check_runs_on("q_nope", q_nope, _INTERPRETED)
     device = q_nope.device
     num_tokens, num_heads, latent_dim = q_nope.shape
     check_tensor("q_pe", q_pe, ndim=3, dtypes=(q_nope.dtype,), device=device)
@@ -185,7 +191,7 @@ def _mla_decode(q_nope, q_pe, kv_cache, block_table, seq_lens, query_start_loc, 
         res = _mla_decode(q_nope.float(), q_pe.float(), kv_cache if fp8 else kv_cache.float(), block_table, seq_lens,
                           query_start_loc, scale=scale, max_query_len=max_query_len, max_seq_len=max_seq_len,
                           kv_scale=kv_scale, num_splits=num_splits, return_lse=return_lse, config=config)
-        return _rounded_into(res, out, q_nope)
+        return rounded_into(res, out, q_nope)
     config = resolve_mla_config(config, num_heads, max_query_len, (latent_dim + rope_dim) * q_nope.element_size(),
                                 fp8, num_seqs=num_seqs, sms=num_sms(device))
     if num_splits is None:
@@ -203,7 +209,7 @@ def _mla_decode(q_nope, q_pe, kv_cache, block_table, seq_lens, query_start_loc, 
         partial_out, partial_lse = _workspace(num_tokens, num_heads, num_splits, latent_dim, device)
     run = functools.partial(
         launch_mla_decode, out, lse, q_nope, q_pe, kv_cache, block_table, seq_lens, query_start_loc,
-        scale=float(scale), kv_scale=_scale_tensor(kv_scale, device) if fp8 else None, config=config,
+        scale=float(scale), kv_scale=scale_tensor(kv_scale, device) if fp8 else None, config=config,
         num_splits=num_splits, partial_out=partial_out, partial_lse=partial_lse,
     )
     if key is None:
@@ -244,6 +250,7 @@ def write_mla_kv(
     >>> write_mla_kv(c_kv, k_pe, kv_cache, slot_mapping)
     """
     check_tensor("c_kv", c_kv, ndim=2, dtypes=FLOAT_DTYPES)
+    check_runs_on("c_kv", c_kv, _INTERPRETED)
     device = c_kv.device
     num_tokens, latent_dim = c_kv.shape
     check_tensor("k_pe", k_pe, ndim=2, dtypes=(c_kv.dtype,), device=device)
@@ -256,4 +263,4 @@ def write_mla_kv(
     check_shape("slot_mapping", slot_mapping, (num_tokens,))
     check_scale_arg("kv_scale", kv_scale, device)
     fp8 = kv_cache.dtype in FP8_DTYPES
-    launch_write_mla_kv(c_kv, k_pe, kv_cache, slot_mapping, _scale_tensor(kv_scale, device) if fp8 else None)
+    launch_write_mla_kv(c_kv, k_pe, kv_cache, slot_mapping, scale_tensor(kv_scale, device) if fp8 else None)

@@ -2,8 +2,10 @@
 
 The kernels never read or write outside the cache whatever the metadata says (bad pages are
 masked); this module says *what* is wrong, naming the sequence and the index, at the cost of
-one host synchronization per call. Turn it on with ``validate=True`` on ``paged_attention`` /
-``write_kv``, or for every call with the environment variable ``PAGEDATTN_VALIDATE=1``.
+one host synchronization per call. ``paged_attention`` and ``write_kv`` run it by default on
+CPU tensors (the interpreter, where a sync costs nothing beside the kernels) and not on a GPU
+(where it would synchronize every call); ``validate=True`` / ``False`` decides per call, and the
+environment variable ``PAGEDATTN_VALIDATE=1`` turns it on for every call.
 """
 
 from __future__ import annotations
@@ -15,8 +17,11 @@ from pagedattn.ops.common.device import environ_is
 __all__ = ["validate_metadata", "validation_requested"]
 
 
-def validation_requested(flag: bool) -> bool:
-    """``flag``, or the environment variable PAGEDATTN_VALIDATE=1 (read on every call)."""
+def validation_requested(flag: bool | None, device: torch.device | None = None) -> bool:
+    """``flag`` (None: on for tensors on the CPU), or the environment variable
+    PAGEDATTN_VALIDATE=1 (read on every call)."""
+    if flag is None:
+        flag = device is not None and device.type == "cpu"
     return flag or environ_is("PAGEDATTN_VALIDATE", "1")
 
 

@@ -1,10 +1,14 @@
 """Test set-up: without a GPU the kernels run in Triton's interpreter (set before any import).
 
-At the end of a run, a line says why tests were skipped and how many for each reason.
+With pytest-xdist, a line says what each worker does before its first result (it imports the
+test modules, torch, triton, transformers and helion among them, and collects the tests) and
+another when it is done, so the run is not silent meanwhile. At the end of a run, a line says
+why tests were skipped and how many for each reason.
 """
 
 import os
 import re
+import time
 from collections import Counter
 
 import pytest
@@ -18,6 +22,26 @@ DEVICE = "cuda" if HAS_GPU and os.environ.get("TRITON_INTERPRET") != "1" else "c
 
 GPU_SKIP_REASON = "needs a GPU (on a GPU machine, without TRITON_INTERPRET: pytest -m gpu)"
 SHOWN_REASONS = 8  # the most frequent skip reasons listed by name; the rest are counted together
+
+
+_STARTED = time.perf_counter()
+
+
+def pytest_sessionstart(session):
+    config = session.config
+    workers = config.getoption("numprocesses", None) if not hasattr(config, "workerinput") else None
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if workers and reporter is not None:
+        reporter.write_line(f"each of the {workers} workers imports the test modules (torch and triton; transformers "
+                            "and helion for their files) and collects the tests before its first result")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node, ids):
+    reporter = node.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line(f"{node.gateway.id}: {len(ids)} tests collected, "
+                            f"{time.perf_counter() - _STARTED:.0f} s after the start")
 
 
 def pytest_collection_modifyitems(config, items):

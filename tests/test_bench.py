@@ -142,11 +142,7 @@ WAVES_ROWS = [
 ]
 
 
-@pytest.mark.parametrize("layout", ["results", "bare-list", "log-lines"])
-def test_waves_plot_from_json(tmp_path, layout):
-    pytest.importorskip("matplotlib")
-    from pagedattn.bench.plot import load_waves, main as plot_main, waves_cases
-
+def _waves_file(tmp_path, layout):
     src = tmp_path / "waves.json"
     if layout == "results":
         src.write_text(json.dumps({"machine": {"gpu": "H200", "torch": "2.11", "triton": "3.6"},
@@ -155,12 +151,36 @@ def test_waves_plot_from_json(tmp_path, layout):
         src.write_text(json.dumps(WAVES_ROWS))
     else:
         src.write_text("\n".join(json.dumps(r) for r in WAVES_ROWS) + "\n\n| replay | table |\n")
-    cases = waves_cases(load_waves(src.read_text())["rows"])
+    return src
+
+
+@pytest.mark.parametrize("layout", ["results", "bare-list", "log-lines"])
+def test_waves_rows_from_each_layout(tmp_path, layout):
+    from pagedattn.bench.plot import load_waves, waves_cases
+
+    cases = waves_cases(load_waves(_waves_file(tmp_path, layout).read_text())["rows"])
     assert [(c["batch"], c["context"]) for c in cases] == [(1, 500), (8, 4096), (64, 2048)]
     assert cases[1]["persistent_atomic_us"] == pytest.approx(1.2 * 72.3) and cases[1]["variable_grid_us"] == 209.2
-    assert plot_main([str(src), "--out", str(tmp_path / "plots")]) == 0
+
+
+def test_waves_plot_is_a_png(tmp_path):
+    pytest.importorskip("matplotlib")
+    from pagedattn.bench.plot import main as plot_main
+
+    assert plot_main([str(_waves_file(tmp_path, "results")), "--out", str(tmp_path / "plots")]) == 0
     png = tmp_path / "plots" / "waves.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plot_without_matplotlib_says_so(tmp_path, monkeypatch, capsys):
+    import sys
+
+    from pagedattn.bench.plot import main as plot_main
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    assert plot_main([str(_waves_file(tmp_path, "results")), "--out", str(tmp_path / "plots")]) == 0
+    assert "matplotlib is not installed" in capsys.readouterr().err
+    assert not (tmp_path / "plots").exists()
 
 
 def test_host_timer_runs_every_row_once_a_round():

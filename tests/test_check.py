@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import pagedattn.check as check
-from pagedattn.cli import Progress
+from pagedattn.terminal import Progress
 from pagedattn.cli import main as cli_main
 from pagedattn.testing import FEATURES
 from tests.conftest import DEVICE
@@ -151,6 +151,40 @@ def test_bench_subcommands_dispatch(monkeypatch, capsys):
     if DEVICE == "cpu":
         assert cli_main(["bench", "tune"]) == 2
         assert "needs a GPU" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv", [["generate", "--model", "tiny", "--prompt", "hi"], ["bench", "e2e", "--quick"],
+                                  ["bench", "serve", "--quick"]])
+def test_engine_commands_say_what_to_install_without_transformers(argv, monkeypatch, capsys):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "transformers", None)  # "import transformers" fails, as when not installed
+    assert cli_main(argv) == 2
+    err = capsys.readouterr().err
+    assert "needs transformers" in err and 'pip install -e ".[engine]"' in err
+
+
+def test_the_engine_extra_provides_what_the_engine_imports():
+    import tomllib
+    from pathlib import Path
+
+    from pagedattn.engine.config import ENGINE_PACKAGES
+
+    project = tomllib.loads((Path(__file__).resolve().parent.parent / "pyproject.toml").read_text())["project"]
+    extra = {req.split(">")[0].split("=")[0].split("<")[0].strip() for req in project["optional-dependencies"]["engine"]}
+    assert set(ENGINE_PACKAGES) <= extra
+
+
+def test_engine_benchmarks_on_the_cpu_promise_no_pass_fail(monkeypatch, capsys):
+    import pagedattn.cli as cli
+    import pagedattn.terminal as terminal
+
+    monkeypatch.setattr(cli, "gpu_present", lambda: False)
+    monkeypatch.setitem(cli.BENCHMARKS, "e2e", ("pagedattn.bench.not_there", False))
+    monkeypatch.setattr(cli.importlib, "import_module", lambda name: type("M", (), {"main": staticmethod(lambda rest: 0)}))
+    assert cli_main(["bench", "e2e"]) == 0
+    err = capsys.readouterr().err
+    assert terminal.ENGINE_INTERPRETER_BANNER in err and "pass/fail" not in err
 
 
 def test_nan_rows_must_match_the_reference_pattern():

@@ -620,7 +620,7 @@ class _FakeWrapper:
 
     plans: list = []
 
-    def __init__(self, workspace, layout, use_cuda_graph=False, use_tensor_cores=False,
+    def __init__(self, workspace, layout, use_cuda_graph=False, use_tensor_cores=False, backend="auto",
                  paged_kv_indptr_buffer=None, paged_kv_indices_buffer=None, paged_kv_last_page_len_buffer=None):
         assert layout == "NHD" and workspace.dtype == torch.uint8
         self.fixed = len(paged_kv_last_page_len_buffer) if use_cuda_graph else None
@@ -660,17 +660,20 @@ class _FakePrefill(_FakeWrapper):
 def test_flashinfer_metadata_and_calls(monkeypatch):
     import types
 
+    from pagedattn.adapters import flashinfer as adapter
     from pagedattn.engine import flashinfer_backend as fb
 
-    indptr, indices, last = fb.paged_metadata([5, 16, 17, 1], torch.tensor(
-        [[7, 0, 0], [3, 4, 0], [9, 8, 2], [6, 0, 0]], dtype=torch.int32), 16)
-    assert indptr.tolist() == [0, 1, 2, 4, 5] and indices.tolist() == [7, 3, 9, 8, 6]
-    assert last.tolist() == [5, 16, 1, 1]
+    csr = adapter.paged_csr(torch.tensor([[7, 0, 0], [3, 4, 0], [9, 8, 2], [6, 0, 0]], dtype=torch.int32),
+                            [5, 16, 17, 1], 16)
+    assert csr.indptr.tolist() == [0, 1, 2, 4, 5] and csr.indices.tolist() == [7, 3, 9, 8, 6]
+    assert csr.last_page_len.tolist() == [5, 16, 1, 1]
+    tail = csr.rows(2, 4)
+    assert tail.indptr.tolist() == [0, 2, 3] and tail.indices.tolist() == [9, 8, 6]
     with pytest.raises(ValueError, match="flashinfer"):
         LLM("tiny", device="cpu", attention="flashinfer", max_model_len=32)  # not installed, or no CUDA here
     fake = types.SimpleNamespace(BatchDecodeWithPagedKVCacheWrapper=_FakeDecode,
                                  BatchPrefillWithPagedKVCacheWrapper=_FakePrefill, __version__="stand-in")
-    monkeypatch.setattr(fb, "import_flashinfer", lambda: fake)
+    monkeypatch.setattr(adapter, "load", lambda: fake)
     monkeypatch.setattr(fb.FlashInferBackend, "requires_cuda", False)
     monkeypatch.setattr(_FakeWrapper, "plans", [])
     with pytest.raises(ValueError, match="sinks"):

@@ -94,3 +94,60 @@ def test_write_kv_rejects(batch):
         args.update(change)
         with pytest.raises(exc, match=word):
             write_kv(**args)
+
+
+# --- CPU tensors without Triton's interpreter ---------------------------------------------------
+
+
+def test_kernels_here_are_interpreted():
+    from pagedattn._checks import interpreted
+    from pagedattn.ops.mla.kernel import mla_decode_kernel
+
+    assert api._INTERPRETED and interpreted(mla_decode_kernel)  # conftest sets TRITON_INTERPRET=1 first
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU-only case")
+def test_cpu_tensors_without_the_interpreter_raise_before_launch(batch, monkeypatch):
+    """Kernels compiled for a GPU would fail inside Triton ("0 active drivers"); every public
+    function says instead what to set."""
+    import pagedattn.mla as mla
+    from pagedattn import merge_attention_states, mla_decode, varlen_attention, write_mla_kv
+
+    monkeypatch.setattr(api, "_INTERPRETED", False)
+    monkeypatch.setattr(mla, "_INTERPRETED", False)
+    q = batch.q
+    lse = torch.zeros(q.shape[:2])
+    lens = torch.tensor([0, q.shape[0]], dtype=torch.int32)
+    latent = torch.zeros(4, 16, 576)
+    calls = {
+        "q": lambda: paged_attention(*batch.args()),
+        "key": lambda: write_kv(q[:, :2], q[:, :2], batch.k_cache, batch.v_cache,
+                                torch.arange(q.shape[0], dtype=torch.int32)),
+        "q ": lambda: varlen_attention(q, q, q, lens, lens),
+        "out_a": lambda: merge_attention_states(q, lse, q, lse),
+        "q_nope": lambda: mla_decode(torch.zeros(1, 16, 512), torch.zeros(1, 16, 64), latent,
+                                     torch.zeros(1, 1, dtype=torch.int32), torch.ones(1, dtype=torch.int32),
+                                     torch.tensor([0, 1], dtype=torch.int32), scale=0.1),
+        "c_kv": lambda: write_mla_kv(torch.zeros(1, 512), torch.zeros(1, 64), latent, torch.zeros(1, dtype=torch.int32)),
+    }
+    for name, call in calls.items():
+        with pytest.raises(RuntimeError, match=rf"^{name.strip()} is on the CPU.*TRITON_INTERPRET=1"):
+            call()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU-only case")
+def test_cpu_call_in_a_process_without_the_interpreter():
+    import os
+    import subprocess
+    import sys
+
+    code = ("import torch; from pagedattn import write_kv\n"
+            "c = torch.zeros(2, 16, 1, 32)\n"
+            "try:\n"
+            "    write_kv(torch.zeros(1, 1, 32), torch.zeros(1, 1, 32), c, c.clone(), torch.zeros(1, dtype=torch.int32))\n"
+            "except RuntimeError as e:\n"
+            "    print(e)\n")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("key is on the CPU") and "TRITON_INTERPRET=1" in done.stdout

@@ -98,7 +98,7 @@ def test_fuzz_corruptions(corruption, seed):
     plan = plan_attention([0, 0], [1], num_q_heads=4, num_kv_heads=2, head_size=32, device=DEVICE, path=path,
                           num_splits=3 if path == "split_kv" else None, max_num_tokens=batch.q.shape[0])
     out = torch.full_like(batch.q, float("nan"))
-    paged_attention(*batch.args(), out=out, plan=plan)
+    paged_attention(*batch.args(), out=out, plan=plan, validate=False)  # the kernels mask what validate reports
     if kind not in ("len-negative", "qsl-past-end"):  # those leave rows of the sequence unwritten by design
         assert not torch.isnan(out).any(), "guard data or an unwritten row reached the output"
     assert guards_intact(buffers)

@@ -5,7 +5,7 @@ that computes attention from exactly what the adapter hands it (page lists, decl
 strides, page tables, ragged offsets) with the reference's math, so a wrong conversion, view or
 offset shows up as a wrong output against the float64 reference. What the fakes cannot check is
 the peers' own numerics and API acceptance: the GPU self-test
-(``python -m pagedattn.bench.providers --selftest``) does that.
+(``python -m pagedattn.bench.selftest``) does that.
 """
 
 from __future__ import annotations
@@ -17,9 +17,11 @@ import types
 import pytest
 import torch
 
+from pagedattn.adapters import flashinfer as flashinfer_adapter
+from pagedattn.adapters.common import NotApplicable
+from pagedattn.adapters.flashinfer import paged_csr, split_decodes, sub_query_start_loc
 from pagedattn.bench.check import compare, reference
-from pagedattn.bench.peers import common
-from pagedattn.bench.peers.common import NotApplicable, paged_csr, split_decodes, sub_query_start_loc
+from pagedattn.bench.providers import PROVIDERS
 from pagedattn.bench.workloads import Case, build_inputs
 from pagedattn.reference import attention_ref, mla_decode_ref
 
@@ -86,9 +88,9 @@ def test_split_decodes_orders_decodes_first(q_lens, reorder):
 
 
 def test_window_left_counts_the_keys_before_the_query():
-    assert common.window_left(None) == -1
-    assert common.window_left(1) == 0  # only the query's own key
-    assert common.window_left(128) == 127
+    assert flashinfer_adapter.window_left(None) == -1
+    assert flashinfer_adapter.window_left(1) == 0  # only the query's own key
+    assert flashinfer_adapter.window_left(128) == 127
 
 
 # ---------------------------------------------------------------------------------------------
@@ -96,8 +98,6 @@ def test_window_left_counts_the_keys_before_the_query():
 
 
 def test_registry_and_gates_on_the_cpu():
-    from pagedattn.bench.providers import PROVIDERS
-
     for name in ("flashinfer", "flashinfer-prefill", "cudnn-paged"):
         ok, why = PROVIDERS[name].available()
         assert ok is False and why  # no GPU here: unavailable, with the reason
@@ -155,7 +155,7 @@ class _FakePaged:
 
 class FakeDecode(_FakePaged):
     def plan(self, indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size, *,
-             pos_encoding_mode, q_data_type, kv_data_type, sm_scale, window_left, logits_soft_cap):
+             pos_encoding_mode="NONE", q_data_type, kv_data_type, sm_scale, window_left, logits_soft_cap):
         self._store(indptr, indices, last_page_len, page_size, sm_scale, window_left, logits_soft_cap)
 
     def run(self, q, kv, out=None):
@@ -164,7 +164,7 @@ class FakeDecode(_FakePaged):
 
 class FakePrefill(_FakePaged):
     def plan(self, qo_indptr, indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size, *,
-             causal, pos_encoding_mode, q_data_type, kv_data_type, sm_scale, window_left, logits_soft_cap):
+             causal, pos_encoding_mode="NONE", q_data_type, kv_data_type, sm_scale, window_left, logits_soft_cap):
         self._store(indptr, indices, last_page_len, page_size, sm_scale, window_left, logits_soft_cap)
         self.qo_indptr, self.causal = qo_indptr.tolist(), causal
 
@@ -202,7 +202,7 @@ class FakeMLA:
 
 @pytest.fixture
 def fake_flashinfer(monkeypatch):
-    from pagedattn.bench.peers import flashinfer as adapter
+    from pagedattn.adapters import flashinfer as adapter
 
     fi = types.ModuleType("flashinfer")
     fi.BatchDecodeWithPagedKVCacheWrapper = FakeDecode
@@ -240,7 +240,7 @@ def _check(prepared, inputs):
 @pytest.mark.parametrize("segments,features", BATCHES)
 def test_flashinfer_adapter_feeds_the_wrappers_the_batch(fake_flashinfer, segments, features, mode):
     inputs = build_inputs(_case(segments, **features), torch.device("cpu"), torch.float16, seed=1)
-    prepared = fake_flashinfer.prepare(inputs, mode)
+    prepared = PROVIDERS["flashinfer" if mode == "engine" else "flashinfer-prefill"].prepare(inputs)
     _check(prepared, inputs)
     q_lens = inputs.case.query_lens
     if mode == "engine" and 1 in q_lens and any(n > 1 for n in q_lens):
@@ -250,7 +250,27 @@ def test_flashinfer_adapter_feeds_the_wrappers_the_batch(fake_flashinfer, segmen
 def test_flashinfer_adapter_refuses_fp32(fake_flashinfer):
     inputs = build_inputs(_case([(2, 1, 64)]), torch.device("cpu"), torch.float32)
     with pytest.raises(NotApplicable, match="fp16/bf16"):
-        fake_flashinfer.prepare(inputs)
+        PROVIDERS["flashinfer"].prepare(inputs)
+
+
+@pytest.mark.parametrize("segments,features", BATCHES)
+def test_flashinfer_backend_runs_the_wrappers(fake_flashinfer, segments, features):
+    """The ``flashinfer`` attention backend on the same adapter: planned once, two layers."""
+    from pagedattn.backends import BackendConfig, get_backend
+
+    backend = get_backend("flashinfer")
+    inputs = build_inputs(_case(segments, **features), torch.device("cpu"), torch.float16, seed=6)
+    md = backend.plan(inputs.block_table, inputs.seq_lens, inputs.query_start_loc,
+                      BackendConfig.for_call(inputs.q, inputs.k_cache, **inputs.features))
+    ref = reference(inputs)
+    for _ in range(2):  # the second layer reuses the planned wrappers
+        out = torch.full_like(inputs.q, float("nan"))
+        backend.forward(inputs.q, inputs.k_cache, inputs.v_cache, md, out=out, **inputs.features)
+        err, ok, tol = compare(out, ref)
+        assert ok, (err, tol)
+    assert len(md.state.wrappers) == 1
+    with pytest.raises(ValueError, match="sinks"):
+        backend.forward(inputs.q, inputs.k_cache, inputs.v_cache, md, sinks=torch.zeros(inputs.q.shape[1]))
 
 
 @pytest.mark.parametrize("seq_lens,query_len", [([70, 5, 33], 1), ([40, 19], 3)])
@@ -269,7 +289,7 @@ def test_flashinfer_mla_adapter_splits_the_latent_cache(fake_flashinfer, seq_len
     lens = torch.tensor(seq_lens, dtype=torch.int32)
     qsl = torch.arange(len(seq_lens) + 1, dtype=torch.int32) * query_len
     out = torch.full((q.shape[0], heads, latent), float("nan"), dtype=q.dtype)
-    run, note = fake_flashinfer.prepare_mla(q, kv, table, lens, qsl, scale=0.1, latent_dim=latent, out=out)
+    run, note = fake_flashinfer.mla_call(q, kv, table, lens, qsl, scale=0.1, latent_dim=latent, out=out)
     run()
     ref, _ = mla_decode_ref(q[..., :latent], q[..., latent:], kv, table, lens, qsl, scale=0.1)
     err = float((out.double() - ref).abs().max())
@@ -357,7 +377,7 @@ class _FakeGraph:
 
 @pytest.fixture
 def fake_cudnn(monkeypatch):
-    from pagedattn.bench.peers import cudnn as adapter
+    from pagedattn.adapters import cudnn as adapter
 
     cu = types.ModuleType("cudnn")
     cu.data_type = types.SimpleNamespace(HALF="half", BFLOAT16="bf16", FLOAT="float", INT32="int32")
@@ -384,7 +404,7 @@ class _Null:
 @pytest.mark.parametrize("segments,features", [b for b in BATCHES if b.id != "window-softcap"])
 def test_cudnn_adapter_declares_the_paged_layout(fake_cudnn, segments, features):
     inputs = build_inputs(_case(segments, **features), torch.device("cpu"), torch.float16, seed=3)
-    prepared = fake_cudnn.prepare(inputs)
+    prepared = PROVIDERS["cudnn-paged"].prepare(inputs)
     _check(prepared, inputs)
     ragged = len(set(inputs.case.query_lens)) > 1
     assert ("ragged" in prepared.note) is ragged
@@ -394,14 +414,14 @@ def test_cudnn_graphs_are_shared_by_batches_of_one_shape(fake_cudnn):
     case = _case([(1, 32, 32), (3, 1, 33)])
     for seed in (4, 5):
         inputs = build_inputs(case, torch.device("cpu"), torch.float16, seed=seed)
-        _check(fake_cudnn.prepare(inputs), inputs)
+        _check(PROVIDERS["cudnn-paged"].prepare(inputs), inputs)
     assert len(fake_cudnn._GRAPHS) == 1
 
 
 def test_cudnn_adapter_refuses_unwired_features(fake_cudnn):
     inputs = build_inputs(_case([(2, 1, 64)], softcap=30.0), torch.device("cpu"), torch.float16)
     with pytest.raises(NotApplicable, match="softcap"):
-        fake_cudnn.prepare(inputs)
+        PROVIDERS["cudnn-paged"].prepare(inputs)
 
 
 # ---------------------------------------------------------------------------------------------

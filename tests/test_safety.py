@@ -1,6 +1,6 @@
-"""Safety of the metadata: validate_metadata names bad entries; without it, bad block ids,
-lengths and slots never make a kernel touch memory outside the cache (poisoned guard blocks
-around the cache are never read into an output and never written)."""
+"""Safety of the metadata: validate_metadata names bad entries (by default on CPU tensors);
+without it, bad block ids, lengths and slots never make a kernel touch memory outside the cache
+(poisoned guard blocks around the cache are never read into an output and never written)."""
 
 import pytest
 import torch
@@ -62,7 +62,7 @@ def check_corruption(corruption, cases, paths=(("unified", None), ("split_kv", 4
     CORRUPTIONS[corruption](batch, batch.k_cache.shape[0])
     with pytest.raises(ValueError, match="sequence"):
         paged_attention(*batch.args(), validate=True)
-    for out, lse in run_paths(batch, paths):
+    for out, lse in run_paths(batch, paths, validate=False):
         assert not torch.isnan(out).any(), "a guard block or an unwritten row reached the output"
         # the sequences the corruption did not touch are exact
         for s in (0, 3):
@@ -95,7 +95,7 @@ def test_corrupt_query_start_loc_is_masked():
     batch.query_start_loc[2] = 50  # past num_tokens = 4
     with pytest.raises(ValueError, match="query_start_loc"):
         paged_attention(*batch.args(), validate=True)
-    for out, _ in run_paths(batch):
+    for out, _ in run_paths(batch, validate=False):
         assert not torch.isnan(out[:1]).any()
     assert guards_intact(buffers)
 
@@ -111,10 +111,63 @@ def test_write_kv_out_of_range_slots_are_skipped():
     slots = torch.tensor([3, -1, 8 * 16, 8 * 16 + 40, -7], device=DEVICE)
     with pytest.raises(ValueError, match=r"slot_mapping\[2\]"):
         write_kv(key, key, k_cache, v_cache, slots, validate=True)
-    write_kv(key, key, k_cache, v_cache, slots)
+    write_kv(key, key, k_cache, v_cache, slots, validate=False)
     torch.testing.assert_close(k_cache[0, 3], key[0])
     assert guards_intact([k_buf, v_buf])
     assert int((k_cache != 0).sum()) == int((key[0] != 0).sum())
+
+
+CPU_DEFAULT = [
+    pytest.param(lambda b: b.query_start_loc.__setitem__(2, 50), r"query_start_loc\[-1\]|decreases", id="qsl-past-q"),
+    pytest.param(lambda b: b.query_start_loc.__setitem__(1, 5), "decreases at index 2", id="qsl-not-monotonic"),
+    pytest.param(lambda b: b.block_table.__setitem__((1, 0), b.k_cache.shape[0]), r"block_table\[1, 0\]",
+                 id="block-id-out-of-range"),
+    pytest.param(lambda b: b.seq_lens.__setitem__(0, 0), "shorter than its", id="seq-len-below-queries"),
+]
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="the default validates CPU tensors only")
+@pytest.mark.parametrize("change, message", CPU_DEFAULT)
+def test_cpu_calls_validate_the_metadata_by_default(change, message):
+    """On CPU tensors (the interpreter) paged_attention checks the metadata's contents without
+    being asked, and validate=False turns it off (the kernels then mask the bad entries)."""
+    batch = make_paged_batch([(1, 70), (3, 40)], dtype=torch.float32, device=DEVICE,
+                             generator=torch.Generator().manual_seed(4))
+    change(batch)
+    with pytest.raises(ValueError, match=message):
+        paged_attention(*batch.args())
+    paged_attention(*batch.args(), max_query_len=3, max_seq_len=70, validate=False)
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="the default validates CPU tensors only")
+def test_cpu_default_lets_sequences_share_blocks():
+    """Prefix caching shares blocks: the default check allows it, validate=True names it."""
+    batch = make_paged_batch([(1, 20), (1, 20)], dtype=torch.float32, device=DEVICE,
+                             generator=torch.Generator().manual_seed(5))
+    batch.block_table[1, 0] = batch.block_table[0, 0]
+    paged_attention(*batch.args())
+    with pytest.raises(ValueError, match="allow_shared_blocks"):
+        paged_attention(*batch.args(), validate=True)
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="the default validates CPU tensors only")
+def test_cpu_write_kv_validates_slots_by_default():
+    cache = torch.zeros(4, 16, 2, 32)
+    key = torch.randn(2, 2, 32)
+    with pytest.raises(ValueError, match=r"slot_mapping\[1\]"):
+        write_kv(key, key, cache, cache.clone(), torch.tensor([3, 64]))
+
+
+def test_validation_default_follows_the_device(monkeypatch):
+    from pagedattn.validate import validation_requested
+
+    monkeypatch.delenv("PAGEDATTN_VALIDATE", raising=False)
+    assert validation_requested(None, torch.device("cpu"))
+    assert not validation_requested(None, torch.device("cuda", 0))  # a GPU call would synchronize
+    assert not validation_requested(False, torch.device("cpu"))
+    assert validation_requested(True, torch.device("cuda", 0))
+    monkeypatch.setenv("PAGEDATTN_VALIDATE", "1")
+    assert validation_requested(None, torch.device("cuda", 0)) and validation_requested(False, torch.device("cpu"))
 
 
 @pytest.mark.parametrize(

@@ -3,6 +3,8 @@
 (softcap, sinks, bidirectional image blocks) has no SDPA path, padded and unpadded; ``generate``
 and ``generate_batch`` (continuous batching) give the reference's greedy tokens."""
 
+import copy
+
 import pytest
 import torch
 
@@ -193,6 +195,20 @@ def test_generate_batch_same_tokens_as_greedy(name, chunked, monkeypatch):
     assert any(1 in lens for lens in q_lens)  # decode steps went through pagedattn
     extends = [(q, k) for ql, kl in zip(q_lens, k_lens) for q, k in zip(ql, kl) if 1 < q < k]
     assert bool(extends) == chunked  # a prompt continued on cached tokens (chunked prefill)
+
+
+def test_model_without_the_attention_interface_is_refused():
+    """Falcon's attention classes call their own kernels: transformers alone would keep them (a
+    logged warning) or fail with a KeyError while building the model."""
+    config = transformers.FalconConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+                                       new_decoder_architecture=True, num_kv_heads=2)
+    model = _model(transformers.FalconForCausalLM, config)
+    before = model.config._attn_implementation
+    with pytest.raises(ValueError, match="FalconForCausalLM computes attention in its own modules"):
+        model.set_attn_implementation("pagedattn")
+    assert model.config._attn_implementation == before
+    with pytest.raises(ValueError, match="not through transformers' AttentionInterface"):
+        transformers.FalconForCausalLM._from_config(copy.deepcopy(config), attn_implementation="pagedattn")
 
 
 def test_continuous_batching_allow_list_wrapped_once():

@@ -7,7 +7,8 @@
 >>> out = backend.forward(q, k_cache, v_cache, md)                   # per layer
 
 Backends: ``triton`` (default), ``router`` (three-path routing, by name), ``sdpa``, ``flex``,
-``torch`` (the reference in float32), ``flashinfer`` (reports why it cannot serve) and ``mla``
+``torch`` (the reference in float32), ``flashinfer`` (FlashInfer's paged wrappers, through
+:mod:`pagedattn.adapters.flashinfer`) and ``mla``
 (MLA layers over a latent cache, by name). See
 docs/backends.md.
 """

@@ -1,9 +1,8 @@
-"""Helpers of the PyTorch-op backends (sdpa, flex): one sequence's K/V, visibility and biases.
+"""Helpers of the PyTorch-op backends (sdpa, flex): one sequence's K/V and visibility at a time.
 
-These follow the contract's rules (docs/contract.md) directly; they are written apart from ``pagedattn.reference`` so
-that comparing a backend with the reference is a comparison of two implementations. The
-engine's SDPA attention (``pagedattn.engine.attention``) builds its extend masks with
-``query_positions`` and ``visible`` too.
+These follow the contract's rules (docs/contract.md) directly, through the masks of
+:mod:`pagedattn.adapters.sdpa`; they are written apart from ``pagedattn.reference`` so that
+comparing a backend with the reference is a comparison of two implementations.
 """
 
 from __future__ import annotations
@@ -11,6 +10,8 @@ from __future__ import annotations
 import math
 
 import torch
+
+from pagedattn.adapters.sdpa import query_positions, visible
 
 
 def scale_value(x) -> float:
@@ -32,40 +33,6 @@ def sequence_kv(k_cache, v_cache, block_table_row, seq_len: int, dtype, k_scale=
         k = (k.float() * scale_value(k_scale)).to(dtype)
         v = (v.float() * scale_value(v_scale)).to(dtype)
     return k.to(dtype), v.to(dtype)
-
-
-def query_positions(num_queries: int, seq_len: int, device) -> torch.Tensor:
-    """``[num_queries]`` int64: the positions of a sequence's queries, its last ``num_queries``
-    tokens (query j sits at ``seq_len - num_queries + j``)."""
-    return torch.arange(num_queries, device=device) + (seq_len - num_queries)
-
-
-def visible(q_pos: torch.Tensor, seq_len: int, *, causal: bool, sliding_window, prefix_rows) -> torch.Tensor:
-    """``[len(q_pos), seq_len]`` bool: (causal and window rule) or (p and k in one prefix range)."""
-    p = q_pos[:, None]
-    k = torch.arange(seq_len, device=q_pos.device)[None, :]
-    if causal:
-        vis = k <= p
-    else:
-        vis = torch.ones(p.shape[0], seq_len, dtype=torch.bool, device=q_pos.device)
-    if sliding_window:
-        vis = vis & (k > p - sliding_window)
-        if not causal:
-            vis = vis & (k < p + sliding_window)
-    if prefix_rows is not None:
-        for start, end in prefix_rows:
-            if start < end:
-                vis = vis | ((p >= start) & (p < end) & (k >= start) & (k < end))
-    return vis
-
-
-def alibi_bias(q_pos: torch.Tensor, seq_len: int, slopes: torch.Tensor, sqrt: bool) -> torch.Tensor:
-    """``[num_q_heads, len(q_pos), seq_len]`` float32: ``slope * (k - p)``, or ``-slope * sqrt(p - k)``."""
-    rel = (torch.arange(seq_len, device=q_pos.device)[None, :] - q_pos[:, None]).float()
-    slopes = slopes.float()[:, None, None]
-    if sqrt:
-        return -slopes * torch.sqrt(torch.clamp(-rel, min=0))[None]
-    return slopes * rel[None]
 
 
 def loop_sequences(q, k_cache, v_cache, metadata, *, causal, sliding_window, prefix_ranges, k_scale, v_scale):

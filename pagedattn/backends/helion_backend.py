@@ -29,7 +29,7 @@ class HelionBackend(AttentionBackend):
 
     def unavailable_reason(self):
         if importlib.util.find_spec("helion") is None:
-            return "helion is not installed (pip install 'pagedattn[helion]')"
+            return "helion is not installed (from the pagedattn checkout: pip install -e '.[helion]')"
         return None
 
     def supports_head_size(self, head_size: int) -> bool:

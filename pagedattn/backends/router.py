@@ -11,8 +11,9 @@ Sequences are ordered as ``[decode | extend | prefill | empty]``:
   caller's causal rule, and the parts are merged with :func:`pagedattn.merge_attention_states`.
   This is exact: the sink term joins one part only, and an ALiBi chunk's constant position
   offset is added back to its lse;
-* prefill, ``query_len >= seq_len`` (``>`` only without the causal rule): :func:`run_prefill`,
-  kept as one function so that a large-tile prefill kernel can replace it;
+* prefill, ``query_len >= seq_len`` (``>`` only without the causal rule): one
+  ``paged_attention`` call whose plan takes the planner's rule (the large-tile prefill kernel
+  for long prompts);
 * empty, ``query_len == 0``: nothing to compute.
 
 A sliding window, prefix ranges or ALiBi-sqrt make a chunk's visibility depend on absolute
@@ -25,14 +26,14 @@ router accepts a batch in any order and writes outputs back in the caller's toke
 engine that reorders its batch once per step with ``route_order`` (and plans the reordered
 batch) saves the two per-layer gathers (``RouteOrder.is_identity``).
 
-Per-layer cost (CONVENTIONS.md, plan/run): ``plan`` reads the host metadata once and, given
+Per-layer cost: ``plan`` reads the host metadata once and, given
 ``block_size``, also builds every device tensor of the step (sub-batch metadata, the extend
 chunks' slot lists, block tables and plans, the gather workspace) and the token workspaces.
 ``forward`` then never synchronizes with the host nor copies host data to the device, so it can
 be captured in a CUDA graph; with ``out=`` the extend chunks write their lse into the plan's
 workspace (``lse_out=``), so only the decode/prefill launches' returned lse (when asked for) is
-allocated. Without
-``block_size`` the first layer's call builds the extend workspaces (host-to-device copies).
+allocated. Without ``block_size`` the first layer's call builds the extend workspaces
+(host-to-device copies).
 """
 
 from __future__ import annotations
@@ -41,10 +42,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from pagedattn.backends.base import BackendConfig, BatchMetadata
+from pagedattn.backends.base import BackendConfig, BatchMetadata, features_of_call
 from pagedattn.backends.triton_backend import TritonBackend, plan_for_config
 
-__all__ = ["DEFAULT_CHUNK_TOKENS", "KINDS", "RouteOrder", "RouterPlan", "RouterBackend", "route_order", "run_prefill"]
+__all__ = ["DEFAULT_CHUNK_TOKENS", "KINDS", "RouteOrder", "RouterPlan", "RouterBackend", "route_order"]
 
 DEFAULT_CHUNK_TOKENS = 32768
 KINDS = ("decode", "extend", "prefill", "empty")
@@ -90,11 +91,18 @@ class RouteOrder:
         start = sum(self.token_counts[k] for k in KINDS[: KINDS.index(kind)])
         return start, start + self.token_counts[kind]
 
+    def query_start_loc(self, query_start_loc: list, kind: str | None = None) -> list:
+        """The caller's host ``query_start_loc`` for the routed sequences (of ``kind`` only, if
+        given), from 0."""
+        s0, s1 = self.seq_range(kind) if kind else (0, len(self.seq_perm_host))
+        out = [0]
+        for s in self.seq_perm_host[s0:s1]:
+            out.append(out[-1] + query_start_loc[s + 1] - query_start_loc[s])
+        return out
+
 
 def _host_list(x) -> list:
-    if isinstance(x, torch.Tensor):
-        return [int(v) for v in x.tolist()]
-    return [int(v) for v in x]
+    return [int(v) for v in (x.tolist() if isinstance(x, torch.Tensor) else x)]
 
 
 def route_order(query_start_loc, seq_lens, *, device="cpu") -> RouteOrder:
@@ -121,18 +129,16 @@ def route_order(query_start_loc, seq_lens, *, device="cpu") -> RouteOrder:
     counts = {k: kinds.count(k) for k in KINDS}
     token_counts = {k: sum(qsl[s + 1] - qsl[s] for s in range(len(lens)) if kinds[s] == k) for k in KINDS}
     token_perm = [t for s in perm for t in range(qsl[s], qsl[s + 1])]
-    inv = [0] * len(perm)
-    for i, s in enumerate(perm):
-        inv[s] = i
-    token_inv = [0] * len(token_perm)
-    for i, t in enumerate(token_perm):
-        token_inv[t] = i
 
     def t64(x):
         return torch.tensor(x, dtype=torch.int64, device=device)
 
+    def inverse(p):
+        return torch.argsort(t64(p))
+
     return RouteOrder(
-        seq_perm=t64(perm), seq_inv_perm=t64(inv), token_perm=t64(token_perm), token_inv_perm=t64(token_inv),
+        seq_perm=t64(perm), seq_inv_perm=inverse(perm), token_perm=t64(token_perm),
+        token_inv_perm=inverse(token_perm),
         seq_perm_host=perm, counts=counts, token_counts=token_counts,
         is_identity=perm == list(range(len(perm))) and token_perm == list(range(len(token_perm))),
     )
@@ -252,7 +258,6 @@ class RouterPlan:
     order: RouteOrder
     parts: dict
     config: BackendConfig
-    chunk_tokens: int
     workspaces: dict = field(default_factory=dict)
 
     def workspace(self, name: str, shape, dtype: torch.dtype, device) -> torch.Tensor:
@@ -268,12 +273,9 @@ class RouterPlan:
 def _sub_metadata(md: BatchMetadata, order: RouteOrder, kind: str) -> BatchMetadata:
     s0, s1 = order.seq_range(kind)
     idx = order.seq_perm[s0:s1].to(md.block_table.device)
-    seqs = order.seq_perm_host[s0:s1]
-    q_lens = [md.query_start_loc_host[s + 1] - md.query_start_loc_host[s] for s in seqs]
-    lens = [md.seq_lens_host[s] for s in seqs]
-    qsl = [0]
-    for n in q_lens:
-        qsl.append(qsl[-1] + n)
+    lens = [md.seq_lens_host[s] for s in order.seq_perm_host[s0:s1]]
+    qsl = order.query_start_loc(md.query_start_loc_host, kind)
+    q_lens = [b - a for a, b in zip(qsl[:-1], qsl[1:])]
     return BatchMetadata(
         block_table=md.block_table.index_select(0, idx),
         seq_lens=md.seq_lens.index_select(0, idx),
@@ -281,16 +283,6 @@ def _sub_metadata(md: BatchMetadata, order: RouteOrder, kind: str) -> BatchMetad
         query_start_loc_host=qsl, seq_lens_host=lens,
         max_query_len=max(q_lens + [0]), max_seq_len=max(lens + [0]), backend="triton",
     )
-
-
-def run_prefill(q, k_cache, v_cache, part: _Part, *, out, **features):
-    """The prefill path (query_len == seq_len: the whole context is new).
-
-    Today ``paged_attention`` over the cache, as the other parts; the place where a large-tile
-    prefill kernel over the fresh contiguous K/V (``pagedattn.varlen_attention``) will be called
-    instead.
-    """
-    return _run_paged(q, k_cache, v_cache, part, out=out, **features)
 
 
 def _run_paged(q, k_cache, v_cache, part: _Part, *, out, **features):
@@ -378,7 +370,7 @@ class RouterBackend(TritonBackend):
                     path=decode_path if kind == "decode" else "auto", sliding_window=sliding_window,
                 )
             parts[kind] = part
-        plan = RouterPlan(order=order, parts=parts, config=config, chunk_tokens=chunk_tokens)
+        plan = RouterPlan(order=order, parts=parts, config=config)
         if not order.is_identity:  # the per-layer gathers' buffers
             shape = (md.num_tokens, config.num_q_heads, config.head_size)
             plan.workspace("q", shape, config.dtype, device)
@@ -396,7 +388,7 @@ class RouterBackend(TritonBackend):
         order = plan.order
         if q.shape[0] != metadata.num_tokens:
             raise ValueError(f"q has {q.shape[0]} tokens; the plan's batch has {metadata.num_tokens}")
-        if features.get("sliding_window") or prefix_ranges is not None or features.get("alibi_sqrt"):
+        if features_of_call(prefix_ranges=prefix_ranges, **features) & POSITIONAL_FEATURES:
             extend = plan.parts.get("extend")
             if extend is not None and extend.chunks is not None:
                 raise ValueError(
@@ -432,8 +424,6 @@ class RouterBackend(TritonBackend):
             if kind == "extend" and part.chunks is not None:
                 _run_extend_chunked(q_r[t0:t1], k_cache, v_cache, part, plan.config, out=out_r[t0:t1],
                                     lse_out=lse_part, **kw)
-            elif kind == "prefill":
-                run_prefill(q_r[t0:t1], k_cache, v_cache, part, out=out_r[t0:t1], lse_out=lse_part, **kw)
             else:
                 _run_paged(q_r[t0:t1], k_cache, v_cache, part, out=out_r[t0:t1], lse_out=lse_part, **kw)
         if not order.is_identity:

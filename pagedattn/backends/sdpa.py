@@ -4,12 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from pagedattn.backends._common import (
-    alibi_bias,
-    default_scale,
-    loop_sequences,
-    prepare_out,
-)
+from pagedattn.adapters import sdpa
+from pagedattn.adapters.sdpa import alibi_bias
+from pagedattn.backends._common import default_scale, loop_sequences, prepare_out
 from pagedattn.backends.base import FEATURES, AttentionBackend
 
 
@@ -33,7 +30,6 @@ class SdpaBackend(AttentionBackend):
                                        ("return_lse", return_lse)) if on]
         if unsupported:
             raise ValueError(f"the sdpa backend does not support {', '.join(unsupported)}")
-        sdpa = torch.nn.functional.scaled_dot_product_attention
         scale = default_scale(scale, q.shape[-1])
         out, _ = prepare_out(q, out, False)
         for q0, q1, seq_len, q_pos, k, v, vis in loop_sequences(
@@ -42,12 +38,9 @@ class SdpaBackend(AttentionBackend):
         ):
             if alibi_slopes is not None:
                 bias = alibi_bias(q_pos, seq_len, alibi_slopes, alibi_sqrt)
-                mask = bias.masked_fill(~vis[None], float("-inf")).to(q.dtype)[None]
+                mask = bias.masked_fill(~vis[None], float("-inf")).to(q.dtype)
             else:
-                mask = vis[None, None]
-            o = sdpa(
-                q[q0:q1].transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
-                attn_mask=mask, scale=scale, enable_gqa=True,
-            )[0].transpose(0, 1)
+                mask = vis
+            o = sdpa.attend(q[q0:q1], k, v, mask=mask, scale=scale)
             out[q0:q1] = torch.where(vis.any(1)[:, None, None], o, torch.zeros((), dtype=o.dtype, device=o.device))
         return out

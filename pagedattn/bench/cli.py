@@ -152,7 +152,7 @@ def _progress_label(rec: dict, interpreter: bool) -> str:
 
 
 def main(argv=None) -> int:
-    from pagedattn.cli import Progress, interpreter_banner
+    from pagedattn.terminal import Progress, interpreter_banner
 
     args = build_parser().parse_args(argv)
     device = select_device()  # before anything imports a Triton kernel

@@ -4,9 +4,12 @@ pagedattn 2D only and torch SDPA (cuDNN) over a contiguous static cache.
 Llama-3.1-8B's shape (or ``--model``, another preset: gemma3-4b, gemma2-9b, gpt-oss-20b, ...) with
 random bf16 weights: batch 1 with a 500-token prompt and 128 / 1024
 output tokens (TTFT, TPOT = mean decode step, total latency), and batch 64 at 2048 tokens of
-context (one prefill step, then a few timed decode steps). Decode steps are CUDA-graph replays
-for all three attentions. Each step is timed with CUDA events: ``tpot_ms`` is the whole step
-(scheduling, metadata, plan update, replay, sampling); ``forward_ms`` the model forward alone.
+context (one prefill step, then a few timed decode steps). On a GPU, decode steps are CUDA-graph
+replays for all three attentions and each step is timed with CUDA events: ``tpot_ms`` is the
+whole step (scheduling, metadata, plan update, replay, sampling); ``forward_ms`` the model
+forward alone. On the CPU (Triton's interpreter, eager steps) ``tpot_ms`` is wall time and
+``forward_ms`` is not measured; nothing is compared with a reference (the rows show that the
+engine runs with each attention, not how fast).
 The floor is the bytes a decode step must read (the weights without the input-embedding table,
 plus the KV cache at the mean context) over ``--bandwidth`` (default 4.6e12 B/s, the H200's
 measured read bandwidth). ``--quick`` runs the tiny preset (seconds on the CPU interpreter). An
@@ -173,12 +176,15 @@ def _line(r: dict) -> str:
 def markdown_table(results: dict) -> str:
     m, c = results["machine"], results["config"]
     timed = [r for r in results["records"] if "status" not in r]
+    on_gpu = bool(m.get("gpu"))
+    clock = "CUDA events" if on_gpu else "wall time, Triton's interpreter: not a speed"
+    forward_note = "" if on_gpu else " (measured on a GPU only)"
     lines = [
         f"**{m.get('gpu') or m['device']}**, torch {m['torch']}, triton {m['triton']}, {c['model']} "
         f"({c['dtype']}, random weights), {m['date']}",
         "",
-        f"TPOT = mean decode step (CUDA events; scheduling, metadata, plan update, replay and sampling); "
-        f"forward = the model forward alone. Floor = bytes a decode step reads (weights without the input "
+        f"TPOT = mean decode step ({clock}; scheduling, metadata, plan update, replay and sampling); "
+        f"forward = the model forward alone{forward_note}. Floor = bytes a decode step reads (weights without the input "
         f"embedding: {timed[0]['weights_gb']:.2f} GB, plus the KV cache at the mean context) / "
         f"{c['bandwidth']:.3g} B/s." if timed else "",
         "",
@@ -206,6 +212,13 @@ def markdown_table(results: dict) -> str:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    from pagedattn.engine.config import ENGINE_PACKAGES
+    from pagedattn.terminal import missing_packages
+
+    missing = missing_packages("pagedattn bench e2e", "engine", ENGINE_PACKAGES)
+    if missing:
+        print(missing, file=sys.stderr)
+        return 2
     device = select_device()  # before anything imports a Triton kernel
     from pagedattn.bench.report import comma_list, machine_info, write_json, write_outputs
     from pagedattn.engine.config import PRESETS, MLAModelConfig

@@ -433,7 +433,7 @@ def _peers(spec: str, device) -> list:
 
 def main(argv=None) -> int:
     from pagedattn.bench.cli import select_device
-    from pagedattn.cli import Progress, interpreter_banner
+    from pagedattn.terminal import Progress, interpreter_banner
 
     args = build_parser().parse_args(argv)
     device = select_device()  # before anything imports a Triton kernel

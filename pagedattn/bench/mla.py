@@ -11,7 +11,7 @@ rotating over input copies for short calls, ``do_bench`` otherwise):
   ``[B, L, 576]`` copy of the same latents;
 * ``flashinfer`` (when installed, on a GPU): ``flashinfer.mla.BatchMLAPagedAttentionWrapper``
   over the same paged cache, latent and rope parts as two views of it, planned once per case
-  outside the timing (:mod:`pagedattn.bench.peers.flashinfer`). Checked against the fp32
+  outside the timing (:mod:`pagedattn.adapters.flashinfer`). Checked against the fp32
   torch result before it is timed; a case it cannot run is listed with the reason.
 
 ``--sweep`` times a grid of kernel configs (``SWEEP_CONFIGS``: heads per program, value split,
@@ -194,9 +194,8 @@ class Workload:
         The output is checked against the fp32 torch result before timing; a mismatch or a
         case the wrapper cannot plan gives no record and a message saying why.
         """
-        from pagedattn.bench.peers import flashinfer
-        from pagedattn.bench.peers.common import host_time_us
-        from pagedattn.bench.timing import bench
+        from pagedattn.adapters import flashinfer
+        from pagedattn.bench.timing import bench, host_time_us
 
         label = f"flashinfer B={self.batch} L={self.seq_len}"
         ok, why = flashinfer.availability()
@@ -207,7 +206,7 @@ class Workload:
         fns, note = [], ""
         try:
             for i, (q, kv, bt, lens, qsl, _) in enumerate(self.sets):
-                run, note = flashinfer.prepare_mla(q, kv, bt, lens, qsl, scale=SCALE, latent_dim=LATENT,
+                run, note = flashinfer.mla_call(q, kv, bt, lens, qsl, scale=SCALE, latent_dim=LATENT,
                                                    out=self.outs[i])
                 fns.append(run)
             self.outs[0].fill_(float("nan"))

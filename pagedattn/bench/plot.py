@@ -9,7 +9,7 @@ prints, e.g. docs/bench/results/waves.json): one panel per replayed batch (1 x 5
 captured at the maximum (static and atomic schedules) and the best plan at the true size, with
 the target (persistent within 10% of the true-size time) dashed.
 
-Needs matplotlib (``pip install pagedattn[bench]``); without it, says so and exits 0.
+Needs matplotlib (``pip install -e ".[bench]"`` from the checkout); without it, says so and exits 0.
 """
 
 from __future__ import annotations

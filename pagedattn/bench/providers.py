@@ -6,15 +6,17 @@ prepared inputs (allocation and layout changes happen in ``prepare``, outside th
 pagedattn is imported inside ``prepare`` only, so the CLI can still set ``TRITON_INTERPRET``.
 
 The peers (FlashInfer's paged wrappers, cuDNN's paged SDPA graph) read the same paged tensors;
-their adapters live in :mod:`pagedattn.bench.peers` and import the packages only when asked.
-``python -m pagedattn.bench.providers --selftest`` runs each of them once on small cases on a
-GPU, against the float64 reference, and prints one line per provider and case.
+what their APIs take is in :mod:`pagedattn.adapters` (each imports its package only when
+asked), and the providers here only turn a case's inputs into those calls.
+``python -m pagedattn.bench.selftest`` runs each of them once on small cases on a GPU, against
+the float64 reference, and prints one line per provider and case.
 """
 
 from __future__ import annotations
 
 import importlib
 import importlib.util
+import math
 import os
 import sys
 from dataclasses import dataclass
@@ -23,6 +25,8 @@ from typing import Any, Callable
 
 import torch
 
+from pagedattn.adapters import cudnn, flashinfer, sdpa
+from pagedattn.adapters.common import NotApplicable
 from pagedattn.bench.workloads import Case, CaseInputs
 
 
@@ -113,10 +117,7 @@ def _routed_inputs(inputs: CaseInputs):
     order = route_order(qsl_host, lens_host, device=inputs.q.device)
     if order.is_identity:
         return inputs.q, inputs.block_table, inputs.seq_lens, inputs.query_start_loc, order
-    q_lens = [qsl_host[s + 1] - qsl_host[s] for s in order.seq_perm_host]
-    qsl = [0]
-    for n in q_lens:
-        qsl.append(qsl[-1] + n)
+    qsl = order.query_start_loc(qsl_host)
     return (inputs.q.index_select(0, order.token_perm), inputs.block_table.index_select(0, order.seq_perm),
             inputs.seq_lens.index_select(0, order.seq_perm),
             torch.tensor(qsl, dtype=torch.int32, device=inputs.q.device), order)
@@ -196,17 +197,7 @@ class SdpaProvider(Provider):
     def available(self):
         if not _has_gpu():
             return False, "needs a CUDA GPU"
-        try:
-            from torch.nn.attention import SDPBackend
-        except ImportError as e:
-            return False, f"torch.nn.attention missing: {e}"
-        if not hasattr(SDPBackend, self.backend):
-            return False, f"this torch has no SDPBackend.{self.backend}"
-        if self.backend == "CUDNN_ATTENTION" and not torch.backends.cudnn.is_available():
-            return False, "cuDNN is not available"
-        if self.backend == "FLASH_ATTENTION" and not torch.backends.cuda.is_flash_attention_available():
-            return False, "this torch build has no flash attention"
-        return True, ""
+        return sdpa.kernel_status(self.backend)
 
     def supports(self, case):
         feats = case.features
@@ -218,17 +209,12 @@ class SdpaProvider(Provider):
         return True, ""
 
     def prepare(self, inputs):
-        import torch.nn.functional as F
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-
-        backend = getattr(SDPBackend, self.backend)
         groups = inputs.contiguous()
         calls = [(g.q, g.k, g.v, g.query_len > 1) for g in groups]
+        kernels = [self.backend]
 
         def run_with(calls, gqa):
-            with sdpa_kernel(backend):
-                return [F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)
-                        for q, k, v, causal in calls]
+            return [sdpa.call(q, k, v, kernels=kernels, is_causal=causal, enable_gqa=gqa) for q, k, v, causal in calls]
 
         note = ""
         try:
@@ -334,7 +320,7 @@ class FlexProvider(Provider):
 
 # ---------------------------------------------------------------------------------------------
 # Peers on the same paged tensors: FlashInfer's wrappers and cuDNN's paged SDPA graph
-# (adapters in pagedattn.bench.peers; neither package is imported until a provider is asked)
+# (pagedattn.adapters; neither package is imported until a provider is asked)
 
 
 def _installed(name: str) -> bool:
@@ -354,26 +340,95 @@ class FlashInferProvider(Provider):
 
     ``mode="engine"``: single-token decodes through ``BatchDecodeWithPagedKVCacheWrapper`` and
     the rest through ``BatchPrefillWithPagedKVCacheWrapper`` (two calls for a mixed batch, as
-    vLLM's FlashInfer backend makes them); ``mode="prefill"``: the whole batch in one
-    prefill-wrapper call.
+    vLLM's FlashInfer backend makes them; a batch whose decodes and rest interleave is put in
+    [decodes | rest] order once, outside the timing); ``mode="prefill"``: the whole batch in
+    one prefill-wrapper call. Prefills use FA3 on sm90 where it has the head size.
     """
 
     mode: str = "engine"
 
     def available(self):
-        from pagedattn.bench.peers import flashinfer
-
         return flashinfer.availability()
 
     def supports(self, case):
-        from pagedattn.bench.peers import flashinfer
-
-        return flashinfer.supports(case)
+        p = case.params
+        if p.get("sinks"):
+            return False, "attention sinks are not wired for FlashInfer's fa2/fa3 paged kernels here"
+        if p["num_q_heads"] % p["num_kv_heads"]:
+            return False, "num_q_heads is not a multiple of num_kv_heads"
+        if any(kv < 1 for kv in case.seq_lens):
+            return False, "a sequence without keys has no FlashInfer page list"
+        return True, ""
 
     def prepare(self, inputs):
-        from pagedattn.bench.peers import flashinfer
+        if self.mode not in ("engine", "prefill"):
+            raise ValueError(f"mode must be 'engine' or 'prefill', got {self.mode!r}")
+        q, k_cache, v_cache = inputs.q, inputs.k_cache, inputs.v_cache
+        flashinfer.check_dtypes(q.dtype, k_cache.dtype)
+        f = inputs.features
+        if f.get("sinks") is not None:
+            raise NotApplicable("attention sinks are not wired for FlashInfer here")
+        block_size, device = k_cache.shape[1], q.device
+        options = dict(num_q_heads=q.shape[1], num_kv_heads=k_cache.shape[2], head_size=q.shape[2],
+                       block_size=block_size, dtype=q.dtype, scale=1.0 / math.sqrt(q.shape[2]),
+                       sliding_window=f.get("sliding_window"), softcap=f.get("softcap"))
+        causal = bool(f.get("causal", True))
+        ws = flashinfer.workspace(device)
+        qsl = inputs.query_start_loc.tolist()
+        table, lens = inputs.block_table.cpu(), inputs.seq_lens.cpu()
 
-        return flashinfer.prepare(inputs, self.mode)
+        def prefill(seqs):
+            wrapper = flashinfer.prefill_wrapper(ws, flashinfer.prefill_backend(device, q.shape[2]))
+            flashinfer.plan_prefill(wrapper, flashinfer.sub_query_start_loc(qsl, seqs),
+                                    flashinfer.paged_csr(table[seqs], lens[seqs], block_size), causal=causal,
+                                    **options)
+            return wrapper, f"prefill wrapper ({flashinfer.backend_name(wrapper)})"
+
+        kv = (k_cache, v_cache)
+        out = torch.full_like(q, float("nan"))  # an unwritten row fails the check
+        if self.mode == "prefill":
+            wrapper, what = prefill(list(range(len(qsl) - 1)))
+
+            def run_one():
+                wrapper.run(q, kv, out=out)
+                return out
+
+            return Prepared(run_one, note=f"one call: {what}")
+
+        split = flashinfer.split_decodes(qsl)
+        q_run, to_tokens, reorder_note = q, _identity, ""
+        if split.reorder:
+            # [decodes | rest], as an engine orders its batch once per step (outside the timing)
+            order = torch.tensor(split.token_order, dtype=torch.int64, device=device)
+            q_run = q.index_select(0, order)
+            to_tokens = partial(_unroute, inv=torch.argsort(order))
+            num_decode = len(split.decode)
+            spans = {"decode": (0, num_decode), "rest": (num_decode, q.shape[0])}
+            reorder_note = "; batch put in [decodes | rest] order once outside the timing"
+        else:
+            spans = {"decode": flashinfer.token_span(qsl, split.decode),
+                     "rest": flashinfer.token_span(qsl, split.rest)}
+        calls, notes = [], []
+        if split.decode:
+            wrapper = flashinfer.decode_wrapper(ws, tensor_cores=flashinfer.use_tensor_cores(q.shape[1],
+                                                                                           k_cache.shape[2]))
+            flashinfer.plan_decode(wrapper, flashinfer.paged_csr(table[split.decode], lens[split.decode], block_size),
+                                   **options)
+            calls.append((wrapper, *spans["decode"]))
+            cores = ", tensor cores" if flashinfer.use_tensor_cores(q.shape[1], k_cache.shape[2]) else ""
+            notes.append(f"{len(split.decode)} decodes: decode wrapper ({flashinfer.backend_name(wrapper)}{cores})")
+        if split.rest:
+            wrapper, what = prefill(split.rest)
+            calls.append((wrapper, *spans["rest"]))
+            notes.append(f"{len(split.rest)} prefill/extend: {what}")
+        calls = [(w, q_run[a:b], out[a:b]) for w, a, b in calls]
+
+        def run():
+            for w, q_part, o_part in calls:
+                w.run(q_part, kv, out=o_part)
+            return out
+
+        return Prepared(run, to_tokens, "; ".join(notes) + reorder_note)
 
 
 @dataclass
@@ -382,25 +437,25 @@ class CudnnPagedProvider(Provider):
     offsets for a batch with different query lengths. Graphs are built once per shape."""
 
     def available(self):
-        from pagedattn.bench.peers import cudnn
-
         return cudnn.availability()
 
     def supports(self, case):
-        from pagedattn.bench.peers import cudnn
-
-        return cudnn.supports(case)
+        p = case.params
+        return cudnn.supports(case.features, p["num_q_heads"], p["num_kv_heads"])
 
     def prepare(self, inputs):
-        from pagedattn.bench.peers import cudnn
-
-        return cudnn.prepare(inputs)
+        features = {k: v for k, v in inputs.features.items() if k != "causal"}
+        out = torch.full_like(inputs.q, float("nan"))  # an unwritten row fails the check
+        run, note = cudnn.paged_call(inputs.q, inputs.k_cache, inputs.v_cache, inputs.block_table, inputs.seq_lens,
+                                     inputs.query_start_loc, out=out, causal=inputs.features.get("causal", True),
+                                     features=features)
+        return Prepared(run, note=note)
 
 
 def host_time_us(prepared: Prepared, calls: int = 50) -> float:
     """Host time of one prepared call: ``calls`` back-to-back calls without synchronizing,
     wall time / ``calls`` (one warm-up call first)."""
-    from pagedattn.bench.peers.common import host_time_us as _host_time_us
+    from pagedattn.bench.timing import host_time_us as _host_time_us
 
     return _host_time_us(prepared.run, calls)
 
@@ -434,8 +489,3 @@ PROVIDERS: dict[str, Provider] = {
     ]
 }
 
-
-if __name__ == "__main__":
-    from pagedattn.bench.peers.selftest import main
-
-    sys.exit(main(sys.argv[1:]))

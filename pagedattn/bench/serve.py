@@ -278,6 +278,13 @@ def markdown_table(results: dict) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
+    from pagedattn.engine.config import ENGINE_PACKAGES
+    from pagedattn.terminal import missing_packages
+
+    missing = missing_packages("pagedattn bench serve", "engine", ENGINE_PACKAGES)
+    if missing:
+        print(missing, file=sys.stderr)
+        return 2
     device = select_device()  # before anything imports a Triton kernel
     from pagedattn.bench.report import comma_list, machine_info, write_json, write_outputs
     from pagedattn.engine.config import resolve_model

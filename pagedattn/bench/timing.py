@@ -111,3 +111,20 @@ def bench(fns: list[Callable], device: torch.device, *, prefer_graph: bool = Fal
             fallback = f"do_bench (graph capture failed: {type(e).__name__}: {str(e)[:160]})"
     ms = triton.testing.do_bench(fns[0], warmup=25, rep=100, return_mode="median")
     return {"time_us": ms * 1e3, "method": fallback, "eager_us": eager, **extra}
+
+
+def host_time_us(fn: Callable, calls: int = 50) -> float:
+    """Host time of one call: ``calls`` back-to-back calls without synchronizing, wall / calls.
+
+    One warm-up call and a synchronize come first; the device drains after the clock stops.
+    """
+    fn()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    wall = time.perf_counter() - t0
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return wall / calls * 1e6

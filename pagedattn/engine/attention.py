@@ -34,9 +34,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
-from pagedattn.backends._common import query_positions, visible
+from pagedattn.adapters import sdpa
+from pagedattn.adapters.sdpa import query_positions, visible
 from pagedattn.backends.base import BackendConfig
 from pagedattn.engine.config import EngineConfig, MLAModelConfig, ModelConfig
 
@@ -115,14 +115,16 @@ class PagedBackend:
         """``mod``: the layer's attention module (its scale, sliding_window, softcap, sinks), or None."""
         from pagedattn.api import paged_attention, write_kv
 
+        # validate=False: the runner builds the metadata, and a captured decode batch has padding
+        # rows past query_start_loc[-1] on purpose
         k_cache, v_cache = self.k_cache[layer], self.v_cache[layer]
-        write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        write_kv(k, v, k_cache, v_cache, meta.slot_mapping, validate=False)
         if mod is None:
             return paged_attention(q, k_cache, v_cache, meta.block_table, meta.seq_lens, meta.query_start_loc,
-                                   plan=meta.plan)
+                                   plan=meta.plan, validate=False)
         return paged_attention(q, k_cache, v_cache, meta.block_table, meta.seq_lens, meta.query_start_loc,
                                scale=mod.scale, sliding_window=mod.sliding_window, softcap=mod.softcap,
-                               sinks=mod.sinks, plan=meta.plan)
+                               sinks=mod.sinks, plan=meta.plan, validate=False)
 
 
 class SdpaBackend:
@@ -151,10 +153,7 @@ class SdpaBackend:
 
     def _probe_cudnn(self) -> None:
         """Use cuDNN attention for decode if it takes this shape with a key mask (bool, else additive)."""
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-
-        order = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
-                 SDPBackend.MATH]
+        order = ["CUDNN_ATTENTION", "FLASH_ATTENTION", "EFFICIENT_ATTENTION", "MATH"]
         self.prefill_kernels = order
         hkv, d = self.mcfg.num_kv_heads, self.mcfg.head_size
         group = self.mcfg.num_q_heads // hkv
@@ -165,18 +164,12 @@ class SdpaBackend:
         errors = []
         for float_mask in (True,) if self.mcfg.sinks else (False, True):
             m = torch.where(mask, 0.0, float("-inf")).to(self.dtype) if float_mask else mask
-            try:
-                with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
-                    out = F.scaled_dot_product_attention(q, k, k, attn_mask=m)
-                ref = F.scaled_dot_product_attention(q.float(), k.float(), k.float(), attn_mask=mask)
-                torch.cuda.synchronize()
-                if not torch.allclose(out.float(), ref, atol=3e-2, rtol=3e-2):
-                    raise RuntimeError("cuDNN output differs from fp32 SDPA")
-                self.decode_kernels, self.float_mask = [SDPBackend.CUDNN_ATTENTION], float_mask
+            why = sdpa.probe("CUDNN_ATTENTION", q, k, k, m, reference_mask=mask)
+            if why is None:
+                self.decode_kernels, self.float_mask = ["CUDNN_ATTENTION"], float_mask
                 self.note = f"cuDNN attention ({'additive' if float_mask else 'boolean'} key mask)"
                 return
-            except RuntimeError as e:
-                errors.append(f"{'additive' if float_mask else 'boolean'} mask: {str(e).splitlines()[0][:160]}")
+            errors.append(f"{'additive' if float_mask else 'boolean'} mask: {why}")
         self.decode_kernels = order
         self.note = "torch SDPA without cuDNN for decode (" + "; ".join(errors) + ")"
 
@@ -216,14 +209,6 @@ class SdpaBackend:
         m[..., -1] = sinks.to(m.dtype)
         return m
 
-    def _sdpa(self, kernels, q, k, v, **kwargs):
-        if kernels is None:
-            return F.scaled_dot_product_attention(q, k, v, **kwargs)
-        from torch.nn.attention import sdpa_kernel
-
-        with sdpa_kernel(kernels, set_priority=len(kernels) > 1):
-            return F.scaled_dot_product_attention(q, k, v, **kwargs)
-
     def __call__(self, layer: int, q, k, v, meta: StepMetadata, mod=None) -> torch.Tensor:
         """``mod``: the layer's attention module (its scale and sliding_window), or None."""
         scale = None if mod is None else mod.scale
@@ -239,8 +224,8 @@ class SdpaBackend:
             mask = meta.key_mask if window is None else meta.window_mask
             if sinks is not None:
                 mask = self._with_sinks(mask, sinks.view(hkv, hq // hkv), (b, hkv, hq // hkv, mask.shape[-1]))
-            out = self._sdpa(self.decode_kernels, q.view(b, hkv, hq // hkv, d), k_cache[:b], v_cache[:b],
-                             attn_mask=mask, scale=scale)  # [b, hkv, group, d]
+            out = sdpa.call(q.view(b, hkv, hq // hkv, d), k_cache[:b], v_cache[:b], kernels=self.decode_kernels,
+                           attn_mask=mask, scale=scale)  # [b, hkv, group, d]
             return out.reshape(b, hq, d)
         out = torch.empty_like(q)
         qsl, lens, rows = meta.host_query_start_loc, meta.host_seq_lens, meta.host_rows
@@ -269,7 +254,7 @@ class SdpaBackend:
             else:  # query j sits at length - n + j
                 kwargs = {"attn_mask": visible(query_positions(n, length, q.device), length, causal=True,
                                                sliding_window=window, prefix_rows=None)}
-            o = self._sdpa(self.prefill_kernels, qs, ks, vs, enable_gqa=hq != hkv, scale=scale, **kwargs)
+            o = sdpa.call(qs, ks, vs, kernels=self.prefill_kernels, enable_gqa=hq != hkv, scale=scale, **kwargs)
             out[a:b] = o[0].transpose(0, 1)
         return out
 

@@ -11,7 +11,8 @@ import json
 import sys
 import time
 
-from pagedattn.engine.config import ATTENTION_BACKENDS, PRESETS
+from pagedattn.engine.config import ATTENTION_BACKENDS, ENGINE_PACKAGES, PRESETS
+from pagedattn.terminal import missing_packages
 
 SAMPLING_KEYS = ("max_tokens", "temperature", "top_k", "top_p", "min_p", "repetition_penalty", "stop",
                  "stop_token_ids", "seed", "ignore_eos")
@@ -96,6 +97,10 @@ def sampling_params(args, requests):
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    missing = missing_packages("pagedattn generate", "engine", ENGINE_PACKAGES)
+    if missing:
+        print(missing, file=sys.stderr)
+        return 2
     from pagedattn.engine.llm import LLM, default_device
 
     device = args.device or default_device()  # on the CPU, LLM sets TRITON_INTERPRET before any kernel import

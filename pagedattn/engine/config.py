@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "gemma3", "gpt_oss")
 ATTENTION_BACKENDS = ("pagedattn", "pagedattn-2d", "sdpa", "flashinfer")
+# What the engine imports beside torch and triton (pyproject's "engine" extra provides them)
+ENGINE_PACKAGES = {"transformers": "model configs, RoPE tables and tokenizers"}
 FULL, SLIDING = "full_attention", "sliding_attention"
 
 

@@ -182,7 +182,7 @@ class SdpaMLA:
         return torch.cat([kv[..., :nope], k_pe], dim=-1), kv[..., nope:]
 
     def forward(self, q_nope, q_pe, kv_cache, metadata, *, weights, scale, kv_scale=None, out=None):
-        from pagedattn.backends._common import query_positions, visible
+        from pagedattn.adapters import sdpa
 
         n, heads, _ = q_nope.shape
         if out is None:
@@ -198,8 +198,8 @@ class SdpaMLA:
             rows = kv_cache.index_select(0, table.reshape(-1).long()).view(n, keys, -1)
             k, v = self._decompress(rows, weights, q.dtype, kv_scale)  # [n, keys, H, ..]
             mask = torch.arange(keys, device=q.device)[None, :] < metadata.seq_lens[:, None]  # [n, keys]
-            o = F.scaled_dot_product_attention(q[:, :, None], k.transpose(1, 2), v.transpose(1, 2),
-                                               attn_mask=mask[:, None, None], scale=scale)  # [n, H, 1, v]
+            o = sdpa.call(q[:, :, None], k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask[:, None, None],
+                          scale=scale)  # [n, H, 1, v]
             out.copy_(o[:, :, 0])
             return out
         qsl, lens = metadata.query_start_loc_host, metadata.seq_lens_host
@@ -210,11 +210,9 @@ class SdpaMLA:
             pages = metadata.block_table[s, : -(-seq_len // block_size)].long()
             rows = kv_cache.index_select(0, pages).flatten(0, 1)[:seq_len]
             k, v = self._decompress(rows, weights, q.dtype, kv_scale)  # [seq_len, H, ..]
-            mask = visible(query_positions(q1 - q0, seq_len, q.device), seq_len, causal=True, sliding_window=None,
-                           prefix_rows=None)
-            o = F.scaled_dot_product_attention(q[q0:q1].transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
-                                               attn_mask=mask, scale=scale)
-            out[q0:q1] = o.transpose(0, 1)
+            mask = sdpa.visible(sdpa.query_positions(q1 - q0, seq_len, q.device), seq_len, causal=True,
+                                sliding_window=None, prefix_rows=None)
+            out[q0:q1] = sdpa.attend(q[q0:q1], k, v, mask=mask, scale=scale)
         return out
 
 

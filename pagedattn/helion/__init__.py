@@ -1,4 +1,4 @@
-"""pagedattn's paged attention written in Helion (an optional extra: ``pip install pagedattn[helion]``).
+"""pagedattn's paged attention written in Helion (an optional extra: ``pip install -e ".[helion]"`` from the checkout).
 
 ``import pagedattn`` never imports this package or Helion. See docs/helion.md.
 
@@ -29,7 +29,8 @@ except ImportError as e:  # pragma: no cover - exercised where helion is absent
     # ModuleNotFoundError (an ImportError): what pytest.importorskip and callers that probe for
     # optional packages take for "not installed"
     raise ModuleNotFoundError(
-        "pagedattn.helion needs Helion (pip install 'pagedattn[helion]', or helion==1.5.1)", name="helion"
+        "pagedattn.helion needs Helion (from the pagedattn checkout: pip install -e '.[helion]', "
+        "or pip install helion==1.5.1)", name="helion"
     ) from e
 
 from pagedattn.helion.api import UNSUPPORTED, paged_attention

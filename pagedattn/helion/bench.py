@@ -76,7 +76,7 @@ def _time_peer(name: str, inputs, expected: torch.Tensor | None, device) -> dict
     ``status``: ok (timed), skip (the provider does not serve the case), fail (its output
     disagrees: not timed) or error (it raised)."""
     from pagedattn.bench.check import TOLERANCE
-    from pagedattn.bench.peers.common import NotApplicable
+    from pagedattn.adapters.common import NotApplicable
     from pagedattn.bench.providers import PROVIDERS
     from pagedattn.bench.timing import bench
 

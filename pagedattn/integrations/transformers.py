@@ -11,7 +11,10 @@ when SDPA would use no mask). Tested with transformers 5.24 on tiny random model
 Mistral, Qwen2, Qwen3, Phi3, Gemma 2, Gemma 3 (text, and with images), GPT-OSS, BERT,
 ModernBERT, BART, Whisper and Llava (docs/transformers.md). The name must be registered before
 a model asks for it: without :func:`register`, transformers raises its generic "not supported"
-error (which names :func:`register` once this module is imported).
+error (which names :func:`register` once this module is imported). A model whose attention does
+not go through ``AttentionInterface`` (Falcon, for one: its attention classes are its own) cannot
+take the name: ``set_attn_implementation`` and loading with it raise ValueError instead of
+transformers keeping the model's own attention.
 
 How a call becomes a ``paged_attention`` call
 ---------------------------------------------
@@ -99,9 +102,24 @@ def register(name: str = NAME, *, continuous_batching: bool = True) -> str:
     AttentionInterface.register(name, paged_attention_forward)
     AttentionMaskInterface.register(name, sdpa_mask)
     _REGISTERED.add(name)
+    _refuse_models_without_the_interface()
     if continuous_batching:
         _allow_in_continuous_batching()
     return name
+
+
+def _wrap_method(owner, name: str, make) -> bool:
+    """Replace ``owner.name`` by ``make(original)``, once; False when ``owner`` has no such method."""
+    original = getattr(owner, name, None)
+    if original is None:
+        return False
+    if not getattr(original, "_pagedattn_wrapped", False):
+        wrapper = make(original)
+        wrapper._pagedattn_wrapped = True
+        wrapper.__wrapped__ = original
+        wrapper.__doc__ = original.__doc__
+        setattr(owner, name, wrapper)
+    return True
 
 
 def _hint_when_unregistered() -> None:
@@ -111,25 +129,70 @@ def _hint_when_unregistered() -> None:
         from transformers.modeling_utils import PreTrainedModel
     except ImportError:
         return
-    original = getattr(PreTrainedModel, "get_correct_attn_implementation", None)
-    if original is None or getattr(original, "_pagedattn_wrapped", False):
+
+    def make(original):
+        def get_correct_attn_implementation(self, requested_attention, *args, **kwargs):
+            try:
+                return original(self, requested_attention, *args, **kwargs)
+            except ValueError as err:
+                if requested_attention == NAME and NAME not in _REGISTERED:
+                    raise ValueError(
+                        f'{err} attn_implementation="{NAME}" needs pagedattn.integrations.transformers.register() '
+                        "called once before the model is built or loaded"
+                    ) from err
+                raise
+
+        return get_correct_attn_implementation
+
+    _wrap_method(PreTrainedModel, "get_correct_attn_implementation", make)
+
+
+def _requested(attn_implementation):
+    """The top-level name of an ``attn_implementation`` argument (a name, or a dict of them)."""
+    if isinstance(attn_implementation, dict):
+        return attn_implementation.get("")
+    return attn_implementation
+
+
+def _check_interface(model, attn_implementation) -> None:
+    """ValueError when ``attn_implementation`` is a registered name and ``model`` computes its
+    attention in its own modules: transformers would keep (``set_attn_implementation``: with a
+    logged warning only) or fail to find (at load: KeyError) the model's own attention."""
+    name = _requested(attn_implementation)
+    if name not in _REGISTERED:
         return
+    can_set = getattr(type(model), "_can_set_attn_implementation", None)
+    if can_set is not None and not can_set():
+        raise ValueError(
+            f'{type(model).__name__} computes attention in its own modules, not through transformers\' '
+            f'AttentionInterface, so attn_implementation="{name}" cannot reach its layers (transformers would '
+            'keep the model\'s own attention); use "sdpa" or "eager" for it. docs/transformers.md lists the '
+            "tested models."
+        )
 
-    def get_correct_attn_implementation(self, requested_attention, *args, **kwargs):
-        try:
-            return original(self, requested_attention, *args, **kwargs)
-        except ValueError as err:
-            if requested_attention == NAME and NAME not in _REGISTERED:
-                raise ValueError(
-                    f'{err} attn_implementation="{NAME}" needs pagedattn.integrations.transformers.register() '
-                    "called once before the model is built or loaded"
-                ) from err
-            raise
 
-    get_correct_attn_implementation._pagedattn_wrapped = True
-    get_correct_attn_implementation.__wrapped__ = original
-    get_correct_attn_implementation.__doc__ = original.__doc__
-    PreTrainedModel.get_correct_attn_implementation = get_correct_attn_implementation
+def _refuse_models_without_the_interface() -> None:
+    """Check the model before transformers applies a registered name: when it is set on a built
+    model (``set_attn_implementation``) and when a model is built with it (``from_pretrained``,
+    ``from_config``: transformers checks the name in ``_check_and_adjust_attn_implementation``)."""
+    from transformers.modeling_utils import PreTrainedModel
+
+    def make_set(original):
+        def set_attn_implementation(self, attn_implementation, *args, **kwargs):
+            _check_interface(self, attn_implementation)
+            return original(self, attn_implementation, *args, **kwargs)
+
+        return set_attn_implementation
+
+    def make_check(original):
+        def _check_and_adjust_attn_implementation(self, attn_implementation, *args, **kwargs):
+            _check_interface(self, attn_implementation)
+            return original(self, attn_implementation, *args, **kwargs)
+
+        return _check_and_adjust_attn_implementation
+
+    _wrap_method(PreTrainedModel, "set_attn_implementation", make_set)
+    _wrap_method(PreTrainedModel, "_check_and_adjust_attn_implementation", make_check)
 
 
 def _allow_in_continuous_batching() -> bool:
@@ -139,22 +202,16 @@ def _allow_in_continuous_batching() -> bool:
         from transformers.generation.continuous_batching.continuous_api import ContinuousBatchingManager
     except ImportError:
         return False
-    original = getattr(ContinuousBatchingManager, "switch_to_cb_friendly_attn", None)
-    if original is None:
-        return False
-    if getattr(original, "_pagedattn_wrapped", False):
-        return True
 
-    def switch_to_cb_friendly_attn(self, model, *args, **kwargs):
-        if getattr(model.config, "_attn_implementation", None) in _REGISTERED:
-            return None  # pagedattn serves the packed calls itself (varlen_attention_forward)
-        return original(self, model, *args, **kwargs)
+    def make(original):
+        def switch_to_cb_friendly_attn(self, model, *args, **kwargs):
+            if getattr(model.config, "_attn_implementation", None) in _REGISTERED:
+                return None  # pagedattn serves the packed calls itself (varlen_attention_forward)
+            return original(self, model, *args, **kwargs)
 
-    switch_to_cb_friendly_attn._pagedattn_wrapped = True
-    switch_to_cb_friendly_attn.__wrapped__ = original
-    switch_to_cb_friendly_attn.__doc__ = original.__doc__
-    ContinuousBatchingManager.switch_to_cb_friendly_attn = switch_to_cb_friendly_attn
-    return True
+        return switch_to_cb_friendly_attn
+
+    return _wrap_method(ContinuousBatchingManager, "switch_to_cb_friendly_attn", make)
 
 
 @dataclass
@@ -503,11 +560,13 @@ def paged_attention_forward(
     else:
         layout = _layout_from_mask(attention_mask, batch, q_len, kv_len, causal, window, query.device)
     q = query.transpose(1, 2).reshape(batch * q_len, num_q_heads, head_dim)
+    # validate=False: the layout is built here, and a padded row's queries outnumber its keys on
+    # purpose (they see none; real_rows zeroes them)
     out = paged_attention(
         q, _paged(key, layout), _paged(value, layout), layout.block_table, layout.seq_lens,
         layout.query_start_loc, max_query_len=q_len, max_seq_len=layout.max_seq_len, scale=scaling,
         causal=layout.causal, sliding_window=layout.window, softcap=softcap or None, sinks=sinks,
-        prefix_ranges=layout.prefix_ranges,
+        prefix_ranges=layout.prefix_ranges, validate=False,
     ).view(batch, q_len, num_q_heads, head_dim)
     if layout.real_rows is not None:
         out = out * layout.real_rows[..., None, None].to(out.dtype)

@@ -14,8 +14,10 @@ batch) is one call with ragged Q and O: per-sequence element offsets (``query_st
 num_q_heads * head_size``) on a graph declared at the longest query.
 
 Graphs are built once per shape (cuDNN picks and compiles a plan, outside the timed call) and
-shared by every batch of that shape; the timed call sets the handle's stream to the current
-one (the stream CUDA-graph capture records on) and executes with the batch's pointers.
+shared by every batch of that shape; the call sets the handle's stream to the current one
+(the stream CUDA-graph capture records on) and executes with the batch's pointers. Used by the
+benchmark's ``cudnn-paged`` provider (:mod:`pagedattn.bench.providers`). cuDNN's attention
+through torch's SDPA (``SDPBackend.CUDNN_ATTENTION``) is :mod:`pagedattn.adapters.sdpa`'s.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from pagedattn.bench.peers.common import NotApplicable, gpu_status, module_status, query_lens_of
+from pagedattn.adapters.common import NotApplicable, first_failure, gpu_status, module_status, query_lens_of
 
 MIN_BACKEND = 90500  # cuDNN 9.5: paged K/V in the SDPA forward graph
 DTYPES = (torch.float16, torch.bfloat16)
@@ -41,10 +43,10 @@ _GRAPHS: dict[tuple, "_Graph"] = {}
 
 
 def availability() -> tuple[bool, str]:
-    for status in (gpu_status, lambda: module_status("cudnn")):
-        ok, why = status()
-        if not ok:
-            return ok, why
+    """(can run here, why not): a CUDA GPU, cudnn-frontend, and a cuDNN backend with paged K/V."""
+    ok, why = first_failure(gpu_status, lambda: module_status("cudnn"))
+    if not ok:
+        return ok, why
     import cudnn
 
     backend = int(cudnn.backend_version())
@@ -59,12 +61,12 @@ def version() -> str:
     return f"cudnn-frontend {getattr(cudnn, '__version__', '?')}, cuDNN {cudnn.backend_version()}"
 
 
-def supports(case) -> tuple[bool, str]:
-    feats = case.features
-    if feats:
-        return False, f"the paged SDPA graph here wires no {', '.join(sorted(feats))}"
-    p = case.params
-    if p["num_q_heads"] % p["num_kv_heads"]:
+def supports(features, num_q_heads: int, num_kv_heads: int) -> tuple[bool, str]:
+    """(can the graph here compute it, why not): ``features``, the names of the score
+    modifiers and masks a call uses beside causal."""
+    if features:
+        return False, f"the paged SDPA graph here wires no {', '.join(sorted(features))}"
+    if num_q_heads % num_kv_heads:
         return False, "num_q_heads is not a multiple of num_kv_heads"
     return True, ""
 
@@ -167,56 +169,55 @@ def _graph(shape: GraphShape, device: torch.device) -> _Graph:
     return entry
 
 
-def graph_shape(inputs) -> GraphShape:
-    """The graph ``inputs`` needs (raises NotApplicable for what the graph here cannot do)."""
-    q, k_cache = inputs.q, inputs.k_cache
+def graph_shape(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, *, causal=True,
+                features=None) -> GraphShape:
+    """The graph a call needs (raises NotApplicable for what the graph here cannot do);
+    ``features``: the call's other keyword features, name -> value (None: off)."""
     if q.dtype not in DTYPES:
         raise NotApplicable(f"cuDNN's paged SDPA takes fp16/bf16, not {q.dtype}")
-    if k_cache.dtype != q.dtype or inputs.v_cache.dtype != q.dtype:
+    if k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
         raise NotApplicable("K/V cache dtype differs from q's (no fp8 scales wired)")
-    extra = sorted(k for k, v in inputs.features.items() if k != "causal" and v is not None)
+    extra = sorted(k for k, v in (features or {}).items() if v is not None)
     if extra:
         raise NotApplicable(f"the paged SDPA graph here wires no {', '.join(extra)}")
-    q_lens = query_lens_of(inputs.query_start_loc.tolist())
+    q_lens = query_lens_of(query_start_loc.tolist())
     if min(q_lens) < 1:
         raise NotApplicable("a sequence without query tokens (cuDNN's padding mask needs >= 1)")
-    lens = inputs.seq_lens.tolist()
+    lens = seq_lens.tolist()
     if any(n > kv for n, kv in zip(q_lens, lens)):
         raise ValueError("a query is longer than its sequence")
     return GraphShape(
         num_seqs=len(q_lens), query_len=max(q_lens), max_seq_len=max(lens), num_q_heads=q.shape[1],
         num_kv_heads=k_cache.shape[2], head_size=q.shape[2], num_blocks=k_cache.shape[0],
-        block_size=k_cache.shape[1], max_blocks=inputs.block_table.shape[1], dtype=q.dtype,
-        ragged=len(set(q_lens)) > 1, causal=bool(inputs.features.get("causal", True)) and max(q_lens) > 1,
+        block_size=k_cache.shape[1], max_blocks=block_table.shape[1], dtype=q.dtype,
+        ragged=len(set(q_lens)) > 1, causal=bool(causal) and max(q_lens) > 1,
         scale=1.0 / math.sqrt(q.shape[2]),
     )
 
 
-def prepare(inputs):
-    """A :class:`~pagedattn.bench.providers.Prepared` call of cuDNN's paged SDPA on ``inputs``."""
+def paged_call(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, *, out, causal=True, features=None):
+    """(zero-argument call, note): cuDNN's paged SDPA on pagedattn's tensors, writing ``out``
+    (like q). The graph is built here (once per shape); the call only executes it."""
     import cudnn
 
-    from pagedattn.bench.providers import Prepared
-
-    shape = graph_shape(inputs)
-    device = inputs.q.device
+    shape = graph_shape(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, causal=causal,
+                        features=features)
+    device = q.device
     entry = _graph(shape, device)
-    q, k_cache, v_cache = inputs.q, inputs.k_cache, inputs.v_cache
     b, hq, d = shape.num_seqs, shape.num_q_heads, shape.head_size
-    out = torch.full_like(q, float("nan"))  # an unwritten row fails the check
-    qsl = inputs.query_start_loc.to(torch.int32)
+    qsl = query_start_loc.to(torch.int32)
     q_lens = (qsl[1:] - qsl[:-1]).contiguous().view(b, 1, 1, 1)
     if shape.ragged:
         q_buf, o_buf = q, out  # the ragged offsets address the rows
     else:
         q_buf = q.view(b, shape.query_len, hq, d).transpose(1, 2)
         o_buf = out.view(b, shape.query_len, hq, d).transpose(1, 2)
-    table = inputs.block_table.contiguous().view(b, 1, shape.max_blocks, 1)
+    table = block_table.contiguous().view(b, 1, shape.max_blocks, 1)
     pack = {
         Q: q_buf, O: o_buf,
         K: k_cache.permute(0, 2, 1, 3), V: v_cache.permute(0, 2, 1, 3),
         TABLE_K: table, TABLE_V: table,
-        SEQ_LEN_Q: q_lens, SEQ_LEN_KV: inputs.seq_lens.contiguous().view(b, 1, 1, 1),
+        SEQ_LEN_Q: q_lens, SEQ_LEN_KV: seq_lens.contiguous().view(b, 1, 1, 1),
     }
     if shape.ragged:
         offsets = (qsl * (hq * d)).contiguous().view(b + 1, 1, 1, 1)
@@ -230,4 +231,4 @@ def prepare(inputs):
         return out
 
     layout = f"ragged Q/O ({b} sequences, longest {shape.query_len})" if shape.ragged else "dense Q/O"
-    return Prepared(run, note=f"one paged SDPA graph call, {layout}")
+    return run, f"one paged SDPA graph call, {layout}"

@@ -1,4 +1,4 @@
-"""``python -m pagedattn.bench.providers --selftest``: every peer adapter once, on small cases.
+"""``python -m pagedattn.bench.selftest``: every peer provider once, on small cases.
 
 Builds one small decode, prefill, extend and mixed batch (plus a mixed batch whose decodes are
 interleaved with the prefills, and two MLA decode batches), runs every requested provider on
@@ -60,9 +60,10 @@ def _environment(device) -> list[str]:
              f"sm{''.join(map(str, torch.cuda.get_device_capability(device)))}"]
     lines.append(f"CUDA_HOME={os.environ.get('CUDA_HOME', '')!r}, ninja={shutil.which('ninja')}, "
                  f"nvcc={shutil.which('nvcc')}")
-    for name, module in (("flashinfer", "pagedattn.bench.peers.flashinfer"), ("cudnn", "pagedattn.bench.peers.cudnn")):
+    from pagedattn.adapters import cudnn, flashinfer
+
+    for name, mod in (("flashinfer", flashinfer), ("cudnn", cudnn)):
         try:
-            mod = __import__(module, fromlist=["version"])
             ok, why = mod.availability()
             lines.append(f"{name}: {mod.version() if ok else 'unavailable: ' + why}")
         except Exception as e:  # noqa: BLE001 - report and go on
@@ -78,8 +79,7 @@ def _print_error(label: str, e: BaseException, verbose: bool):
 
 
 def _timings(prepared_call, device) -> str:
-    from pagedattn.bench.peers.common import host_time_us
-    from pagedattn.bench.timing import bench
+    from pagedattn.bench.timing import bench, host_time_us
 
     host = host_time_us(prepared_call)
     t = bench([prepared_call], device)
@@ -147,7 +147,7 @@ def _mla_inputs(seq_lens, query_len, heads, block_size, dtype, device, seed):
 
 def run_mla(device, dtype, args) -> list[str]:
     from pagedattn.bench.check import TOLERANCE
-    from pagedattn.bench.peers import flashinfer
+    from pagedattn.adapters import flashinfer
     from pagedattn.reference import mla_decode_ref
 
     statuses = []
@@ -165,7 +165,7 @@ def run_mla(device, dtype, args) -> list[str]:
             out = torch.full((q.shape[0], 128, MLA_LATENT), float("nan"), dtype=dtype, device=device)
             print(f"...   {label} planning + first call (FlashInfer builds its MLA kernel here)", flush=True)
             t0 = time.perf_counter()
-            run, note = flashinfer.prepare_mla(q, kv, table, lens, qsl, scale=MLA_SCALE, latent_dim=MLA_LATENT,
+            run, note = flashinfer.mla_call(q, kv, table, lens, qsl, scale=MLA_SCALE, latent_dim=MLA_LATENT,
                                                out=out)
             run()
             torch.cuda.synchronize()
@@ -186,8 +186,7 @@ def run_mla(device, dtype, args) -> list[str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m pagedattn.bench.providers", description=__doc__.splitlines()[0])
-    p.add_argument("--selftest", action="store_true", help="run the peer adapters' self-test")
+    p = argparse.ArgumentParser(prog="python -m pagedattn.bench.selftest", description=__doc__.splitlines()[0])
     p.add_argument("--provider", help=f"comma list (default {','.join(PEERS)}; add pagedattn as a control)")
     p.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16")
     p.add_argument("--features", action="store_true", help="also gemma-shaped cases (window + softcap, head 256)")
@@ -200,9 +199,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    if not args.selftest:
-        build_parser().print_help()
-        return 2
     if not torch.cuda.is_available():
         print("the self-test runs the peers on a CUDA GPU; none is visible", file=sys.stderr)
         return 2
@@ -223,3 +219,7 @@ def main(argv=None) -> int:
     counts = {s: statuses.count(s) for s in ("pass", "fail", "error", "skip")}
     print("summary: " + ", ".join(f"{v} {k}" for k, v in counts.items()), flush=True)
     return 0 if counts["fail"] == 0 and counts["error"] == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
