@@ -33,7 +33,8 @@ from pagedattn.ops.prefill.launch import check_prefill_grid, launch_prefill
 from pagedattn.ops.split_kv.launch import launch_split_kv
 from pagedattn.ops.unified.launch import AttentionArgs, launch_unified
 from pagedattn.ops.prefill.tuning import autotune_enabled
-from pagedattn.plan import AttentionPlan, num_sms, pick_prefill_tiles, pick_tiles, plan_for_call, short_prefill
+from pagedattn.ops.common.target import target_props
+from pagedattn.plan import AttentionPlan, fitted, num_sms, pick_prefill_tiles, pick_tiles, plan_for_call, short_prefill
 from pagedattn.validate import validate_metadata, validation_requested
 
 __all__ = ["paged_attention", "varlen_attention", "write_kv", "merge_attention_states"]
@@ -344,7 +345,8 @@ def _launch_prefill_and_rest(out, lse, args: AttentionArgs, prefill_tiles, max_q
         return
     group = args.q.shape[1] // args.k_cache.shape[2]
     rest_args = dataclasses.replace(args, max_q_len_served=rest_max_q_len)
-    rest_tiles = pick_tiles(rest_max_q_len, group, args.q.shape[2])
+    rest_tiles = fitted(pick_tiles(rest_max_q_len, group, args.q.shape[2]), target_props(args.q.device),
+                        args.q.shape[2], args.q.dtype)
     side = side_stream(args.q.device) if end > first else None
     if side is None:
         prefill()
@@ -474,7 +476,8 @@ def varlen_attention(
     )
     # at most twice as many keys as queries in all: the causal diagonal dominates (no host sync)
     short = short_prefill(max_query_len, num_seqs, num_q_heads, num_sms(device), diagonal=k.shape[0] <= 2 * num_tokens)
-    tiles = pick_prefill_tiles(max(head_size, head_size_v), q.dtype, short=short)
+    tiles = fitted(pick_prefill_tiles(max(head_size, head_size_v), q.dtype, short=short), target_props(device),
+                   max(head_size, head_size_v), q.dtype)
     check_prefill_grid(max_query_len, num_seqs, tiles)
     if key is None or autotune_enabled(device):
         launch_prefill(out, lse, args, tiles, max_query_len=max_query_len, cu_seqlens_k=cu_seqlens_k)

@@ -29,6 +29,7 @@ from typing import NamedTuple
 
 import torch
 
+from pagedattn.ops.common.bundles import dot_precision
 from pagedattn.ops.common.host_math import next_power_of_2
 from pagedattn.ops.common.offsets import needs_int64_offsets
 from pagedattn.ops.common.pdl import use_pdl
@@ -77,7 +78,7 @@ class MLAConstants(NamedTuple):
     TILE_N: int
     VALUE_SPLIT: int
     LARGE_CACHE: bool
-    DOT_PRECISION: str
+    DOT_PRECISION: str | None
     USE_PDL: bool
 
 
@@ -260,7 +261,7 @@ def launch_mla_decode(
                        ROPE_PAD=max(16, next_power_of_2(rope_dim)), PAGE_SIZE=kv_cache.shape[1],
                        BLOCK_H=config.block_h, BLOCK_Q=config.block_q, BLOCK_M=config.block_m, TILE_N=config.tile_n,
                        VALUE_SPLIT=config.value_split, LARGE_CACHE=needs_int64_offsets(kv_cache),
-                       DOT_PRECISION="ieee" if q_nope.dtype == torch.float32 else "tf32", USE_PDL=pdl)
+                       DOT_PRECISION=dot_precision(q_nope.dtype), USE_PDL=pdl)
     launch(mla_decode_kernel, grid,
            out_ptr=dst, lse_ptr=dst_lse, q_nope_ptr=q_nope, q_pe_ptr=q_pe, kv_cache_ptr=kv_cache,
            block_table_ptr=block_table, seq_lens_ptr=seq_lens, query_start_loc_ptr=query_start_loc,

@@ -1,0 +1,207 @@
+"""The properties of the GPU a launch is planned for (host side): what the planner's tile, warp
+and stage choices are checked against.
+
+A :class:`TargetProps` is built once per device (:func:`target_props`, from the driver's
+properties) or from a compile target without a device (:func:`props_for`, from the table of
+known chips below). The planner sizes its choices against it: a tile whose shared memory
+exceeds ``max_shared`` is made smaller, warp counts are read against ``warp_size``. The tile
+tables were measured on the H200 (sm90, ``tuned``); elsewhere they are the H200's choice fitted
+into the target's limits, compiled for it (``pagedattn check --compile``) but not timed.
+
+``targeting(props)`` makes every device report ``props`` inside its ``with`` block: the compile
+matrix plans and captures launches for a GPU that is not present.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import functools
+from dataclasses import dataclass, replace
+
+import torch
+
+
+@dataclass(frozen=True)
+class TargetProps:
+    """What the planner needs to know of a GPU.
+
+    ``name``: "sm90", "gfx942", ... or "interpreter" (the CPU); ``backend``: "cuda", "hip" or
+    "cpu"; ``arch``: Triton's ``GPUTarget.arch`` (an int for CUDA, the gfx name for HIP);
+    ``num_sms``: SMs (CUs on AMD); ``max_shared``: shared memory one program may hold (LDS on
+    AMD), bytes; ``shared_per_sm``: all programs of one SM together; ``regs_per_sm``: 32-bit
+    registers of one SM (NVIDIA) or VGPRs of one SIMD lane (AMD: 512); ``max_threads_per_sm``;
+    ``warp_size``: 32, or 64 (CDNA wavefronts); ``has_mma``: tensor-core / MFMA / WMMA dot
+    instructions; ``tuned``: the planner's constants were timed on this chip.
+    """
+
+    name: str
+    backend: str
+    arch: int | str
+    chip: str
+    num_sms: int
+    max_shared: int
+    shared_per_sm: int
+    regs_per_sm: int = 65536
+    max_threads_per_sm: int = 2048
+    warp_size: int = 32
+    has_mma: bool = True
+    tuned: bool = False
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.backend == "cuda"
+
+    @property
+    def sm90_or_newer(self) -> bool:
+        """An NVIDIA GPU of compute capability 9.0 or newer (TMA descriptors, dependent launch)."""
+        return self.backend == "cuda" and int(self.arch) >= 90
+
+
+KB = 1024
+# Chips the compile matrix targets (one per Triton target). Shared memory per block is the
+# opt-in maximum of each architecture (CUDA programming guide; AMD ISA guides for the LDS).
+KNOWN_TARGETS: dict[str, TargetProps] = {
+    t.name: t
+    for t in (
+        TargetProps("sm80", "cuda", 80, "A100", num_sms=108, max_shared=163 * KB, shared_per_sm=164 * KB),
+        TargetProps("sm90", "cuda", 90, "H100/H200", num_sms=132, max_shared=227 * KB, shared_per_sm=228 * KB,
+                    tuned=True),
+        TargetProps("sm100", "cuda", 100, "B200", num_sms=148, max_shared=227 * KB, shared_per_sm=228 * KB),
+        TargetProps("sm120", "cuda", 120, "RTX 50", num_sms=170, max_shared=99 * KB, shared_per_sm=100 * KB,
+                    max_threads_per_sm=1536),
+        TargetProps("gfx942", "hip", "gfx942", "MI300X", num_sms=304, max_shared=64 * KB, shared_per_sm=64 * KB,
+                    regs_per_sm=512, warp_size=64),
+        TargetProps("gfx950", "hip", "gfx950", "MI355X", num_sms=256, max_shared=160 * KB, shared_per_sm=160 * KB,
+                    regs_per_sm=512, warp_size=64),
+        TargetProps("gfx1100", "hip", "gfx1100", "RX 7900 XTX", num_sms=96, max_shared=64 * KB,
+                    shared_per_sm=128 * KB, regs_per_sm=1536, max_threads_per_sm=2048, warp_size=32),
+    )
+}
+# Triton's interpreter on the CPU: no limits that matter, and a few programs are plenty.
+INTERPRETER = TargetProps("interpreter", "cpu", "cpu", "CPU", num_sms=4, max_shared=1 << 30, shared_per_sm=1 << 30,
+                          has_mma=False)
+H200 = KNOWN_TARGETS["sm90"]
+
+_OVERRIDE: contextvars.ContextVar = contextvars.ContextVar("pagedattn_target", default=None)
+
+
+def props_for(target) -> TargetProps:
+    """The :class:`TargetProps` of a compile target: a name of ``KNOWN_TARGETS`` ("sm90",
+    "gfx942"), or a ``triton.backends.compiler.GPUTarget`` of a known architecture.
+
+    Raises ValueError naming ``target`` when the architecture is not in the table.
+    """
+    if isinstance(target, TargetProps):
+        return target
+    if isinstance(target, str):
+        name = target
+    else:
+        name = f"sm{target.arch}" if target.backend == "cuda" else str(target.arch)
+    if name not in KNOWN_TARGETS:
+        raise ValueError(f"target {target!r} is not one of the known targets {sorted(KNOWN_TARGETS)}")
+    return KNOWN_TARGETS[name]
+
+
+def gpu_target(props: TargetProps):
+    """The ``triton.backends.compiler.GPUTarget`` that compiles for ``props``."""
+    from triton.backends.compiler import GPUTarget
+
+    return GPUTarget(props.backend, props.arch, props.warp_size)
+
+
+@contextlib.contextmanager
+def targeting(props: TargetProps):
+    """Inside the block every device's :func:`target_props` is ``props`` (planning for a GPU
+    that is not here: the compile matrix)."""
+    token = _OVERRIDE.set(props)
+    try:
+        yield props
+    finally:
+        _OVERRIDE.reset(token)
+
+
+def target_props(device) -> TargetProps:
+    """The :class:`TargetProps` of ``device`` (a torch device or its name): read from the
+    driver once per GPU; :data:`INTERPRETER` for the CPU; the ``targeting`` override if one is
+    active."""
+    override = _OVERRIDE.get()
+    if override is not None:
+        return override
+    device = torch.device(device)
+    if device.type != "cuda":
+        return INTERPRETER
+    return _device_props(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@functools.lru_cache(maxsize=None)
+def _device_props(index: int) -> TargetProps:
+    p = torch.cuda.get_device_properties(index)
+    if torch.version.hip is not None:
+        arch = str(getattr(p, "gcnArchName", "")).split(":")[0]
+        base = KNOWN_TARGETS.get(arch)
+        backend = "hip"
+    else:
+        arch = p.major * 10 + p.minor
+        base = KNOWN_TARGETS.get(f"sm{arch}") or KNOWN_TARGETS.get(f"sm{p.major * 10}")
+        backend = "cuda"
+    warp = int(getattr(p, "warp_size", 32))
+    shared_block = int(getattr(p, "shared_memory_per_block_optin", 0) or getattr(p, "shared_memory_per_block", 0))
+    shared_sm = int(getattr(p, "shared_memory_per_multiprocessor", 0) or shared_block)
+    fallback = base or TargetProps(f"sm{arch}" if backend == "cuda" else arch, backend, arch, p.name,
+                                   num_sms=p.multi_processor_count, max_shared=shared_block or 48 * KB,
+                                   shared_per_sm=shared_sm or 48 * KB, warp_size=warp)
+    return replace(
+        fallback, arch=arch, chip=p.name, num_sms=p.multi_processor_count,
+        max_shared=shared_block or fallback.max_shared, shared_per_sm=shared_sm or fallback.shared_per_sm,
+        regs_per_sm=int(getattr(p, "regs_per_multiprocessor", 0) or fallback.regs_per_sm),
+        max_threads_per_sm=int(getattr(p, "max_threads_per_multi_processor", 0) or fallback.max_threads_per_sm),
+        warp_size=warp,
+        # sm90 decisions were timed on the H200 (and hold for the H100: same SM, same limits)
+        tuned=backend == "cuda" and p.major == 9,
+    )
+
+
+def target_override() -> TargetProps | None:
+    """The props of the active ``targeting`` block, or None (the device's own)."""
+    return _OVERRIDE.get()
+
+
+SCRATCH_BYTES = 2 * KB
+
+
+def tiles_shared_bytes(tiles, head_size_pad: int, q_bytes: int, kv_bytes: int) -> int:
+    """An upper bound of the shared memory of an attention kernel at ``tiles``: ``num_stages``
+    K and V tiles (``tile_n x head_size_pad`` at ``kv_bytes``) and the Q block (``block_m x
+    head_size_pad`` at ``q_bytes``), and 2 KB of barriers and reduction scratch. Against what
+    Triton allocates for sm90, bf16, head 128: the 16 x 64 decode tiles at 3 stages compile to
+    70 KB (102 KB here), the 128 x 128 prefill tiles at 3 stages to 225 KB (226 KB here)."""
+    kv_tile = tiles.tile_n * head_size_pad * 2 * kv_bytes
+    return tiles.num_stages * kv_tile + tiles.block_m * head_size_pad * q_bytes + SCRATCH_BYTES
+
+
+def fit_tiles(tiles, target: TargetProps, head_size_pad: int, q_bytes: int, kv_bytes: int | None = None):
+    """``tiles`` (a choice of the H200 tables) fitted into ``target``: threads per program kept
+    (half the warps where a warp is 64 lanes wide), then while :func:`tiles_shared_bytes`
+    exceeds ``target.max_shared``: stages down to 2, then keys per tile down to 16, then
+    stages down to 1, then Q rows down to 16 (``block_q`` in proportion). Unchanged on every
+    target where it fits (the sm90 tables always do, at head sizes up to 256)."""
+    kv_bytes = q_bytes if kv_bytes is None else kv_bytes
+    if target.warp_size > 32 and tiles.num_warps > 1:
+        tiles = replace(tiles, num_warps=max(1, tiles.num_warps * 32 // target.warp_size))
+
+    def over(t) -> bool:
+        return tiles_shared_bytes(t, head_size_pad, q_bytes, kv_bytes) > target.max_shared
+
+    while over(tiles):
+        if tiles.num_stages > 2:
+            tiles = replace(tiles, num_stages=tiles.num_stages - 1)
+        elif tiles.tile_n > 16:
+            tiles = replace(tiles, tile_n=tiles.tile_n // 2)
+        elif tiles.num_stages > 1:
+            tiles = replace(tiles, num_stages=1)
+        elif tiles.block_m > 16 and tiles.block_q > 1:
+            tiles = replace(tiles, block_m=tiles.block_m // 2, block_q=tiles.block_q // 2)
+        else:
+            break
+    return tiles
