@@ -32,6 +32,7 @@ from pagedattn.ops.mla.launch import (
 from pagedattn.api import _rounded_into, _scale_tensor
 from pagedattn.ops.common.device import interpreter_on
 from pagedattn.ops.common.launching import Tapes, call_context, scalar_or_tensor
+from pagedattn.ops.common.target import target_props
 from pagedattn.plan import num_sms
 
 __all__ = ["mla_decode", "write_mla_kv"]
@@ -186,8 +187,10 @@ def _mla_decode(q_nope, q_pe, kv_cache, block_table, seq_lens, query_start_loc, 
                           query_start_loc, scale=scale, max_query_len=max_query_len, max_seq_len=max_seq_len,
                           kv_scale=kv_scale, num_splits=num_splits, return_lse=return_lse, config=config)
         return _rounded_into(res, out, q_nope)
+    target = target_props(device)
     config = resolve_mla_config(config, num_heads, max_query_len, (latent_dim + rope_dim) * q_nope.element_size(),
-                                fp8, num_seqs=num_seqs, sms=num_sms(device))
+                                fp8, num_seqs=num_seqs, sms=num_sms(device), max_shared=target.max_shared,
+                                warp_size=target.warp_size)
     if num_splits is None:
         num_splits = config.num_splits
     if num_splits is None:

@@ -26,3 +26,9 @@ def use_pdl(device: torch.device) -> bool:
     if not (_RUNTIME_OK or target_override() is not None) or interpreter_on() or os.environ.get("PAGEDATTN_PDL", "1") == "0":
         return False
     return cuda_sm90_or_newer(device)
+
+
+def pdl_option(pdl: bool) -> dict:
+    """The launch option of a dependent launch: ``launch_pdl=True`` when ``pdl``, else nothing
+    (the AMD backend refuses the option by name, even False)."""
+    return {"launch_pdl": True} if pdl else {}

@@ -47,6 +47,10 @@ class TargetProps:
     warp_size: int = 32
     has_mma: bool = True
     tuned: bool = False
+    # register bounds of the attention tiles, where the compiler spills VGPRs to scratch at the
+    # H200's tiles (compiled for the target by pagedattn check --compile; None: no bound)
+    max_tile_elems: int | None = None  # block_m x tile_n of one program
+    max_warps: int | None = None
 
     @property
     def is_cuda(self) -> bool:
@@ -70,12 +74,16 @@ KNOWN_TARGETS: dict[str, TargetProps] = {
         TargetProps("sm100", "cuda", 100, "B200", num_sms=148, max_shared=227 * KB, shared_per_sm=228 * KB),
         TargetProps("sm120", "cuda", 120, "RTX 50", num_sms=170, max_shared=99 * KB, shared_per_sm=100 * KB,
                     max_threads_per_sm=1536),
+        # CDNA: the prefill kernel's 128 x 128 tiles on 8 warps spill 217-613 VGPRs; 128 x 64 on
+        # 4 warps compile without (436-462 VGPRs, AGPRs included)
         TargetProps("gfx942", "hip", "gfx942", "MI300X", num_sms=304, max_shared=64 * KB, shared_per_sm=64 * KB,
-                    regs_per_sm=512, warp_size=64),
+                    regs_per_sm=512, warp_size=64, max_tile_elems=128 * 64, max_warps=4),
         TargetProps("gfx950", "hip", "gfx950", "MI355X", num_sms=256, max_shared=160 * KB, shared_per_sm=160 * KB,
-                    regs_per_sm=512, warp_size=64),
+                    regs_per_sm=512, warp_size=64, max_tile_elems=128 * 64, max_warps=4),
+        # RDNA3 (wave32, 256 VGPRs a lane): decode tiles of 16 x 64 spill, 16 x 32 on 4 warps do not
         TargetProps("gfx1100", "hip", "gfx1100", "RX 7900 XTX", num_sms=96, max_shared=64 * KB,
-                    shared_per_sm=128 * KB, regs_per_sm=1536, max_threads_per_sm=2048, warp_size=32),
+                    shared_per_sm=128 * KB, regs_per_sm=1536, max_threads_per_sm=2048, warp_size=32,
+                    max_tile_elems=16 * 32, max_warps=4),
     )
 }
 # Triton's interpreter on the CPU: no limits that matter, and a few programs are plenty.
@@ -181,14 +189,29 @@ def tiles_shared_bytes(tiles, head_size_pad: int, q_bytes: int, kv_bytes: int) -
 
 
 def fit_tiles(tiles, target: TargetProps, head_size_pad: int, q_bytes: int, kv_bytes: int | None = None):
-    """``tiles`` (a choice of the H200 tables) fitted into ``target``: threads per program kept
-    (half the warps where a warp is 64 lanes wide), then while :func:`tiles_shared_bytes`
-    exceeds ``target.max_shared``: stages down to 2, then keys per tile down to 16, then
-    stages down to 1, then Q rows down to 16 (``block_q`` in proportion). Unchanged on every
-    target where it fits (the sm90 tables always do, at head sizes up to 256)."""
+    """``tiles`` (a choice of the H200 tables) fitted into ``target``: warps down to
+    ``target.max_warps`` and keys per tile, then Q rows, halved to ``target.max_tile_elems``
+    (the targets whose compiler spills at the H200's tiles); then while
+    :func:`tiles_shared_bytes` exceeds ``target.max_shared``: stages down to 2, then keys per
+    tile down to 16, then stages down to 1, then Q rows down to 16 (``block_q`` in proportion).
+    Unchanged on every target without register bounds where it fits (the sm90 tables always
+    do, at head sizes up to 256).
+
+    The warp count is not halved on 64-lane warps: at the same tiles, CDNA compiles 4 warps to
+    fewer VGPRs a lane and more waves per SIMD than 2 (decode 16 x 64: 204 against 292, 2
+    waves against 1)."""
     kv_bytes = q_bytes if kv_bytes is None else kv_bytes
-    if target.warp_size > 32 and tiles.num_warps > 1:
-        tiles = replace(tiles, num_warps=max(1, tiles.num_warps * 32 // target.warp_size))
+    if target.max_warps and tiles.num_warps > target.max_warps:
+        tiles = replace(tiles, num_warps=target.max_warps)
+    while target.max_tile_elems and tiles.block_m * tiles.tile_n > target.max_tile_elems:
+        if tiles.tile_n > 16 and tiles.tile_n >= tiles.block_m // 2:
+            tiles = replace(tiles, tile_n=tiles.tile_n // 2)
+        elif tiles.block_m > 16 and tiles.block_q > 1:
+            tiles = replace(tiles, block_m=tiles.block_m // 2, block_q=tiles.block_q // 2)
+        elif tiles.tile_n > 16:
+            tiles = replace(tiles, tile_n=tiles.tile_n // 2)
+        else:
+            break
 
     def over(t) -> bool:
         return tiles_shared_bytes(t, head_size_pad, q_bytes, kv_bytes) > target.max_shared

@@ -134,7 +134,8 @@ class MLAConfig:
 
 
 def pick_mla_config(num_heads: int, max_query_len: int, row_bytes: int = ROW_WIDTH_BYTES,
-                    fp8_cache: bool = False, num_seqs: int | None = None, sms: int | None = None) -> MLAConfig:
+                    fp8_cache: bool = False, num_seqs: int | None = None, sms: int | None = None,
+                    max_shared: int = SMEM_BYTES, warp_size: int = 32) -> MLAConfig:
     """The default config: rows from heads first, then query tokens; 64 rows where they exist.
 
     64 rows (Hopper's warp-group MMA): the whole 512-column accumulator on 8 warps (128
@@ -147,6 +148,10 @@ def pick_mla_config(num_heads: int, max_query_len: int, row_bytes: int = ROW_WID
     sit in registers, so the value split keeps the accumulator at <= 64 registers. Wider rows
     (``row_bytes``: fp32 queries) drop stages, then keys per tile, until shared memory fits.
     The interpreter gets 16 rows, one warp, one stage.
+
+    ``max_shared`` (the target's; the default is the H200's): where the config above needs more
+    shared memory than that after dropping stages and keys, its rows halve (down to 16), which
+    changes nothing on sm90. ``warp_size`` is accepted for the callers' symmetry and unused.
 
     A grid of fewer than a quarter program per SM unsplit (``num_seqs`` and ``sms`` given: small
     batches, which split the keys) takes the 4-warp value-split config instead: in the H200
@@ -170,11 +175,16 @@ def pick_mla_config(num_heads: int, max_query_len: int, row_bytes: int = ROW_WID
         while value_split < 4 and MLAConfig(block_h, block_q, 32, value_split, 4).acc_registers() > acc_limit:
             value_split *= 2
         config = MLAConfig(block_h, block_q, tile_n=32, value_split=value_split, num_warps=4, num_stages=4)
-    while config.smem_bytes(row_bytes) > SMEM_BYTES and (config.num_stages > 2 or config.tile_n > 16):
+    while config.smem_bytes(row_bytes) > max_shared and (config.num_stages > 2 or config.tile_n > 16
+                                                         or config.block_m > 16):
         if config.num_stages > 2:
             config = replace(config, num_stages=config.num_stages - 1)
-        else:
+        elif config.tile_n > 16:
             config = replace(config, tile_n=config.tile_n // 2)
+        elif config.block_h > 1 and config.block_h * config.block_q > 16:
+            config = replace(config, block_h=config.block_h // 2)
+        else:
+            config = replace(config, block_q=max(1, config.block_q // 2))
     return config
 
 
@@ -207,9 +217,10 @@ def choose_mla_splits(num_seqs: int, num_heads: int, max_query_len: int, max_seq
 
 def resolve_mla_config(config: MLAConfig | None, num_heads: int, max_query_len: int,
                        row_bytes: int = ROW_WIDTH_BYTES, fp8_cache: bool = False, num_seqs: int | None = None,
-                       sms: int | None = None) -> MLAConfig:
+                       sms: int | None = None, max_shared: int = SMEM_BYTES, warp_size: int = 32) -> MLAConfig:
     """``config`` or the default; its block_q is raised to 16 // block_h so that block_m >= 16."""
-    config = config or pick_mla_config(num_heads, max_query_len, row_bytes, fp8_cache, num_seqs, sms)
+    config = config or pick_mla_config(num_heads, max_query_len, row_bytes, fp8_cache, num_seqs, sms,
+                                       max_shared=max_shared, warp_size=warp_size)
     if config.block_m < 16:
         config = replace(config, block_q=-(-16 // config.block_h))
     return config

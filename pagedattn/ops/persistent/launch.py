@@ -7,7 +7,7 @@ import torch
 from pagedattn.ops.common.bundles import AttentionArgs, kernel_args, output_rows, partial_rows
 from pagedattn.ops.common.host_math import next_power_of_2
 from pagedattn.ops.common.launching import launch
-from pagedattn.ops.common.pdl import use_pdl
+from pagedattn.ops.common.pdl import pdl_option, use_pdl
 from pagedattn.ops.common.target import target_props
 from pagedattn.ops.persistent.kernel import WorkList, persistent_attention_kernel, persistent_reduce_kernel
 
@@ -30,4 +30,4 @@ def launch_persistent(out: torch.Tensor, lse: torch.Tensor | None, a: AttentionA
     head_size = a.q.shape[2]
     launch(persistent_reduce_kernel, (max(1, plan.num_programs // 4),), **shared, num_tokens=a.q.shape[0],
            NUM_Q_HEADS=a.q.shape[1], HEAD_SIZE=head_size, HEAD_SIZE_PAD=next_power_of_2(head_size),
-           num_warps=1 if head_size <= 64 else 2, launch_pdl=pdl)
+           num_warps=1 if head_size <= 64 else 2, **pdl_option(pdl))
