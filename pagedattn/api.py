@@ -33,7 +33,7 @@ from pagedattn.ops.prefill.launch import check_prefill_grid, launch_prefill
 from pagedattn.ops.split_kv.launch import launch_split_kv
 from pagedattn.ops.unified.launch import AttentionArgs, launch_unified
 from pagedattn.ops.prefill.tuning import autotune_enabled
-from pagedattn.ops.common.target import target_props
+from pagedattn.ops.common.target import UnsupportedOnTarget, target_props
 from pagedattn.plan import AttentionPlan, fitted, num_sms, pick_prefill_tiles, pick_tiles, plan_for_call, short_prefill
 from pagedattn.validate import validate_metadata, validation_requested
 
@@ -73,6 +73,16 @@ def _check_cache_pair(k_cache, v_cache, q_dtype, device) -> None:
     if v_cache.dtype != k_cache.dtype:
         raise TypeError(f"v_cache dtype {v_cache.dtype} differs from k_cache dtype {k_cache.dtype}")
     check_shape("v_cache", v_cache, tuple(k_cache.shape))
+    check_fp8_cache("k_cache", k_cache, device)
+
+
+def check_fp8_cache(name: str, cache: torch.Tensor, device) -> None:
+    """UnsupportedOnTarget (a ValueError) naming ``name`` when ``cache`` is float8_e4m3fn and ``device``'s GPU cannot
+    compile it (NVIDIA before sm89: Triton has no e4m3 type there)."""
+    if cache.dtype in FP8_DTYPES and not target_props(device).fp8e4nv:
+        props = target_props(device)
+        raise UnsupportedOnTarget(f"{name} is {cache.dtype}, which Triton compiles for NVIDIA GPUs of sm89 or newer; "
+                         f"this device is {props.name} ({props.chip}): use a 16-bit cache")
 
 
 def paged_attention(

@@ -11,11 +11,13 @@ specialized as Triton's launcher would (16-byte aligned pointers, strides that a
 16, the per-batch sizes left alone).
 
 Per kernel and target the table gives registers (VGPRs and SGPRs on AMD, from the code object's
-metadata; NVIDIA from ``cuobjdump -res-usage`` of the cubin), spills (NVIDIA: the stack frame and
-local memory, which Triton kernels use only to spill; AMD: ``.vgpr_spill_count`` and
-``.sgpr_spill_count``), shared memory (LDS) against the target's limit, and the programs one SM
-holds (NVIDIA, from registers, shared memory and threads) or the waves per SIMD the AMD compiler
-reports. A compile error, a spill or shared memory over the limit fails the row.
+metadata; NVIDIA from ``cuobjdump -res-usage`` of the cubin), spills (NVIDIA: the spill stores
+``ptxas -v`` reports, asked when the cubin has a stack frame or local memory; AMD:
+``.vgpr_spill_count``, while SGPR spills, which go to VGPR lanes, are listed apart), shared
+memory (LDS) against the target's limit, and the programs one SM holds (NVIDIA, from
+registers, shared memory and threads) or the waves per SIMD the AMD compiler reports. A
+compile error, a spill sm90 does not have, or shared memory over the limit fails the row
+(``judge``).
 
 Nothing here runs a kernel: only the H200 and Triton's CPU interpreter run them (docs/portability.md).
 """
@@ -34,7 +36,6 @@ from dataclasses import dataclass
 
 TARGETS = ("sm80", "sm90", "sm100", "sm120", "gfx942", "gfx950", "gfx1100")
 HEADS = dict(num_q_heads=32, num_kv_heads=8)  # Llama-3.1-8B: 4 query heads per KV head
-DTYPES = ("bf16", "fp16", "fp32")
 
 
 @dataclass(frozen=True)
@@ -78,13 +79,14 @@ def variants(full: bool = True) -> list[Variant]:
 
     Full: the decode, split-KV, persistent and prefill paths at head sizes 64, 96 (not a power
     of 2), 128 and 256 and pages of 16 and 64; each score modifier on the decode and prefill
-    kernels; an fp8 cache on every attention path; fp16 and fp32; the contiguous prefill; the
-    KV writes, the merge and MLA. The CI subset keeps one of each kernel and mode: every path
-    at head 128, the non-power-of-2 and 256 heads on decode and prefill, pages of 64 once, all
-    modifiers at once on decode and prefill (plus ALiBi's sqrt form), fp8 and fp32 once.
+    kernels, and all at once; an fp8 cache on every attention path; fp16 and fp32; the
+    contiguous prefill; the KV writes, the merge and MLA. The CI subset keeps one of each kernel
+    and mode: every path at head 128, head 256 on decode and prefill, head 96 on decode and
+    (with every modifier and 64-token pages) on prefill, all modifiers at once on decode too,
+    ALiBi's sqrt form, fp8 and fp32 once.
     """
     out: list[Variant] = []
-    ci_shapes = {("decode", 96, 16), ("decode", 256, 64), ("prefill", 96, 64), ("prefill", 256, 16),
+    ci_shapes = {("decode", 96, 16), ("decode", 256, 64), ("prefill", 256, 16),
                  ("split_kv", 128, 16), ("persistent", 128, 16), ("decode", 128, 16), ("prefill", 128, 16)}
     for family in ("decode", "split_kv", "persistent", "prefill"):
         for head in (64, 96, 128, 256):
@@ -94,7 +96,10 @@ def variants(full: bool = True) -> list[Variant]:
     for family in ("decode", "prefill"):
         for mod in MODIFIERS:
             out.append(Variant(family, feature=mod, ci=mod == "alibi_sqrt"))
-        out.append(Variant(family, feature=every, ci=True))
+        out.append(Variant(family, feature=every))
+    # every modifier at once on the prefill kernel at a head that is not a power of 2, on 64-token pages
+    out.append(Variant("prefill", 96, 64, feature=every, ci=True))
+    out.append(Variant("decode", feature=every, ci=True))
     out += [Variant("split_kv", feature="sinks"), Variant("persistent", feature="window"),
             Variant("spec", ci=True), Variant("prefill_short", ci=True)]
     for family in ("decode", "split_kv", "persistent", "prefill"):
@@ -228,6 +233,22 @@ def compile_launch(kernel, kwargs: dict, target: str):
     return triton.compile(src, target=gpu, options=dict(options.__dict__))
 
 
+def _compile_with_ptxas_log(kernel, kwargs: dict, target: str):
+    """(compiled kernel, the ``ptxas -v`` log of its compile or None): Triton prints the log
+    when asked (an NVIDIA compile that missed Triton's cache), which saves running ptxas again."""
+    import contextlib
+    import io
+
+    from triton import knobs
+
+    out = io.StringIO()
+    with knobs.nvidia.scope(), contextlib.redirect_stdout(out):
+        knobs.nvidia.dump_ptxas_log = True
+        compiled = compile_launch(kernel, kwargs, target)
+    log = out.getvalue()
+    return compiled, log if "ptxas info" in log else None
+
+
 def _cuobjdump() -> str:
     import triton
 
@@ -242,6 +263,27 @@ def parse_nvidia_usage(res_usage: str) -> dict:
         return int(m.group(1)) if m else None
 
     return dict(regs=field("REG"), stack=field("STACK"), local=field("LOCAL"))
+
+
+def parse_ptxas_spills(log: str) -> int:
+    """Bytes of spill stores that ``ptxas -v`` reports (0 when it reports none)."""
+    return sum(int(m) for m in re.findall(r"(\d+) bytes spill stores", log))
+
+
+def _ptxas_spill_bytes(compiled, props) -> int:
+    """Run the ptxas Triton ships (``-v``) on the kernel's PTX for its spill stores."""
+    import triton
+
+    bindir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+    ptxas = os.path.join(bindir, "ptxas-blackwell" if int(props.arch) >= 100 else "ptxas")
+    arch = f"sm_{props.arch}a" if int(props.arch) >= 90 else f"sm_{props.arch}"
+    with tempfile.TemporaryDirectory() as d:
+        src = os.path.join(d, "k.ptx")
+        with open(src, "w") as f:
+            f.write(compiled.asm["ptx"])
+        log = subprocess.run([ptxas, "-v", f"--gpu-name={arch}", src, "-o", os.path.join(d, "k.cubin")],
+                             capture_output=True, text=True).stderr
+    return parse_ptxas_spills(log)
 
 
 def parse_amdgcn(asm: str) -> dict:
@@ -267,9 +309,11 @@ def nvidia_programs_per_sm(regs: int, shared: int, num_warps: int, props) -> int
     return max(0, min(by_regs, by_shared, by_threads, 32))
 
 
-def usage(compiled, target: str) -> dict:
+def usage(compiled, target: str, ptxas_log: str | None = None) -> dict:
     """What the compiler made of one kernel for ``target``: registers, spills, shared memory,
-    occupancy, and the problems that fail the row (a spill, shared memory over the limit)."""
+    occupancy, and the problems that fail the row (a spill, shared memory over the limit).
+    ``ptxas_log``: the ``ptxas -v`` output of its compile, if at hand (else ptxas runs again
+    where the cubin has a stack frame or local memory)."""
     from pagedattn.ops.common.target import props_for
 
     props = props_for(target)
@@ -281,7 +325,15 @@ def usage(compiled, target: str) -> dict:
             f.flush()
             text = subprocess.run([_cuobjdump(), "-res-usage", f.name], capture_output=True, text=True).stdout
         u = parse_nvidia_usage(text)
-        row.update(regs=u["regs"], spill_bytes=(u["stack"] or 0) + (u["local"] or 0))
+        # a stack frame or local memory is where spills go; ptxas -v says how much of it is
+        # spills (a few bytes of frame without spill stores happen on sm100)
+        if not (u["stack"] or u["local"]):
+            spill = 0
+        elif ptxas_log is not None:
+            spill = parse_ptxas_spills(ptxas_log)
+        else:
+            spill = _ptxas_spill_bytes(compiled, props)
+        row.update(regs=u["regs"], spill_bytes=spill, stack=u["stack"], local=u["local"])
         row["occupancy"] = nvidia_programs_per_sm(u["regs"] or 0, md.shared, md.num_warps, props)
     else:
         u = parse_amdgcn(compiled.asm["amdgcn"])
@@ -327,16 +379,20 @@ def compile_variant(v: Variant, target: str, dump: str | None = None) -> list[di
     that receives each kernel's TTGIR, PTX/SASS or AMDGCN, per target)."""
     rows = []
     t0 = time.perf_counter()
+    from pagedattn.ops.common.target import UnsupportedOnTarget
+
     try:
         launched = capture(v, target)
-    except Exception as e:  # noqa: BLE001 - the planner or a launcher refused: the row says why
+    except UnsupportedOnTarget as e:  # the API refuses this input on this GPU: nothing to compile
+        return [dict(variant=v.name, target=target, kernel="(refused)", refused=str(e), problems=[])]
+    except Exception as e:  # noqa: BLE001 - the planner or a launcher failed: the row says why
         return [dict(variant=v.name, target=target, kernel="?", problems=[f"capture: {_short(e)}"])]
     for kernel, _grid, kwargs in launched:
         name = getattr(getattr(kernel, "fn", kernel), "__name__", str(kernel))
         row = dict(variant=v.name, target=target, kernel=name, tiles=_tiles_of(kwargs))
         try:
-            compiled = compile_launch(kernel, kwargs, target)
-            row.update(usage(compiled, target))
+            compiled, log = _compile_with_ptxas_log(kernel, kwargs, target)
+            row.update(usage(compiled, target, log))
             if dump:
                 _dump(compiled, os.path.join(dump, target), f"{v.name.replace(' ', '_').replace('/', '-')}_{name}")
         except Exception as e:  # noqa: BLE001 - a compile error is the finding
@@ -354,13 +410,79 @@ def _short(e: Exception) -> str:
     return f"{type(e).__name__}: {lines[-1] if lines else ''}"[:200]
 
 
+_INFLIGHT_DIR: str | None = None
+
+
 def _worker(task):
-    v, target, dump = task
-    return compile_variant(v, target, dump)
+    """Compile one task in a pool worker; a marker file names the task while it runs, so that a
+    compiler that aborts the process (an LLVM assertion) is traced to its task."""
+    index, (v, target, dump) = task
+    marker = os.path.join(_INFLIGHT_DIR, str(os.getpid())) if _INFLIGHT_DIR else None
+    if marker:
+        with open(marker, "w") as f:
+            f.write(str(index))
+    rows = compile_variant(v, target, dump)
+    if marker:
+        os.remove(marker)
+    return rows
 
 
-def _worker_init() -> None:
+def _worker_init(inflight_dir: str | None = None) -> None:
+    global _INFLIGHT_DIR
     os.environ["TRITON_INTERPRET"] = "0"
+    _INFLIGHT_DIR = inflight_dir
+
+
+def _crash_rows(task) -> list[dict]:
+    v, target, _ = task
+    return [dict(variant=v.name, target=target, kernel="?",
+                 problems=["compile: the compiler aborted the process (an assertion or a signal; its message "
+                           "is on stderr)"])]
+
+
+def _run_batch(tasks: list, indices: list, jobs: int, progress, results: dict) -> tuple[bool, list]:
+    """Run ``tasks[i]`` for ``indices`` in ``jobs`` fresh processes into ``results``; (whether a
+    worker was aborted, the indices that were running then)."""
+    import concurrent.futures as cf
+    import multiprocessing
+    import shutil
+
+    # fresh processes: kernels decorated while TRITON_INTERPRET=1 are interpreter functions
+    ctx = multiprocessing.get_context("spawn")
+    inflight = tempfile.mkdtemp(prefix="pagedattn-inflight-")
+    broken = False
+    try:
+        with cf.ProcessPoolExecutor(max(1, jobs), mp_context=ctx, initializer=_worker_init,
+                                    initargs=(inflight,)) as pool:
+            futures = {pool.submit(_worker, (i, tasks[i])): i for i in indices}
+            try:
+                for f in cf.as_completed(futures):
+                    results[futures[f]] = f.result()
+                    if progress:
+                        progress(results[futures[f]])
+            except cf.process.BrokenProcessPool:
+                broken = True
+        suspects = []
+        for name in os.listdir(inflight):
+            with open(os.path.join(inflight, name)) as f:
+                suspects.append(int(f.read()))
+    finally:
+        shutil.rmtree(inflight, ignore_errors=True)
+    return broken, suspects
+
+
+def _run_pool(tasks: list, jobs: int, progress, results: dict) -> None:
+    """Run every task in ``jobs`` fresh processes into ``results``. When a compiler aborts a
+    worker, the tasks that were running are run again one at a time: one that aborts alone gets
+    a failed row; then the rest go on."""
+    pending = list(range(len(tasks)))
+    while pending:
+        broken, suspects = _run_batch(tasks, pending, jobs, progress, results)
+        if broken:
+            for i in suspects:
+                if i not in results and _run_batch(tasks, [i], 1, progress, results)[0]:
+                    results[i] = _crash_rows(tasks[i])
+        pending = [i for i in pending if i not in results]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -370,6 +492,8 @@ def _worker_init() -> None:
 def _cell(row: dict | None, base: dict | None) -> str:
     if row is None:
         return "-"
+    if row.get("refused"):
+        return "refused"
     if not row.get("kernel") or row.get("kernel") == "?" or "regs" not in row:
         return "FAIL"
     regs = f"R{row['regs']}" if row.get("sgprs") is None else f"V{row['regs']}/S{row['sgprs']}"
@@ -391,7 +515,11 @@ def format_table(rows: list[dict], targets) -> str:
 
     by_key: dict = {}
     order: list = []
+    refused: dict = {}  # (variant, target) -> row: shown in each of the variant's kernel lines
     for r in rows:
+        if r.get("refused"):
+            refused[(r["variant"], r["target"])] = r
+            continue
         key = (r["variant"], r["kernel"])
         if key not in by_key:
             by_key[key] = {}
@@ -411,7 +539,8 @@ def format_table(rows: list[dict], targets) -> str:
         seen_secondary.add(key[1])
         base = cells.get("sm90")
         lines.append(f"{key[0]:<34} {key[1][:26]:<26}" + "".join(
-            f" {_cell(cells.get(t), base if t != 'sm90' else None):<{width}}" for t in targets))
+            f" {_cell(cells.get(t) or refused.get((key[0], t)), base if t != 'sm90' else None):<{width}}"
+            for t in targets))
     return "\n".join(lines)
 
 
@@ -420,7 +549,8 @@ cells: R = registers a thread (NVIDIA), V/S = VGPRs/SGPRs a lane (AMD); shared m
 x = programs per SM from registers, shared memory and threads (NVIDIA), waves per SIMD as the
 AMD compiler reports; * = tiles fitted to the target (differ from sm90's); spill = a spill sm90
 has too at the tiles timed on the H200; SPILL (one sm90 does not have), >LIM (shared memory over
-the target's limit) and FAIL (did not compile) fail the run. Tiles were timed on
+the target's limit) and FAIL (did not compile) fail the run; refused = the API refuses the input on
+that GPU with an error naming the argument (nothing to compile). Tiles were timed on
 sm90 (H200) only: the other columns are compiled, never run."""
 
 
@@ -433,7 +563,8 @@ def run_matrix(targets=TARGETS, *, full: bool = False, only=None, jobs: int | No
     targets : names of ``pagedattn.ops.common.target.KNOWN_TARGETS``.
     full : the whole list of :func:`variants`, else the CI subset.
     only : keep variants whose name contains one of these texts.
-    jobs : worker processes (default: the CPUs, at most 8); 1 compiles in this process.
+    jobs : worker processes per target (default: the CPUs, at most 8); 1 with one target
+        compiles in this process.
     progress : called with each finished (variant, target)'s rows.
     dump : a folder for each compiled kernel's TTGIR, PTX and SASS or AMDGCN (one folder a target).
     """
@@ -445,24 +576,22 @@ def run_matrix(targets=TARGETS, *, full: bool = False, only=None, jobs: int | No
     tasks = [(v, t, dump) for v in chosen for t in targets]
     jobs = jobs or min(8, os.cpu_count() or 1)
     results: dict = {}
-    if jobs <= 1 and not _interpreted():
-        for task in tasks:
-            results[task] = _worker(task)
+    if jobs <= 1 and len(targets) == 1 and not _interpreted():
+        for i, task in enumerate(tasks):
+            results[i] = _worker((i, task))
             if progress:
-                progress(results[task])
+                progress(results[i])
     else:
-        import concurrent.futures as cf
-        import multiprocessing
-
-        # fresh processes: kernels decorated while TRITON_INTERPRET=1 are interpreter functions
-        ctx = multiprocessing.get_context("spawn")
-        with cf.ProcessPoolExecutor(max(1, jobs), mp_context=ctx, initializer=_worker_init) as pool:
-            futures = {pool.submit(_worker, task): task for task in tasks}
-            for f in cf.as_completed(futures):
-                results[futures[f]] = f.result()
-                if progress:
-                    progress(results[futures[f]])
-    return judge([r for task in tasks for r in results[task]])
+        # one target's processes compile for that target only: Triton 3.6's AMD backend keeps
+        # LLVM state across compiles, and a gfx942 kernel compiled after a gfx950 one in the same
+        # process came out with gfx950's fp8 conversions (v_cvt_scalef32_pk_f16_fp8) and failed
+        # to link, or aborted on an LLVM assertion
+        for target in targets:
+            indices = [i for i, task in enumerate(tasks) if task[1] == target]
+            part: dict = {}
+            _run_pool([tasks[i] for i in indices], jobs, progress, part)
+            results.update({indices[k]: rows for k, rows in part.items()})
+    return judge([r for i in range(len(tasks)) for r in results[i]])
 
 
 def judge(rows: list[dict]) -> list[dict]:
@@ -503,6 +632,7 @@ def summary(rows: list[dict], targets) -> dict:
     """Counts for the closing line and the JSON: rows, compiled, failures by kind."""
     failed = [r for r in rows if not r.get("ok")]
     return dict(rows=len(rows), variants=len({r["variant"] for r in rows}), targets=list(targets),
+                refused=sum(bool(r.get("refused")) for r in rows),
                 failed=len(failed),
                 compile_errors=sum(any(p.startswith(("compile", "capture")) for p in r["failures"]) for r in failed),
                 spills=sum(bool(r.get("spill_bytes")) and not r.get("spill_as_sm90") and r["target"] != "sm90"
@@ -552,9 +682,11 @@ def main(args) -> int:
             print(f"FAIL {r['target']:<8} {r['variant']} {r['kernel']}: {'; '.join(r['failures'])}")
     print(LEGEND)
     s = summary(rows, targets)
-    print(f"{s['variants']} variants x {len(targets)} targets: {s['rows']} kernels compiled in {seconds:.0f} s; "
+    print(f"{s['variants']} variants x {len(targets)} targets: {s['rows'] - s['refused']} kernels compiled in "
+          f"{seconds:.0f} s; "
           f"{s['failed']} failed ({s['compile_errors']} compile errors, {s['spills']} spills, "
-          f"{s['over_limit']} over a shared-memory limit); {s['spills_as_sm90']} spills as timed on sm90")
+          f"{s['over_limit']} over a shared-memory limit); {s['spills_as_sm90']} spills as timed on sm90; "
+          f"{s['refused']} refused by the API")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(summary=s, seconds=round(seconds, 1), full=args.full, rows=rows), f, indent=1)

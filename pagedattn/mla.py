@@ -29,7 +29,7 @@ from pagedattn.ops.mla.launch import (
     launch_write_mla_kv,
     resolve_mla_config,
 )
-from pagedattn.api import _rounded_into, _scale_tensor
+from pagedattn.api import _rounded_into, _scale_tensor, check_fp8_cache
 from pagedattn.ops.common.device import interpreter_on
 from pagedattn.ops.common.launching import Tapes, call_context, scalar_or_tensor
 from pagedattn.ops.common.target import target_props
@@ -156,6 +156,7 @@ def _mla_decode(q_nope, q_pe, kv_cache, block_table, seq_lens, query_start_loc, 
         raise ValueError("q_nope must have at least one head (dim 1)")
     check_tensor("kv_cache", kv_cache, ndim=3, dtypes=(q_nope.dtype, *FP8_DTYPES), device=device)
     check_shape("kv_cache", kv_cache, (None, None, latent_dim + rope_dim))
+    check_fp8_cache("kv_cache", kv_cache, device)
     refuse_autograd("mla_decode", q_nope=q_nope, q_pe=q_pe, kv_cache=kv_cache)
     if kv_cache.shape[1] < 1:
         raise ValueError("kv_cache block_size (dim 1) must be >= 1")
@@ -190,7 +191,7 @@ def _mla_decode(q_nope, q_pe, kv_cache, block_table, seq_lens, query_start_loc, 
     target = target_props(device)
     config = resolve_mla_config(config, num_heads, max_query_len, (latent_dim + rope_dim) * q_nope.element_size(),
                                 fp8, num_seqs=num_seqs, sms=num_sms(device), max_shared=target.max_shared,
-                                warp_size=target.warp_size)
+                                max_rows=target.mla_max_rows)
     if num_splits is None:
         num_splits = config.num_splits
     if num_splits is None:
@@ -255,6 +256,7 @@ def write_mla_kv(
     _check_dims("c_kv", latent_dim, "k_pe", rope_dim)
     check_tensor("kv_cache", kv_cache, ndim=3, dtypes=(c_kv.dtype, *FP8_DTYPES), device=device)
     check_shape("kv_cache", kv_cache, (None, None, latent_dim + rope_dim))
+    check_fp8_cache("kv_cache", kv_cache, device)
     check_tensor("slot_mapping", slot_mapping, ndim=1, dtypes=(torch.int32, torch.int64), device=device)
     check_shape("slot_mapping", slot_mapping, (num_tokens,))
     check_scale_arg("kv_scale", kv_scale, device)

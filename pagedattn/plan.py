@@ -39,7 +39,7 @@ The path rule (``path="auto"``):
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -811,6 +811,9 @@ def _plan_persistent(qsl, lens, *, tiles, num_q_heads, num_kv_heads, head_size, 
                      fit_splits: bool = False, cap_registers: bool = True) -> AttentionPlan:
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
+    keys = target_props(device).persistent_tile_n
+    if keys and tiles.tile_n > keys:  # the target's compiler spills the persistent kernel's wider tiles
+        tiles = replace(tiles, tile_n=keys)
     wave = RESIDENT_PROGRAMS_PER_SM * num_sms(device)
     num_programs = num_programs or PERSISTENT_PROGRAMS_PER_SM * num_sms(device)
     split_programs = min(num_programs, wave)

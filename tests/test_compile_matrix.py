@@ -6,6 +6,7 @@ compiled): about 10 s, marked ``compile`` (``-m "not compile"`` leaves it out).
 """
 
 import itertools
+from dataclasses import replace
 
 import pytest
 import torch
@@ -78,34 +79,48 @@ HEADS = (64, 80, 96, 128, 192, 256)
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
-def test_sm90_tiles_unchanged():
-    """On sm90 (and every target of its limits) the fitted tiles are the H200 tables' own."""
+@pytest.fixture
+def gpu_tables(monkeypatch):
+    """The planner's GPU tables (the interpreter has tiles of its own)."""
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+
+
+def test_sm90_tiles_unchanged(gpu_tables):
+    """On sm90 the fitted tiles are the H200 tables' own, for every head, dtype and shape."""
     for head, dtype, short in itertools.product(HEADS, DTYPES, (False, True)):
         t = pick_prefill_tiles(head, dtype, short=short)
         assert fitted(t, H200, head, dtype) == t
-        assert fitted(t, KNOWN_TARGETS["sm100"], head, dtype) == t
     for head, dtype, q_len, group in itertools.product(HEADS, DTYPES, (1, 4, 64), (1, 4, 8)):
         t = pick_tiles(q_len, group, head)
         assert fitted(t, H200, head, dtype) == t
+        assert fitted(t, KNOWN_TARGETS["sm100"], head, dtype) == t  # decode: same limits as sm90
+    # sm100: 64 keys a tile, where its compiler leaves the 128-row prefill tiles without spills
+    assert fitted(pick_prefill_tiles(128, torch.bfloat16), KNOWN_TARGETS["sm100"], 128, torch.bfloat16) == Tiles(
+        128, 128, 64, 8, 3)
+    # sm80: 64 rows on 4 warps
+    assert fitted(pick_prefill_tiles(128, torch.bfloat16), KNOWN_TARGETS["sm80"], 128, torch.bfloat16) == Tiles(
+        64, 64, 64, 4, 3)
 
 
 @pytest.mark.parametrize("name", sorted(KNOWN_TARGETS))
-def test_fitted_tiles_fit_the_target(name):
+def test_fitted_tiles_fit_the_target(name, gpu_tables):
     target = KNOWN_TARGETS[name]
     for head, dtype in itertools.product(HEADS, DTYPES):
         pad = max(16, 1 << (head - 1).bit_length())
         for t in (pick_prefill_tiles(head, dtype), pick_tiles(1, 4, head), pick_tiles(64, 4, head)):
             f = fitted(t, target, head, dtype)
-            assert tiles_shared_bytes(f, pad, dtype.itemsize, dtype.itemsize) <= target.max_shared
+            assert tiles_shared_bytes(f, pad, dtype.itemsize, dtype.itemsize, target.shared_overhead) <= target.max_shared
             assert f.block_m >= 16 and f.tile_n >= 16 and f.block_m % f.block_q == 0
             if target.max_warps:
-                assert f.num_warps <= target.max_warps
+                assert f.num_warps <= max(target.max_warps, target.fp32_warps or 0)
+            if target.max_tile_n:
+                assert f.tile_n <= target.max_tile_n
 
 
 def test_fit_shrinks_stages_before_keys():
     prefill = Tiles(128, 128, 128, 8, 3)
-    assert fit_tiles(prefill, KNOWN_TARGETS["sm80"], 128, 2) == Tiles(128, 128, 128, 8, 2)
-    assert fit_tiles(prefill, KNOWN_TARGETS["sm120"], 128, 2) == Tiles(128, 128, 64, 8, 2)
+    assert fit_tiles(prefill, replace(H200, max_shared=163 * 1024), 128, 2) == Tiles(128, 128, 128, 8, 2)
+    assert fit_tiles(prefill, replace(H200, max_shared=99 * 1024), 128, 2) == Tiles(128, 128, 64, 8, 2)
 
 
 @pytest.mark.compile

@@ -22,6 +22,10 @@ from dataclasses import dataclass, replace
 import torch
 
 
+class UnsupportedOnTarget(ValueError):
+    """An input the target's GPU cannot take (its message names the argument)."""
+
+
 @dataclass(frozen=True)
 class TargetProps:
     """What the planner needs to know of a GPU.
@@ -49,12 +53,28 @@ class TargetProps:
     tuned: bool = False
     # register bounds of the attention tiles, where the compiler spills VGPRs to scratch at the
     # H200's tiles (compiled for the target by pagedattn check --compile; None: no bound)
-    max_tile_elems: int | None = None  # block_m x tile_n of one program
+    max_tile_elems: int | None = None  # block_m x tile_n of one program, at head 128 and 16 bits
+    max_block_m: int | None = None
+    max_tile_n: int | None = None
     max_warps: int | None = None
+    max_stages: int | None = None
+    fp32_warps: int | None = None  # warps of fp32 tiles where the dot has no matrix instruction
+    persistent_tile_n: int | None = None  # keys per tile of the persistent kernel
+    # shared memory the compiler adds beyond the tiles (barriers, reduction scratch, layout
+    # conversions): the 128 x 128 prefill tiles at head 128 and 3 stages take 225 KB on sm90 and
+    # 229 KB on sm100
+    shared_overhead: int = 2 * 1024
+    mla_max_rows: int = 64  # rows of an MLA decode program (pagedattn.ops.mla.launch.pick_mla_config)
 
     @property
     def is_cuda(self) -> bool:
         return self.backend == "cuda"
+
+    @property
+    def fp8e4nv(self) -> bool:
+        """Whether Triton compiles float8_e4m3fn values for this target (NVIDIA from sm89; the
+        AMD targets convert them in software where they lack the instructions)."""
+        return self.backend != "cuda" or int(self.arch) >= 89
 
     @property
     def sm90_or_newer(self) -> bool:
@@ -68,22 +88,35 @@ KB = 1024
 KNOWN_TARGETS: dict[str, TargetProps] = {
     t.name: t
     for t in (
-        TargetProps("sm80", "cuda", 80, "A100", num_sms=108, max_shared=163 * KB, shared_per_sm=164 * KB),
+        # sm80 (mma.sync, operands in registers): the prefill kernel's 128-row tiles spill 36-60 B
+        # at 64 or 128 keys; 64 x 64 on 4 warps compile without
+        TargetProps("sm80", "cuda", 80, "A100", num_sms=108, max_shared=163 * KB, shared_per_sm=164 * KB,
+                    max_block_m=64, max_tile_n=64),
         TargetProps("sm90", "cuda", 90, "H100/H200", num_sms=132, max_shared=227 * KB, shared_per_sm=228 * KB,
                     tuned=True),
-        TargetProps("sm100", "cuda", 100, "B200", num_sms=148, max_shared=227 * KB, shared_per_sm=228 * KB),
+        # sm100: the prefill kernel's 128 x 128 tiles spill 12-36 B, 128 x 64 at 3 stages none; the
+        # persistent kernel at 16 x 64 is compiled to 168 registers and 4 B of spill (3 programs
+        # per SM), at 16 x 32 to 147 and none; the MLA kernel's 64-row configs take 230-370 KB of
+        # shared memory and 1 KB of spills (sm90: 148-222 KB), 32 rows compile as on sm90 (76 KB)
+        TargetProps("sm100", "cuda", 100, "B200", num_sms=148, max_shared=227 * KB, shared_per_sm=228 * KB,
+                    shared_overhead=6 * KB, max_tile_n=64, persistent_tile_n=32, mla_max_rows=32),
+        # sm120 (99 KB): prefill tiles of 64 keys spill 32-580 B (64 or 128 rows, 4 or 8 warps),
+        # 32 keys none; decode at 16 x 64 with an fp8 cache spills 4 B, 16 x 32 none
         TargetProps("sm120", "cuda", 120, "RTX 50", num_sms=170, max_shared=99 * KB, shared_per_sm=100 * KB,
-                    max_threads_per_sm=1536),
+                    max_threads_per_sm=1536, max_tile_n=32),
         # CDNA: the prefill kernel's 128 x 128 tiles on 8 warps spill 217-613 VGPRs; 128 x 64 on
         # 4 warps compile without (436-462 VGPRs, AGPRs included)
         TargetProps("gfx942", "hip", "gfx942", "MI300X", num_sms=304, max_shared=64 * KB, shared_per_sm=64 * KB,
                     regs_per_sm=512, warp_size=64, max_tile_elems=128 * 64, max_warps=4),
         TargetProps("gfx950", "hip", "gfx950", "MI355X", num_sms=256, max_shared=160 * KB, shared_per_sm=160 * KB,
                     regs_per_sm=512, warp_size=64, max_tile_elems=128 * 64, max_warps=4),
-        # RDNA3 (wave32, 256 VGPRs a lane): decode tiles of 16 x 64 spill, 16 x 32 on 4 warps do not
+        # RDNA3 (wave32, 256 VGPRs a lane, no direct-to-LDS copies: a pipeline stage is held in
+        # VGPRs): decode tiles of 16 x 64 spill, 16 x 32 on 4 warps at one stage do not; its WMMA
+        # takes 16-bit operands only, and fp32 dots on FMAs spill 145 VGPRs at 16 x 16 on 4
+        # warps, none on 8
         TargetProps("gfx1100", "hip", "gfx1100", "RX 7900 XTX", num_sms=96, max_shared=64 * KB,
                     shared_per_sm=128 * KB, regs_per_sm=1536, max_threads_per_sm=2048, warp_size=32,
-                    max_tile_elems=16 * 32, max_warps=4),
+                    max_tile_elems=16 * 32, max_warps=4, max_stages=1, fp32_warps=8),
     )
 }
 # Triton's interpreter on the CPU: no limits that matter, and a few programs are plenty.
@@ -175,23 +208,23 @@ def target_override() -> TargetProps | None:
     return _OVERRIDE.get()
 
 
-SCRATCH_BYTES = 2 * KB
-
-
-def tiles_shared_bytes(tiles, head_size_pad: int, q_bytes: int, kv_bytes: int) -> int:
+def tiles_shared_bytes(tiles, head_size_pad: int, q_bytes: int, kv_bytes: int, overhead: int = 2 * KB) -> int:
     """An upper bound of the shared memory of an attention kernel at ``tiles``: ``num_stages``
     K and V tiles (``tile_n x head_size_pad`` at ``kv_bytes``) and the Q block (``block_m x
-    head_size_pad`` at ``q_bytes``), and 2 KB of barriers and reduction scratch. Against what
+    head_size_pad`` at ``q_bytes``), and ``overhead`` (the target's ``shared_overhead``). Against what
     Triton allocates for sm90, bf16, head 128: the 16 x 64 decode tiles at 3 stages compile to
     70 KB (102 KB here), the 128 x 128 prefill tiles at 3 stages to 225 KB (226 KB here)."""
     kv_tile = tiles.tile_n * head_size_pad * 2 * kv_bytes
-    return tiles.num_stages * kv_tile + tiles.block_m * head_size_pad * q_bytes + SCRATCH_BYTES
+    return tiles.num_stages * kv_tile + tiles.block_m * head_size_pad * q_bytes + overhead
 
 
 def fit_tiles(tiles, target: TargetProps, head_size_pad: int, q_bytes: int, kv_bytes: int | None = None):
-    """``tiles`` (a choice of the H200 tables) fitted into ``target``: warps down to
-    ``target.max_warps`` and keys per tile, then Q rows, halved to ``target.max_tile_elems``
-    (the targets whose compiler spills at the H200's tiles); then while
+    """``tiles`` (a choice of the H200 tables) fitted into ``target``: rows (with the warps) and
+    keys per tile down to ``target.max_block_m`` and ``target.max_tile_n``; warps and stages
+    down to ``target.max_warps`` and ``target.max_stages``, fp32 tiles on ``target.fp32_warps``;
+    keys per tile, then Q rows, halved until the
+    tile's area (weighted by head size over 128 and element bytes over 2) is within
+    ``target.max_tile_elems`` (the targets whose compiler spills at the H200's tiles); then while
     :func:`tiles_shared_bytes` exceeds ``target.max_shared``: stages down to 2, then keys per
     tile down to 16, then stages down to 1, then Q rows down to 16 (``block_q`` in proportion).
     Unchanged on every target without register bounds where it fits (the sm90 tables always
@@ -201,9 +234,21 @@ def fit_tiles(tiles, target: TargetProps, head_size_pad: int, q_bytes: int, kv_b
     fewer VGPRs a lane and more waves per SIMD than 2 (decode 16 x 64: 204 against 292, 2
     waves against 1)."""
     kv_bytes = q_bytes if kv_bytes is None else kv_bytes
+    while target.max_block_m and tiles.block_m > target.max_block_m and tiles.block_q > 1:
+        # half the rows on half the warps (at least 4): each warp keeps its rows
+        tiles = replace(tiles, block_m=tiles.block_m // 2, block_q=tiles.block_q // 2,
+                        num_warps=max(min(4, tiles.num_warps), tiles.num_warps // 2))
+    if target.max_tile_n and tiles.tile_n > target.max_tile_n:
+        tiles = replace(tiles, tile_n=target.max_tile_n)
     if target.max_warps and tiles.num_warps > target.max_warps:
         tiles = replace(tiles, num_warps=target.max_warps)
-    while target.max_tile_elems and tiles.block_m * tiles.tile_n > target.max_tile_elems:
+    if target.fp32_warps and q_bytes == 4:
+        tiles = replace(tiles, num_warps=target.fp32_warps)
+    if target.max_stages and tiles.num_stages > target.max_stages:
+        tiles = replace(tiles, num_stages=target.max_stages)
+    # registers a lane grow with the head and the element width as with the tile's area
+    weight = max(head_size_pad, 128) * max(q_bytes, 2) // 256
+    while target.max_tile_elems and tiles.block_m * tiles.tile_n * weight > target.max_tile_elems:
         if tiles.tile_n > 16 and tiles.tile_n >= tiles.block_m // 2:
             tiles = replace(tiles, tile_n=tiles.tile_n // 2)
         elif tiles.block_m > 16 and tiles.block_q > 1:
@@ -214,7 +259,7 @@ def fit_tiles(tiles, target: TargetProps, head_size_pad: int, q_bytes: int, kv_b
             break
 
     def over(t) -> bool:
-        return tiles_shared_bytes(t, head_size_pad, q_bytes, kv_bytes) > target.max_shared
+        return tiles_shared_bytes(t, head_size_pad, q_bytes, kv_bytes, target.shared_overhead) > target.max_shared
 
     while over(tiles):
         if tiles.num_stages > 2:

@@ -135,7 +135,7 @@ class MLAConfig:
 
 def pick_mla_config(num_heads: int, max_query_len: int, row_bytes: int = ROW_WIDTH_BYTES,
                     fp8_cache: bool = False, num_seqs: int | None = None, sms: int | None = None,
-                    max_shared: int = SMEM_BYTES, warp_size: int = 32) -> MLAConfig:
+                    max_shared: int = SMEM_BYTES, max_rows: int = 64) -> MLAConfig:
     """The default config: rows from heads first, then query tokens; 64 rows where they exist.
 
     64 rows (Hopper's warp-group MMA): the whole 512-column accumulator on 8 warps (128
@@ -149,9 +149,9 @@ def pick_mla_config(num_heads: int, max_query_len: int, row_bytes: int = ROW_WID
     (``row_bytes``: fp32 queries) drop stages, then keys per tile, until shared memory fits.
     The interpreter gets 16 rows, one warp, one stage.
 
-    ``max_shared`` (the target's; the default is the H200's): where the config above needs more
-    shared memory than that after dropping stages and keys, its rows halve (down to 16), which
-    changes nothing on sm90. ``warp_size`` is accepted for the callers' symmetry and unused.
+    ``max_shared`` and ``max_rows`` (the target's; the defaults are the H200's): rows are capped
+    at ``max_rows``, and where the config needs more shared memory than ``max_shared`` after
+    dropping stages and keys, its rows halve (down to 16). Neither changes anything on sm90.
 
     A grid of fewer than a quarter program per SM unsplit (``num_seqs`` and ``sms`` given: small
     batches, which split the keys) takes the 4-warp value-split config instead: in the H200
@@ -159,7 +159,7 @@ def pick_mla_config(num_heads: int, max_query_len: int, row_bytes: int = ROW_WID
     which in turn was 19% faster at B=32 (64 head groups on 132 SMs). Batches between were not
     measured; the quarter is the middle of that range.
     """
-    max_m = 16 if interpreter_on() else 64
+    max_m = 16 if interpreter_on() else max_rows
     block_h = min(next_power_of_2(max(num_heads, 1)), max_m)
     block_q = min(next_power_of_2(max(max_query_len, 1)), max_m // block_h)
     block_q = max(block_q, 16 // block_h)
@@ -217,10 +217,10 @@ def choose_mla_splits(num_seqs: int, num_heads: int, max_query_len: int, max_seq
 
 def resolve_mla_config(config: MLAConfig | None, num_heads: int, max_query_len: int,
                        row_bytes: int = ROW_WIDTH_BYTES, fp8_cache: bool = False, num_seqs: int | None = None,
-                       sms: int | None = None, max_shared: int = SMEM_BYTES, warp_size: int = 32) -> MLAConfig:
+                       sms: int | None = None, max_shared: int = SMEM_BYTES, max_rows: int = 64) -> MLAConfig:
     """``config`` or the default; its block_q is raised to 16 // block_h so that block_m >= 16."""
     config = config or pick_mla_config(num_heads, max_query_len, row_bytes, fp8_cache, num_seqs, sms,
-                                       max_shared=max_shared, warp_size=warp_size)
+                                       max_shared=max_shared, max_rows=max_rows)
     if config.block_m < 16:
         config = replace(config, block_q=-(-16 // config.block_h))
     return config
