@@ -109,7 +109,8 @@ def test_fitted_tiles_fit_the_target(name, gpu_tables):
         pad = max(16, 1 << (head - 1).bit_length())
         for t in (pick_prefill_tiles(head, dtype), pick_tiles(1, 4, head), pick_tiles(64, 4, head)):
             f = fitted(t, target, head, dtype)
-            assert tiles_shared_bytes(f, pad, dtype.itemsize, dtype.itemsize, target.shared_overhead) <= target.max_shared
+            assert tiles_shared_bytes(f, pad, dtype.itemsize, dtype.itemsize, target.shared_overhead,
+                                      target) <= target.max_shared
             assert f.block_m >= 16 and f.tile_n >= 16 and f.block_m % f.block_q == 0
             if target.max_warps:
                 assert f.num_warps <= max(target.max_warps, target.fp32_warps or 0)

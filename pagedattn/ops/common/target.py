@@ -65,6 +65,11 @@ class TargetProps:
     # 229 KB on sm100
     shared_overhead: int = 2 * 1024
     mla_max_rows: int = 64  # rows of an MLA decode program (pagedattn.ops.mla.launch.pick_mla_config)
+    # the shared-memory bound's model (tiles_shared_bytes): NVIDIA counts a K/V buffer per stage
+    # and the Q block; the AMD backend keeps one buffer fewer than its stages and Q in VGPRs
+    # (gfx942: 128 x 64 tiles at 2 stages take 33 KB of LDS, one 32 KB K/V buffer)
+    q_in_shared: bool = True
+    buffers_below_stages: int = 0
 
     @property
     def is_cuda(self) -> bool:
@@ -107,16 +112,16 @@ KNOWN_TARGETS: dict[str, TargetProps] = {
         # CDNA: the prefill kernel's 128 x 128 tiles on 8 warps spill 217-613 VGPRs; 128 x 64 on
         # 4 warps compile without (436-462 VGPRs, AGPRs included)
         TargetProps("gfx942", "hip", "gfx942", "MI300X", num_sms=304, max_shared=64 * KB, shared_per_sm=64 * KB,
-                    regs_per_sm=512, warp_size=64, max_tile_elems=128 * 64, max_warps=4),
+                    regs_per_sm=512, warp_size=64, max_tile_elems=128 * 64, max_warps=4, q_in_shared=False, buffers_below_stages=1),
         TargetProps("gfx950", "hip", "gfx950", "MI355X", num_sms=256, max_shared=160 * KB, shared_per_sm=160 * KB,
-                    regs_per_sm=512, warp_size=64, max_tile_elems=128 * 64, max_warps=4),
+                    regs_per_sm=512, warp_size=64, max_tile_elems=128 * 64, max_warps=4, q_in_shared=False, buffers_below_stages=1),
         # RDNA3 (wave32, 256 VGPRs a lane, no direct-to-LDS copies: a pipeline stage is held in
         # VGPRs): decode tiles of 16 x 64 spill, 16 x 32 on 4 warps at one stage do not; its WMMA
         # takes 16-bit operands only, and fp32 dots on FMAs spill 145 VGPRs at 16 x 16 on 4
         # warps, none on 8
         TargetProps("gfx1100", "hip", "gfx1100", "RX 7900 XTX", num_sms=96, max_shared=64 * KB,
                     shared_per_sm=128 * KB, regs_per_sm=1536, max_threads_per_sm=2048, warp_size=32,
-                    max_tile_elems=16 * 32, max_warps=4, max_stages=1, fp32_warps=8),
+                    max_tile_elems=16 * 32, max_warps=4, max_stages=1, fp32_warps=8, q_in_shared=False, buffers_below_stages=1),
     )
 }
 # Triton's interpreter on the CPU: no limits that matter, and a few programs are plenty.
@@ -208,14 +213,19 @@ def target_override() -> TargetProps | None:
     return _OVERRIDE.get()
 
 
-def tiles_shared_bytes(tiles, head_size_pad: int, q_bytes: int, kv_bytes: int, overhead: int = 2 * KB) -> int:
+def tiles_shared_bytes(tiles, head_size_pad: int, q_bytes: int, kv_bytes: int, overhead: int = 2 * KB,
+                       target: TargetProps | None = None) -> int:
     """An upper bound of the shared memory of an attention kernel at ``tiles``: ``num_stages``
     K and V tiles (``tile_n x head_size_pad`` at ``kv_bytes``) and the Q block (``block_m x
     head_size_pad`` at ``q_bytes``), and ``overhead`` (the target's ``shared_overhead``). Against what
     Triton allocates for sm90, bf16, head 128: the 16 x 64 decode tiles at 3 stages compile to
     70 KB (102 KB here), the 128 x 128 prefill tiles at 3 stages to 225 KB (226 KB here)."""
     kv_tile = tiles.tile_n * head_size_pad * 2 * kv_bytes
-    return tiles.num_stages * kv_tile + tiles.block_m * head_size_pad * q_bytes + overhead
+    buffers, q_block = tiles.num_stages, tiles.block_m * head_size_pad * q_bytes
+    if target is not None:  # the target's model (TargetProps.q_in_shared, buffers_below_stages)
+        buffers = max(1, tiles.num_stages - target.buffers_below_stages)
+        q_block = q_block if target.q_in_shared else 0
+    return buffers * kv_tile + q_block + overhead
 
 
 def fit_tiles(tiles, target: TargetProps, head_size_pad: int, q_bytes: int, kv_bytes: int | None = None):
@@ -259,7 +269,7 @@ def fit_tiles(tiles, target: TargetProps, head_size_pad: int, q_bytes: int, kv_b
             break
 
     def over(t) -> bool:
-        return tiles_shared_bytes(t, head_size_pad, q_bytes, kv_bytes, target.shared_overhead) > target.max_shared
+        return tiles_shared_bytes(t, head_size_pad, q_bytes, kv_bytes, target.shared_overhead, target) > target.max_shared
 
     while over(tiles):
         if tiles.num_stages > 2:
