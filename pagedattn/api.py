@@ -346,6 +346,9 @@ def _launch_prefill_and_rest(out, lse, args: AttentionArgs, prefill_tiles, max_q
     stream. A CUDA-graph capture records the two streams as parallel branches."""
     num_seqs = args.seq_lens.shape[0]
     first, end = (0, num_seqs) if prefill_seqs is None else prefill_seqs
+    if args.k_cache.dtype in FP8_DTYPES:  # a plan's tiles know q's dtype, not the cache's
+        prefill_tiles = fitted(prefill_tiles, target_props(args.q.device), args.q.shape[2], args.q.dtype,
+                               args.k_cache.dtype)
     check_prefill_grid(max_query_len, end - first, prefill_tiles)
     prefill = functools.partial(launch_prefill, out, lse, args, prefill_tiles, max_query_len=max_query_len,
                                 min_q_len=min_q_len, seqs=(first, end))

@@ -59,6 +59,7 @@ class TargetProps:
     max_warps: int | None = None
     max_stages: int | None = None
     fp32_warps: int | None = None  # warps of fp32 tiles where the dot has no matrix instruction
+    fp8_max_tile_n: int | None = None  # prefill keys per tile with an fp8 cache (its up-conversion's registers)
     persistent_tile_n: int | None = None  # keys per tile of the persistent kernel
     # shared memory the compiler adds beyond the tiles (barriers, reduction scratch, layout
     # conversions): the 128 x 128 prefill tiles at head 128 and 3 stages take 225 KB on sm90 and
@@ -106,13 +107,15 @@ KNOWN_TARGETS: dict[str, TargetProps] = {
         TargetProps("sm100", "cuda", 100, "B200", num_sms=148, max_shared=227 * KB, shared_per_sm=228 * KB,
                     shared_overhead=6 * KB, max_tile_n=64, persistent_tile_n=32, mla_max_rows=32),
         # sm120 (99 KB): prefill tiles of 64 keys spill 32-580 B (64 or 128 rows, 4 or 8 warps),
-        # 32 keys none; decode at 16 x 64 with an fp8 cache spills 4 B, 16 x 32 none
+        # 32 keys none (with an fp8 cache 12-472 B, at 128 x 16 none); decode at 16 x 64 with an
+        # fp8 cache spills 4 B, 16 x 32 none
         TargetProps("sm120", "cuda", 120, "RTX 50", num_sms=170, max_shared=99 * KB, shared_per_sm=100 * KB,
-                    max_threads_per_sm=1536, max_tile_n=32),
+                    max_threads_per_sm=1536, max_tile_n=32, fp8_max_tile_n=16),
         # CDNA: the prefill kernel's 128 x 128 tiles on 8 warps spill 217-613 VGPRs; 128 x 64 on
-        # 4 warps compile without (436-462 VGPRs, AGPRs included)
+        # 4 warps compile without on gfx950 (422-432 VGPRs, AGPRs included), with ALiBi's sqrt
+        # form to 476 and a spill on gfx942; 128 x 32 there to 360-388 and none
         TargetProps("gfx942", "hip", "gfx942", "MI300X", num_sms=304, max_shared=64 * KB, shared_per_sm=64 * KB,
-                    regs_per_sm=512, warp_size=64, max_tile_elems=128 * 64, max_warps=4, q_in_shared=False, buffers_below_stages=1),
+                    regs_per_sm=512, warp_size=64, max_tile_elems=128 * 32, max_warps=4, q_in_shared=False, buffers_below_stages=1),
         TargetProps("gfx950", "hip", "gfx950", "MI355X", num_sms=256, max_shared=160 * KB, shared_per_sm=160 * KB,
                     regs_per_sm=512, warp_size=64, max_tile_elems=128 * 64, max_warps=4, q_in_shared=False, buffers_below_stages=1),
         # RDNA3 (wave32, 256 VGPRs a lane, no direct-to-LDS copies: a pipeline stage is held in
@@ -230,7 +233,8 @@ def tiles_shared_bytes(tiles, head_size_pad: int, q_bytes: int, kv_bytes: int, o
 
 def fit_tiles(tiles, target: TargetProps, head_size_pad: int, q_bytes: int, kv_bytes: int | None = None):
     """``tiles`` (a choice of the H200 tables) fitted into ``target``: rows (with the warps) and
-    keys per tile down to ``target.max_block_m`` and ``target.max_tile_n``; warps and stages
+    keys per tile down to ``target.max_block_m`` and ``target.max_tile_n`` (``fp8_max_tile_n``
+    with a 1-byte cache, ``kv_bytes``); warps and stages
     down to ``target.max_warps`` and ``target.max_stages``, fp32 tiles on ``target.fp32_warps``;
     keys per tile, then Q rows, halved until the
     tile's area (weighted by head size over 128 and element bytes over 2) is within
@@ -250,6 +254,8 @@ def fit_tiles(tiles, target: TargetProps, head_size_pad: int, q_bytes: int, kv_b
                         num_warps=max(min(4, tiles.num_warps), tiles.num_warps // 2))
     if target.max_tile_n and tiles.tile_n > target.max_tile_n:
         tiles = replace(tiles, tile_n=target.max_tile_n)
+    if kv_bytes == 1 and target.fp8_max_tile_n and tiles.tile_n > target.fp8_max_tile_n:
+        tiles = replace(tiles, tile_n=target.fp8_max_tile_n)
     if target.max_warps and tiles.num_warps > target.max_warps:
         tiles = replace(tiles, num_warps=target.max_warps)
     if target.fp32_warps and q_bytes == 4:
