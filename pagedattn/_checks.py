@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import torch
 
+from pagedattn.ops.common.target import UnsupportedOnTarget, target_override, target_props
+
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 FP8_DTYPES = (torch.float8_e4m3fn,)
 MIN_HEAD_SIZE = 8
@@ -136,11 +138,21 @@ def interpreted(kernel) -> bool:
 
 def check_runs_on(name: str, x: torch.Tensor, kernels_interpreted: bool) -> None:
     """Raise RuntimeError before any launch when ``x`` is on the CPU and the kernels were not made
-    for Triton's interpreter (they would fail inside Triton with "0 active drivers")."""
-    if x.device.type == "cpu" and not kernels_interpreted:
+    for Triton's interpreter (they would fail inside Triton with "0 active drivers"). Planning for a
+    target that is not here (the compile matrix: launches are captured, not made) passes."""
+    if x.device.type == "cpu" and not kernels_interpreted and target_override() is None:
         raise RuntimeError(
             f"{name} is on the CPU, where pagedattn's Triton kernels run only in Triton's interpreter; "
             "set TRITON_INTERPRET=1 in the environment before pagedattn is imported (e.g. "
             "`TRITON_INTERPRET=1 python app.py`; Triton fixes the mode when it compiles the kernels at "
             "import), or move the tensors to a GPU"
         )
+
+
+def check_fp8_cache(name: str, cache: torch.Tensor, device) -> None:
+    """UnsupportedOnTarget (a ValueError) naming ``name`` when ``cache`` is float8_e4m3fn and ``device``'s GPU cannot
+    compile it (NVIDIA before sm89: Triton has no e4m3 type there)."""
+    if cache.dtype in FP8_DTYPES and not target_props(device).fp8e4nv:
+        props = target_props(device)
+        raise UnsupportedOnTarget(f"{name} is {cache.dtype}, which Triton compiles for NVIDIA GPUs of sm89 or newer; "
+                                  f"this device is {props.name} ({props.chip}): use a 16-bit cache")

@@ -10,6 +10,7 @@ import os
 import torch
 
 from pagedattn._checks import (
+    check_fp8_cache,
     FLOAT_DTYPES,
     FP8_DTYPES,
     check_attention_features,
@@ -36,7 +37,8 @@ from pagedattn.ops.prefill.launch import check_prefill_grid, launch_prefill
 from pagedattn.ops.split_kv.launch import launch_split_kv
 from pagedattn.ops.unified.launch import AttentionArgs, launch_unified
 from pagedattn.ops.prefill.tuning import autotune_enabled
-from pagedattn.plan import AttentionPlan, num_sms, pick_prefill_tiles, pick_tiles, plan_for_call, short_prefill
+from pagedattn.ops.common.target import target_props
+from pagedattn.plan import AttentionPlan, fitted, num_sms, pick_prefill_tiles, pick_tiles, plan_for_call, short_prefill
 from pagedattn.validate import validate_metadata, validation_requested
 
 __all__ = ["paged_attention", "varlen_attention", "write_kv", "merge_attention_states"]
@@ -69,6 +71,8 @@ def _check_cache_pair(k_cache, v_cache, q_dtype, device) -> None:
     if v_cache.dtype != k_cache.dtype:
         raise TypeError(f"v_cache dtype {v_cache.dtype} differs from k_cache dtype {k_cache.dtype}")
     check_shape("v_cache", v_cache, tuple(k_cache.shape))
+    check_fp8_cache("k_cache", k_cache, device)
+
 
 
 def paged_attention(
@@ -337,6 +341,9 @@ def _launch_prefill_and_rest(out, lse, args: AttentionArgs, prefill_tiles, max_q
     stream. A CUDA-graph capture records the two streams as parallel branches."""
     num_seqs = args.seq_lens.shape[0]
     first, end = (0, num_seqs) if prefill_seqs is None else prefill_seqs
+    if args.k_cache.dtype in FP8_DTYPES:  # a plan's tiles know q's dtype, not the cache's
+        prefill_tiles = fitted(prefill_tiles, target_props(args.q.device), args.q.shape[2], args.q.dtype,
+                               args.k_cache.dtype)
     check_prefill_grid(max_query_len, end - first, prefill_tiles)
     prefill = functools.partial(launch_prefill, out, lse, args, prefill_tiles, max_query_len=max_query_len,
                                 min_q_len=min_q_len, seqs=(first, end))
@@ -346,7 +353,8 @@ def _launch_prefill_and_rest(out, lse, args: AttentionArgs, prefill_tiles, max_q
         return
     group = args.q.shape[1] // args.k_cache.shape[2]
     rest_args = dataclasses.replace(args, max_q_len_served=rest_max_q_len)
-    rest_tiles = pick_tiles(rest_max_q_len, group, args.q.shape[2])
+    rest_tiles = fitted(pick_tiles(rest_max_q_len, group, args.q.shape[2]), target_props(args.q.device),
+                        args.q.shape[2], args.q.dtype)
     side = side_stream(args.q.device) if end > first else None
     if side is None:
         prefill()
@@ -477,7 +485,8 @@ def varlen_attention(
     )
     # at most twice as many keys as queries in all: the causal diagonal dominates (no host sync)
     short = short_prefill(max_query_len, num_seqs, num_q_heads, num_sms(device), diagonal=k.shape[0] <= 2 * num_tokens)
-    tiles = pick_prefill_tiles(max(head_size, head_size_v), q.dtype, short=short)
+    tiles = fitted(pick_prefill_tiles(max(head_size, head_size_v), q.dtype, short=short), target_props(device),
+                   max(head_size, head_size_v), q.dtype)
     check_prefill_grid(max_query_len, num_seqs, tiles)
     if key is None or autotune_enabled(device):
         launch_prefill(out, lse, args, tiles, max_query_len=max_query_len, cu_seqlens_k=cu_seqlens_k)

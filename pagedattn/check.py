@@ -755,11 +755,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", metavar="PATH", help="also write the rows and the machine to this JSON file")
     p.add_argument("--list", action="store_true", help="list the rows and exit")
     p.add_argument("--seed", type=int, default=0, help="random inputs' seed (default 0)")
+    p.add_argument("--compile", action="store_true",
+                   help="compile every kernel variant the planner can launch for NVIDIA and AMD targets, without "
+                        "running anything, and print registers, spills and shared memory per target "
+                        "(with --full: every variant; --only filters variants)")
+    p.add_argument("--targets", default=None, metavar="LIST",
+                   help="--compile: comma-separated targets (default: sm80,sm90,sm100,sm120,gfx942,gfx950,gfx1100)")
+    p.add_argument("--jobs", type=int, default=None, help="--compile: worker processes (default: the CPUs, at most 8)")
+    p.add_argument("--dump", metavar="DIR", default=None,
+                   help="--compile: write each kernel's TTGIR, PTX, SASS or AMDGCN under DIR/<target>/")
     return p
 
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    if args.compile:
+        from pagedattn import compile_matrix
+
+        if args.targets is None:
+            args.targets = ",".join(compile_matrix.TARGETS)
+        return compile_matrix.main(args)
+    if args.targets is not None or args.jobs is not None or args.dump is not None:
+        print("pagedattn check: --targets, --jobs and --dump go with --compile", file=sys.stderr)
+        return 2
     try:
         device = select_device(args.device)
     except SystemExit as e:

@@ -12,6 +12,7 @@ import functools
 import torch
 
 from pagedattn._checks import (
+    check_fp8_cache,
     FLOAT_DTYPES,
     FP8_DTYPES,
     check_optional_int,
@@ -34,6 +35,7 @@ from pagedattn.ops.mla.launch import (
 from pagedattn.conversions import rounded_into, scale_tensor
 from pagedattn.ops.common.device import interpreter_on
 from pagedattn.ops.common.launching import Tapes, call_context, scalar_or_tensor
+from pagedattn.ops.common.target import target_props
 from pagedattn.ops.mla.kernel import mla_decode_kernel
 from pagedattn.plan import num_sms
 
@@ -161,6 +163,7 @@ def _mla_decode(q_nope, q_pe, kv_cache, block_table, seq_lens, query_start_loc, 
         raise ValueError("q_nope must have at least one head (dim 1)")
     check_tensor("kv_cache", kv_cache, ndim=3, dtypes=(q_nope.dtype, *FP8_DTYPES), device=device)
     check_shape("kv_cache", kv_cache, (None, None, latent_dim + rope_dim))
+    check_fp8_cache("kv_cache", kv_cache, device)
     refuse_autograd("mla_decode", q_nope=q_nope, q_pe=q_pe, kv_cache=kv_cache)
     if kv_cache.shape[1] < 1:
         raise ValueError("kv_cache block_size (dim 1) must be >= 1")
@@ -192,8 +195,10 @@ def _mla_decode(q_nope, q_pe, kv_cache, block_table, seq_lens, query_start_loc, 
                           query_start_loc, scale=scale, max_query_len=max_query_len, max_seq_len=max_seq_len,
                           kv_scale=kv_scale, num_splits=num_splits, return_lse=return_lse, config=config)
         return rounded_into(res, out, q_nope)
+    target = target_props(device)
     config = resolve_mla_config(config, num_heads, max_query_len, (latent_dim + rope_dim) * q_nope.element_size(),
-                                fp8, num_seqs=num_seqs, sms=num_sms(device))
+                                fp8, num_seqs=num_seqs, sms=num_sms(device), max_shared=target.max_shared,
+                                max_rows=target.mla_max_rows)
     if num_splits is None:
         num_splits = config.num_splits
     if num_splits is None:
@@ -259,6 +264,7 @@ def write_mla_kv(
     _check_dims("c_kv", latent_dim, "k_pe", rope_dim)
     check_tensor("kv_cache", kv_cache, ndim=3, dtypes=(c_kv.dtype, *FP8_DTYPES), device=device)
     check_shape("kv_cache", kv_cache, (None, None, latent_dim + rope_dim))
+    check_fp8_cache("kv_cache", kv_cache, device)
     check_tensor("slot_mapping", slot_mapping, ndim=1, dtypes=(torch.int32, torch.int64), device=device)
     check_shape("slot_mapping", slot_mapping, (num_tokens,))
     check_scale_arg("kv_scale", kv_scale, device)

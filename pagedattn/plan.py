@@ -39,7 +39,7 @@ The path rule (``path="auto"``):
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -47,6 +47,7 @@ from pagedattn._streams import side_stream
 from pagedattn.ops.common.device import current_stream_handle, interpreter_on
 from pagedattn.ops.common.host_math import cdiv, next_power_of_2
 from pagedattn.ops.common.launching import Tapes
+from pagedattn.ops.common.target import TargetProps, fit_tiles, target_props
 from pagedattn.ops.common.tiles import Tiles
 
 SPLIT_KV_MAX_QUERY_LEN = 8
@@ -238,10 +239,19 @@ def _long_sequences(q_lens: list[int], min_q_len: int) -> tuple[int, int]:
 
 
 def num_sms(device) -> int:
-    device = torch.device(device)
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return 4  # the interpreter: a few programs are plenty
+    """SMs (CUs) of ``device``'s target (:func:`pagedattn.ops.common.target.target_props`; the
+    interpreter: 4, a few programs are plenty)."""
+    return target_props(device).num_sms
+
+
+def fitted(tiles: Tiles, target: TargetProps, head_size: int, dtype: torch.dtype,
+           kv_dtype: torch.dtype | None = None) -> Tiles:
+    """A choice of :func:`pick_tiles` or :func:`pick_prefill_tiles` (the H200's tables) fitted
+    into ``target``'s shared memory and warp width (:func:`pagedattn.ops.common.target.fit_tiles`);
+    the same tiles wherever they fit, the sm90 GPUs included."""
+    q_bytes = dtype.itemsize
+    kv_bytes = q_bytes if kv_dtype is None else kv_dtype.itemsize
+    return fit_tiles(tiles, target, max(16, next_power_of_2(head_size)), q_bytes, kv_bytes)
 
 
 def pick_tiles(max_query_len: int, num_queries_per_kv: int, head_size: int, *, fixed: bool = False) -> Tiles:
@@ -416,7 +426,8 @@ _CALL_PLANS: dict = {}
 def _plan_for_call(num_seqs, num_tokens, max_query_len, max_seq_len, *, num_q_heads, num_kv_heads, head_size,
                    dtype, device, sliding_window) -> AttentionPlan:
     group = num_q_heads // num_kv_heads
-    tiles = pick_tiles(max_query_len, group, head_size)
+    target = target_props(device)
+    tiles = fitted(pick_tiles(max_query_len, group, head_size), target, head_size, dtype)
     sms = num_sms(device)
     q_blocks = num_seqs * cdiv(max_query_len, tiles.block_q)
     splits = choose_num_splits(q_blocks, num_kv_heads, max_query_len, max_seq_len, sms, sliding_window)
@@ -431,7 +442,8 @@ def _plan_for_call(num_seqs, num_tokens, max_query_len, max_seq_len, *, num_q_he
         # be a loose bound), so the call is one launch without a unified launch for short ones
         one = num_seqs == 1
         return AttentionPlan(path=path, num_splits=1, partial_out=None, partial_lse=None,
-                             prefill_tiles=pick_prefill_tiles(head_size, dtype, short=short),
+                             prefill_tiles=fitted(pick_prefill_tiles(head_size, dtype, short=short), target,
+                                                  head_size, dtype),
                              prefill_min_q_len=0 if one else PREFILL_MIN_QUERY_LEN,
                              rest_max_query_len=0 if one else None, **common)
     partial_out = partial_lse = None
@@ -730,7 +742,7 @@ def plan_attention(
     segment = 0
     cap_registers = True
     if batch_invariant:
-        tiles = pick_tiles(max_query_len, group, head_size, fixed=True)
+        tiles = fitted(pick_tiles(max_query_len, group, head_size, fixed=True), target_props(device), head_size, dtype)
         if segment_size < tiles.tile_n or segment_size % tiles.tile_n:
             raise ValueError(f"segment_size must be a positive multiple of {tiles.tile_n}, got {segment_size}")
         if path in ("unified", "persistent"):
@@ -738,7 +750,7 @@ def plan_attention(
         path, segment = "split_kv", segment_size
         splits = max(1, -(-max_seq_len // segment))
     else:
-        tiles = pick_tiles(max_query_len, group, head_size)
+        tiles = fitted(pick_tiles(max_query_len, group, head_size), target_props(device), head_size, dtype)
         if num_splits is not None:
             if num_splits < 1:
                 raise ValueError(f"num_splits must be >= 1, got {num_splits}")
@@ -810,7 +822,7 @@ def _plan_prefill_tiles(q_lens, lens, prefill_seqs, num_q_heads, head_size, dtyp
     max_q = max(q_lens[first:end] + [0])
     diagonal = max(lens[first:end] + [0]) <= 2 * max_q
     short = short_prefill(max_q, end - first, num_q_heads, num_sms(device), diagonal=diagonal)
-    return pick_prefill_tiles(head_size, dtype, short=short)
+    return fitted(pick_prefill_tiles(head_size, dtype, short=short), target_props(device), head_size, dtype)
 
 
 def _plan_persistent(qsl, lens, *, tiles, num_q_heads, num_kv_heads, head_size, device, max_num_tokens,
@@ -818,6 +830,9 @@ def _plan_persistent(qsl, lens, *, tiles, num_q_heads, num_kv_heads, head_size, 
                      fit_splits: bool = False, cap_registers: bool = True) -> AttentionPlan:
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
+    keys = target_props(device).persistent_tile_n
+    if keys and tiles.tile_n > keys:  # the target's compiler spills the persistent kernel's wider tiles
+        tiles = replace(tiles, tile_n=keys)
     wave = RESIDENT_PROGRAMS_PER_SM * num_sms(device)
     num_programs = num_programs or PERSISTENT_PROGRAMS_PER_SM * num_sms(device)
     split_programs = min(num_programs, wave)

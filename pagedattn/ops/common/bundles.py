@@ -155,9 +155,16 @@ class Config(NamedTuple):
     TILE_N: int
     IS_CAUSAL: bool
     ALIBI_MODE: int
-    DOT_PRECISION: str
+    DOT_PRECISION: Optional[str]  # None: the backend's default (16-bit operands)
     LARGE_CACHE: bool  # a K/V offset reaches 2**31 elements: int64 offsets
     POSITIVE_SCALE: bool
+
+
+def dot_precision(dtype: torch.dtype) -> str | None:
+    """``tl.dot``'s input precision for operands of ``dtype``: "ieee" for fp32 (exact products,
+    no TF32); None otherwise, the backend's default ("tf32" on NVIDIA, "ieee" on AMD), which
+    16-bit operands ignore. (gfx950 and gfx1100 refuse an explicit "tf32".)"""
+    return "ieee" if dtype == torch.float32 else None
 
 
 def output_rows(out: torch.Tensor, lse: torch.Tensor | None) -> Output:
@@ -207,7 +214,7 @@ def kernel_args(a: AttentionArgs, tiles: Tiles, *, contiguous_kv: torch.Tensor |
         TILE_N=tiles.tile_n,
         IS_CAUSAL=a.causal,
         ALIBI_MODE=a.alibi_mode,
-        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        DOT_PRECISION=dot_precision(q.dtype),
         LARGE_CACHE=needs_int64_offsets(k, v),
         POSITIVE_SCALE=a.scale > 0,
     )

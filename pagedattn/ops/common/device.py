@@ -7,6 +7,8 @@ import os
 
 import torch
 
+from pagedattn.ops.common.target import target_override
+
 
 @functools.lru_cache(maxsize=None)
 def _sm90_or_newer(index: int) -> bool:
@@ -14,7 +16,11 @@ def _sm90_or_newer(index: int) -> bool:
 
 
 def cuda_sm90_or_newer(device: torch.device) -> bool:
-    """An NVIDIA GPU of compute capability 9.0 or newer (TMA descriptors, dependent launch)."""
+    """An NVIDIA GPU of compute capability 9.0 or newer (TMA descriptors, dependent launch); the
+    target of an active ``targeting`` block (pagedattn.ops.common.target) when there is one."""
+    override = target_override()
+    if override is not None:
+        return override.sm90_or_newer
     if device.type != "cuda":
         return False
     return _sm90_or_newer(device.index if device.index is not None else torch.cuda.current_device())

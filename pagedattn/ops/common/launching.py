@@ -26,21 +26,41 @@ stays False).
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 
 import torch
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 _RECORDING: contextvars.ContextVar = contextvars.ContextVar("pagedattn_tape", default=None)
+_CAPTURING: contextvars.ContextVar = contextvars.ContextVar("pagedattn_capture", default=None)
 
 
 def launch(kernel, grid, **kwargs):
-    """``kernel[grid](**kwargs)``, recorded into the active tape if there is one."""
+    """``kernel[grid](**kwargs)``, recorded into the active tape if there is one; inside
+    :func:`capturing`, only listed (nothing launched)."""
+    captured = _CAPTURING.get()
+    if captured is not None:
+        captured.append((kernel, grid, kwargs))
+        return None
     compiled = kernel[grid](**kwargs)
     tape = _RECORDING.get()
     if tape is not None:
         tape._add_launch(kernel, grid, kwargs, compiled)
     return compiled
+
+
+@contextlib.contextmanager
+def capturing():
+    """Inside the block every :func:`launch` appends ``(kernel, grid, kwargs)`` to the yielded
+    list instead of launching: the exact arguments the launchers build, for compiling them
+    for a GPU that is not here (pagedattn.compile_matrix)."""
+    launched: list = []
+    token = _CAPTURING.set(launched)
+    try:
+        yield launched
+    finally:
+        _CAPTURING.reset(token)
 
 
 def call_context(t: torch.Tensor) -> tuple:

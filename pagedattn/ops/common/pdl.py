@@ -14,6 +14,7 @@ import os
 import torch
 
 from pagedattn.ops.common.device import cuda_sm90_or_newer, interpreter_on
+from pagedattn.ops.common.target import target_override
 
 
 # a CUDA runtime of 12.3 or later keeps dependent launches inside captured graphs
@@ -21,6 +22,13 @@ _RUNTIME_OK = torch.version.cuda is not None and tuple(int(x) for x in torch.ver
 
 
 def use_pdl(device: torch.device) -> bool:
-    if not _RUNTIME_OK or interpreter_on() or os.environ.get("PAGEDATTN_PDL", "1") == "0":
+    # planning for a target that is not here (the compile matrix) assumes a runtime that has it
+    if not (_RUNTIME_OK or target_override() is not None) or interpreter_on() or os.environ.get("PAGEDATTN_PDL", "1") == "0":
         return False
     return cuda_sm90_or_newer(device)
+
+
+def pdl_option(pdl: bool) -> dict:
+    """The launch option of a dependent launch: ``launch_pdl=True`` when ``pdl``, else nothing
+    (the AMD backend refuses the option by name, even False)."""
+    return {"launch_pdl": True} if pdl else {}

@@ -29,6 +29,7 @@ from typing import NamedTuple
 
 import torch
 
+from pagedattn.ops.common.bundles import dot_precision
 from pagedattn.ops.common.host_math import next_power_of_2
 from pagedattn.ops.common.offsets import needs_int64_offsets
 from pagedattn.ops.common.pdl import use_pdl
@@ -77,7 +78,7 @@ class MLAConstants(NamedTuple):
     TILE_N: int
     VALUE_SPLIT: int
     LARGE_CACHE: bool
-    DOT_PRECISION: str
+    DOT_PRECISION: str | None
     USE_PDL: bool
 
 
@@ -133,7 +134,8 @@ class MLAConfig:
 
 
 def pick_mla_config(num_heads: int, max_query_len: int, row_bytes: int = ROW_WIDTH_BYTES,
-                    fp8_cache: bool = False, num_seqs: int | None = None, sms: int | None = None) -> MLAConfig:
+                    fp8_cache: bool = False, num_seqs: int | None = None, sms: int | None = None,
+                    max_shared: int = SMEM_BYTES, max_rows: int = 64) -> MLAConfig:
     """The default config: rows from heads first, then query tokens; 64 rows where they exist.
 
     64 rows (Hopper's warp-group MMA): the whole 512-column accumulator on 8 warps (128
@@ -147,13 +149,17 @@ def pick_mla_config(num_heads: int, max_query_len: int, row_bytes: int = ROW_WID
     (``row_bytes``: fp32 queries) drop stages, then keys per tile, until shared memory fits.
     The interpreter gets 16 rows, one warp, one stage.
 
+    ``max_shared`` and ``max_rows`` (the target's; the defaults are the H200's): rows are capped
+    at ``max_rows``, and where the config needs more shared memory than ``max_shared`` after
+    dropping stages and keys, its rows halve (down to 16). Neither changes anything on sm90.
+
     A grid of fewer than a quarter program per SM unsplit (``num_seqs`` and ``sms`` given: small
     batches, which split the keys) takes the 4-warp value-split config instead: in the H200
     sweep it ran B=1 L=32768 in 58 us against 96 us for the 8-warp one,
     which in turn was 19% faster at B=32 (64 head groups on 132 SMs). Batches between were not
     measured; the quarter is the middle of that range.
     """
-    max_m = 16 if interpreter_on() else 64
+    max_m = 16 if interpreter_on() else max_rows
     block_h = min(next_power_of_2(max(num_heads, 1)), max_m)
     block_q = min(next_power_of_2(max(max_query_len, 1)), max_m // block_h)
     block_q = max(block_q, 16 // block_h)
@@ -169,11 +175,16 @@ def pick_mla_config(num_heads: int, max_query_len: int, row_bytes: int = ROW_WID
         while value_split < 4 and MLAConfig(block_h, block_q, 32, value_split, 4).acc_registers() > acc_limit:
             value_split *= 2
         config = MLAConfig(block_h, block_q, tile_n=32, value_split=value_split, num_warps=4, num_stages=4)
-    while config.smem_bytes(row_bytes) > SMEM_BYTES and (config.num_stages > 2 or config.tile_n > 16):
+    while config.smem_bytes(row_bytes) > max_shared and (config.num_stages > 2 or config.tile_n > 16
+                                                         or config.block_m > 16):
         if config.num_stages > 2:
             config = replace(config, num_stages=config.num_stages - 1)
-        else:
+        elif config.tile_n > 16:
             config = replace(config, tile_n=config.tile_n // 2)
+        elif config.block_h > 1 and config.block_h * config.block_q > 16:
+            config = replace(config, block_h=config.block_h // 2)
+        else:
+            config = replace(config, block_q=max(1, config.block_q // 2))
     return config
 
 
@@ -206,9 +217,10 @@ def choose_mla_splits(num_seqs: int, num_heads: int, max_query_len: int, max_seq
 
 def resolve_mla_config(config: MLAConfig | None, num_heads: int, max_query_len: int,
                        row_bytes: int = ROW_WIDTH_BYTES, fp8_cache: bool = False, num_seqs: int | None = None,
-                       sms: int | None = None) -> MLAConfig:
+                       sms: int | None = None, max_shared: int = SMEM_BYTES, max_rows: int = 64) -> MLAConfig:
     """``config`` or the default; its block_q is raised to 16 // block_h so that block_m >= 16."""
-    config = config or pick_mla_config(num_heads, max_query_len, row_bytes, fp8_cache, num_seqs, sms)
+    config = config or pick_mla_config(num_heads, max_query_len, row_bytes, fp8_cache, num_seqs, sms,
+                                       max_shared=max_shared, max_rows=max_rows)
     if config.block_m < 16:
         config = replace(config, block_q=-(-16 // config.block_h))
     return config
@@ -260,7 +272,7 @@ def launch_mla_decode(
                        ROPE_PAD=max(16, next_power_of_2(rope_dim)), PAGE_SIZE=kv_cache.shape[1],
                        BLOCK_H=config.block_h, BLOCK_Q=config.block_q, BLOCK_M=config.block_m, TILE_N=config.tile_n,
                        VALUE_SPLIT=config.value_split, LARGE_CACHE=needs_int64_offsets(kv_cache),
-                       DOT_PRECISION="ieee" if q_nope.dtype == torch.float32 else "tf32", USE_PDL=pdl)
+                       DOT_PRECISION=dot_precision(q_nope.dtype), USE_PDL=pdl)
     launch(mla_decode_kernel, grid,
            out_ptr=dst, lse_ptr=dst_lse, q_nope_ptr=q_nope, q_pe_ptr=q_pe, kv_cache_ptr=kv_cache,
            block_table_ptr=block_table, seq_lens_ptr=seq_lens, query_start_loc_ptr=query_start_loc,

@@ -7,7 +7,8 @@ import torch
 from pagedattn.ops.common.bundles import AttentionArgs, kernel_args, output_rows, partial_rows
 from pagedattn.ops.common.host_math import next_power_of_2
 from pagedattn.ops.common.launching import launch
-from pagedattn.ops.common.pdl import use_pdl
+from pagedattn.ops.common.pdl import pdl_option, use_pdl
+from pagedattn.ops.common.target import target_props
 from pagedattn.ops.persistent.kernel import WorkList, persistent_attention_kernel, persistent_reduce_kernel
 
 
@@ -18,7 +19,8 @@ def launch_persistent(out: torch.Tensor, lse: torch.Tensor | None, a: AttentionA
     shared = dict(work=WorkList(plan.work_items, plan.work_counts, plan.work_counter, plan.reduce_rows),
                   dst=output_rows(out, lse), part=partial_rows(plan.partial_out, plan.partial_lse), max_splits=max_splits, USE_PDL=pdl)
     regs = plan.max_registers
-    extra = {"maxnreg": regs} if regs and a.q.device.type == "cuda" else {}
+    # maxnreg is a ptxas option: NVIDIA targets only (the ROCm build of torch also says "cuda")
+    extra = {"maxnreg": regs} if regs and target_props(a.q.device).is_cuda else {}
     launch(persistent_attention_kernel, (plan.num_programs,), **shared, **kernel_args(a, plan.tiles),
            num_kv_heads=a.k_cache.shape[2], **extra)
     if max_splits == 1 and plan.schedule == "static":
@@ -28,4 +30,4 @@ def launch_persistent(out: torch.Tensor, lse: torch.Tensor | None, a: AttentionA
     head_size = a.q.shape[2]
     launch(persistent_reduce_kernel, (max(1, plan.num_programs // 4),), **shared, num_tokens=a.q.shape[0],
            NUM_Q_HEADS=a.q.shape[1], HEAD_SIZE=head_size, HEAD_SIZE_PAD=next_power_of_2(head_size),
-           num_warps=1 if head_size <= 64 else 2, launch_pdl=pdl)
+           num_warps=1 if head_size <= 64 else 2, **pdl_option(pdl))

@@ -7,7 +7,7 @@ import torch
 from pagedattn.ops.common.bundles import AttentionArgs, output_rows, partial_rows
 from pagedattn.ops.common.host_math import next_power_of_2
 from pagedattn.ops.common.launching import launch
-from pagedattn.ops.common.pdl import use_pdl
+from pagedattn.ops.common.pdl import pdl_option, use_pdl
 from pagedattn.ops.common.tiles import Tiles
 from pagedattn.ops.split_kv.kernel import reduce_splits_kernel, split_kv_attention_kernel
 from pagedattn.ops.unified.launch import common_kernel_args, q_block_grid_size
@@ -42,4 +42,4 @@ def launch_merge_splits(out, lse, partial_out, partial_lse, num_splits: int, *, 
     num_tokens, num_heads, head_size = out.shape
     launch(reduce_splits_kernel, (num_tokens, num_heads), dst=output_rows(out, lse),
            part=partial_rows(partial_out, partial_lse), num_splits=num_splits, HEAD_SIZE=head_size,
-           HEAD_SIZE_PAD=next_power_of_2(head_size), USE_PDL=pdl, num_warps=num_warps, launch_pdl=pdl)
+           HEAD_SIZE_PAD=next_power_of_2(head_size), USE_PDL=pdl, num_warps=num_warps, **pdl_option(pdl))
