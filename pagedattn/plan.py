@@ -140,6 +140,9 @@ class AttentionPlan:
     reduce_rows: torch.Tensor | None = None  # [max_num_tokens, 2] int32: token, splits
     num_programs: int = 0  # the persistent grid
     split_programs: int = 0  # the programs of one wave, which the work list is cut for
+    # the programs the kernel holds at once, when fewer than split_programs (0: as many): a
+    # uniform batch's split items fill one wave of them
+    resident_programs: int = 0
     max_registers: int | None = None  # the persistent kernel's register cap (None: the compiler's choice)
     schedule: str = "auto"
     max_num_seqs: int = 0
@@ -182,7 +185,7 @@ class AttentionPlan:
         blocks, splits = work_list_layout(
             qsl, lens, tiles=self.tiles, num_kv_heads=self.num_kv_heads,
             num_programs=self.split_programs or self.num_programs, max_splits=self.partial_out.shape[2],
-            sliding_window=self.sliding_window,
+            sliding_window=self.sliding_window, resident=self.resident_programs or None,
         )
         if self._listed is not None and self._listed == (qsl, splits):
             # the device already holds this list (steady decode steps: same batch, same splits;
@@ -460,7 +463,7 @@ def _host_list(x) -> list[int]:
 
 
 def persistent_work_list(qsl, lens, *, tiles: Tiles, num_kv_heads: int, num_programs: int, max_splits: int,
-                         sliding_window: int | None = None):
+                         sliding_window: int | None = None, resident: int | None = None):
     """(items [n, 5] int32, reduce rows [m, 2] int32) for the persistent kernel.
 
     Every Q block is one item per KV head, or several (its key range cut in equal segments)
@@ -493,12 +496,13 @@ def persistent_work_list(qsl, lens, *, tiles: Tiles, num_kv_heads: int, num_prog
     """
     qsl = _int_list(qsl)
     blocks, splits = work_list_layout(qsl, lens, tiles=tiles, num_kv_heads=num_kv_heads, num_programs=num_programs,
-                                      max_splits=max_splits, sliding_window=sliding_window)
+                                      max_splits=max_splits, sliding_window=sliding_window, resident=resident)
     return _work_items(blocks, splits, num_kv_heads), _reduce_rows(qsl, splits)
 
 
 def work_list_layout(qsl, lens, *, tiles: Tiles, num_kv_heads: int, num_programs: int, max_splits: int,
-                     sliding_window: int | None = None) -> tuple[list[int], list[int] | None]:
+                     sliding_window: int | None = None,
+                     resident: int | None = None) -> tuple[list[int], list[int] | None]:
     """(Q blocks per sequence, split count per sequence or None) of :func:`persistent_work_list`:
     everything the list depends on besides ``qsl``, decided without building it."""
     qsl, lens = _int_list(qsl), _int_list(lens)
@@ -508,7 +512,7 @@ def work_list_layout(qsl, lens, *, tiles: Tiles, num_kv_heads: int, num_programs
     blocks = [-(-q // tiles.block_q) if q > 0 else 0 for q in q_lens]  # Q blocks per sequence
     # None: a full grid of equal items without splitting: no partials to write and merge
     splits = _splits_per_seq(q_lens, blocks, lens, num_kv_heads=num_kv_heads, num_programs=num_programs,
-                             max_splits=max_splits, sliding_window=sliding_window,
+                             max_splits=max_splits, sliding_window=sliding_window, resident=resident,
                              full=sum(blocks) * num_kv_heads >= num_programs)
     return blocks, splits
 
@@ -533,7 +537,7 @@ def _int32_tensor(values) -> torch.Tensor:
 
 
 def _splits_per_seq(q_lens, blocks, lens, *, num_kv_heads, num_programs, max_splits, sliding_window,
-                    full: bool) -> list[int] | None:
+                    full: bool, resident: int | None = None) -> list[int] | None:
     """Each sequence's split count by persistent_work_list's rule (the same for all its Q
     blocks: they see the same keys); 1 for long queries and empty sequences. None when the
     unsplit items fill the grid (``full``) and the batch is not unequal. Comparisons rather than
@@ -553,7 +557,8 @@ def _splits_per_seq(q_lens, blocks, lens, *, num_kv_heads, num_programs, max_spl
                                                   PERSISTENT_UNCAPPED_PROGRAMS_PER_SM)):
         return None
     total = max(keys * num_kv_heads, 1)
-    target, cap = (UNEQUAL_WAVES * num_programs, max_splits) if unequal else (num_programs, FILL_MAX_SPLITS)
+    # a batch of about equal lengths: at most one item per program the kernel holds at once
+    target, cap = (UNEQUAL_WAVES * num_programs, max_splits) if unequal else (resident or num_programs, FILL_MAX_SPLITS)
     # Up to `small` keys the rule gives 1 (a share under 2 items, no long-segment cut): most of
     # an unequal batch, decided by one comparison
     small = min(LONG_SEGMENT_TOKENS, (2 * total - 1) // target)
@@ -836,11 +841,17 @@ def _plan_persistent(qsl, lens, *, tiles, num_q_heads, num_kv_heads, head_size, 
     wave = RESIDENT_PROGRAMS_PER_SM * num_sms(device)
     num_programs = num_programs or PERSISTENT_PROGRAMS_PER_SM * num_sms(device)
     split_programs = min(num_programs, wave)
+    # measured on 4-warp decode tiles up to head 128 only (the cap would spill wider tiles)
+    capped = fit_splits and cap_registers and tiles.num_warps == 4 and head_size <= 128
+    # uncapped, the kernel holds 2 programs per SM (194 registers): a uniform batch cut for 3 per
+    # SM ran 1.45 waves (H200, graph plans: 16 x 4096 86.4 -> 74.8 us cut for 2 per SM, 8 x 4096
+    # 50.4 -> 42.1, 4 x 8192 50.4 -> 41.8; 32 x 1024, unsplit, 39.0 either way)
+    resident = split_programs if capped else min(split_programs, PERSISTENT_UNCAPPED_PROGRAMS_PER_SM * num_sms(device))
     max_splits = max(1, min(PERSISTENT_MAX_SPLITS, -(-max_context_len // MIN_SEGMENT_TOKENS)))
     if fit_splits:  # a plan for this batch only: partials for the splits its list uses
         listed = persistent_work_list(qsl, lens, tiles=tiles, num_kv_heads=num_kv_heads,
                                       num_programs=split_programs, max_splits=max_splits,
-                                      sliding_window=sliding_window)
+                                      sliding_window=sliding_window, resident=resident)
         max_splits = max(1, int(listed[0][:, 4].max())) if listed[0].shape[0] else 1
         if max_splits == 1 and schedule == "auto":
             # one item per (sequence, Q block, KV head): static striding (the atomic counter pays
@@ -859,11 +870,9 @@ def _plan_persistent(qsl, lens, *, tiles, num_q_heads, num_kv_heads, head_size, 
         work_counts=torch.zeros(3, dtype=torch.int32, device=device),
         work_counter=torch.zeros(1, dtype=torch.int32, device=device),
         reduce_rows=torch.zeros(max(1, max_num_tokens), 2, dtype=torch.int32, device=device),
-        num_programs=num_programs, split_programs=split_programs, schedule=schedule, max_num_seqs=max_num_seqs,
-        sliding_window=sliding_window,
-        # measured on 4-warp decode tiles up to head 128 only (the cap would spill wider tiles)
-        max_registers=(UNEQUAL_MAX_REGISTERS if fit_splits and cap_registers and tiles.num_warps == 4
-                       and head_size <= 128 else None),
+        num_programs=num_programs, split_programs=split_programs, resident_programs=resident,
+        schedule=schedule, max_num_seqs=max_num_seqs, sliding_window=sliding_window,
+        max_registers=UNEQUAL_MAX_REGISTERS if capped else None,
     )
     if fit_splits:  # the list above, cut under the splits it uses, is the one update() would make
         plan._load(qsl, lens, *listed)

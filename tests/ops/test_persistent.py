@@ -76,6 +76,23 @@ def test_persistent_update_uploads_only_a_new_list(monkeypatch):
     assert any(int(items[:, 4].max()) > 1 for items in uploads)  # the unequal batch was cut
 
 
+def test_graph_plan_cuts_uniform_batches_for_its_residency():
+    """A graph plan's kernel (no register cap) holds 2 programs per SM, not the 2D kernel's 3: a
+    uniform batch's split items fill one wave of those, and the result is right."""
+    from pagedattn.plan import PERSISTENT_UNCAPPED_PROGRAMS_PER_SM, num_sms
+
+    g = torch.Generator().manual_seed(4)
+    batch = make_paged_batch([(1, 1500)] * 2, dtype=torch.float32, device=DEVICE, generator=g)
+    plan = plan_attention(batch.query_start_loc, batch.seq_lens, num_q_heads=4, num_kv_heads=2, head_size=32,
+                          device=DEVICE, path="persistent", max_num_tokens=8, max_context_len=2048)
+    resident = PERSISTENT_UNCAPPED_PROGRAMS_PER_SM * num_sms(DEVICE)
+    assert plan.max_registers is None and plan.resident_programs == resident < plan.split_programs
+    items = int(plan.work_counts[0])
+    assert resident // 2 < items <= resident  # split, into at most one wave
+    plan.partial_out.fill_(float("nan"))
+    check(batch, plan, {})
+
+
 def test_persistent_fp8_softcap():
     g = torch.Generator().manual_seed(2)
     batch = make_paged_batch(BATCHES["decode"], dtype=torch.float16, cache_dtype=torch.float8_e4m3fn,
