@@ -668,10 +668,14 @@ def main(args) -> int:
     subset = "every variant" if args.full else "the CI subset (--full: every variant)"
     print(f"compiling {subset} for {', '.join(targets)}; nothing is run", flush=True)
     start = time.perf_counter()
-    done = [0]
+    per_target = len([v for v in variants(args.full) if not args.only or any(t in v.name for t in args.only)])
+    done: dict = {}
 
-    def progress(rows):
-        done[0] += 1
+    def progress(rows):  # a line per finished target (CI logs show the run advancing)
+        target = rows[0]["target"]
+        done[target] = done.get(target, 0) + 1
+        if done[target] == per_target:
+            print(f"  {target}: {per_target} variants compiled ({time.perf_counter() - start:.0f} s)", flush=True)
 
     rows = run_matrix(targets, full=args.full, only=args.only, jobs=args.jobs, progress=progress,
                       dump=getattr(args, "dump", None))
