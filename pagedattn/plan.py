@@ -835,9 +835,12 @@ def _plan_persistent(qsl, lens, *, tiles, num_q_heads, num_kv_heads, head_size, 
                      fit_splits: bool = False, cap_registers: bool = True) -> AttentionPlan:
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
-    keys = target_props(device).persistent_tile_n
-    if keys and tiles.tile_n > keys:  # the target's compiler spills the persistent kernel's wider tiles
-        tiles = replace(tiles, tile_n=keys)
+    target = target_props(device)
+    if target.persistent_tile_n and tiles.tile_n > target.persistent_tile_n:
+        # the target's compiler spills the persistent kernel's wider or deeper tiles
+        tiles = replace(tiles, tile_n=target.persistent_tile_n)
+    if target.persistent_stages and tiles.num_stages > target.persistent_stages:
+        tiles = replace(tiles, num_stages=target.persistent_stages)
     wave = RESIDENT_PROGRAMS_PER_SM * num_sms(device)
     num_programs = num_programs or PERSISTENT_PROGRAMS_PER_SM * num_sms(device)
     split_programs = min(num_programs, wave)

@@ -60,7 +60,9 @@ class TargetProps:
     max_stages: int | None = None
     fp32_warps: int | None = None  # warps of fp32 tiles where the dot has no matrix instruction
     fp8_max_tile_n: int | None = None  # prefill keys per tile with an fp8 cache (its up-conversion's registers)
+    qblock_max_tile_n: int | None = None  # keys per tile of the Q-block kernels' decode tiles (< 64 rows)
     persistent_tile_n: int | None = None  # keys per tile of the persistent kernel
+    persistent_stages: int | None = None
     # shared memory the compiler adds beyond the tiles (barriers, reduction scratch, layout
     # conversions): the 128 x 128 prefill tiles at head 128 and 3 stages take 225 KB on sm90 and
     # 229 KB on sm100
@@ -95,22 +97,24 @@ KNOWN_TARGETS: dict[str, TargetProps] = {
     t.name: t
     for t in (
         # sm80 (mma.sync, operands in registers): the prefill kernel's 128-row tiles spill 36-60 B
-        # at 64 or 128 keys; 64 x 64 on 4 warps compile without
+        # at 64 or 128 keys, 64 x 64 on 4 warps none; the decode tiles of the split-KV and 2D
+        # kernels spill 4-28 B at 16 x 64 (ptxas holds them to 168 registers, 3 programs per
+        # SM), none at 16 x 32
         TargetProps("sm80", "cuda", 80, "A100", num_sms=108, max_shared=163 * KB, shared_per_sm=164 * KB,
-                    max_block_m=64, max_tile_n=64),
+                    max_block_m=64, max_tile_n=64, qblock_max_tile_n=32),
         TargetProps("sm90", "cuda", 90, "H100/H200", num_sms=132, max_shared=227 * KB, shared_per_sm=228 * KB,
                     tuned=True),
         # sm100: the prefill kernel's 128 x 128 tiles spill 12-36 B, 128 x 64 at 3 stages none; the
-        # persistent kernel at 16 x 64 is compiled to 168 registers and 4 B of spill (3 programs
-        # per SM), at 16 x 32 to 147 and none; the MLA kernel's 64-row configs take 230-370 KB of
+        # persistent kernel at 16 x 64 is compiled to 168 registers and 4-12 B of spill (3
+        # programs per SM), at 16 x 32 and 2 stages to 116-144 and none; the MLA kernel's 64-row configs take 230-370 KB of
         # shared memory and 1 KB of spills (sm90: 148-222 KB), 32 rows compile as on sm90 (76 KB)
         TargetProps("sm100", "cuda", 100, "B200", num_sms=148, max_shared=227 * KB, shared_per_sm=228 * KB,
-                    shared_overhead=6 * KB, max_tile_n=64, persistent_tile_n=32, mla_max_rows=32),
+                    shared_overhead=6 * KB, max_tile_n=64, persistent_tile_n=32, persistent_stages=2, mla_max_rows=32),
         # sm120 (99 KB): prefill tiles of 64 keys spill 32-580 B (64 or 128 rows, 4 or 8 warps),
         # 32 keys none (with an fp8 cache 12-472 B, at 128 x 16 none); decode at 16 x 64 with an
-        # fp8 cache spills 4 B, 16 x 32 none
+        # fp8 cache spills 4 B, 16 x 32 none; the persistent kernel at 3 stages 8-16 B
         TargetProps("sm120", "cuda", 120, "RTX 50", num_sms=170, max_shared=99 * KB, shared_per_sm=100 * KB,
-                    max_threads_per_sm=1536, max_tile_n=32, fp8_max_tile_n=16),
+                    max_threads_per_sm=1536, max_tile_n=32, fp8_max_tile_n=16, persistent_stages=2),
         # CDNA: the prefill kernel's 128 x 128 tiles on 8 warps spill 217-613 VGPRs; 128 x 64 on
         # 4 warps compile without on gfx950 (422-432 VGPRs, AGPRs included), with ALiBi's sqrt
         # form to 476 and a spill on gfx942; 128 x 32 there to 360-388 and none
@@ -233,8 +237,9 @@ def tiles_shared_bytes(tiles, head_size_pad: int, q_bytes: int, kv_bytes: int, o
 
 def fit_tiles(tiles, target: TargetProps, head_size_pad: int, q_bytes: int, kv_bytes: int | None = None):
     """``tiles`` (a choice of the H200 tables) fitted into ``target``: rows (with the warps) and
-    keys per tile down to ``target.max_block_m`` and ``target.max_tile_n`` (``fp8_max_tile_n``
-    with a 1-byte cache, ``kv_bytes``); warps and stages
+    keys per tile down to ``target.max_block_m`` and ``target.max_tile_n`` (``qblock_max_tile_n``
+    for decode tiles of fewer than 64 rows, ``fp8_max_tile_n`` with a 1-byte cache,
+    ``kv_bytes``); warps and stages
     down to ``target.max_warps`` and ``target.max_stages``, fp32 tiles on ``target.fp32_warps``;
     keys per tile, then Q rows, halved until the
     tile's area (weighted by head size over 128 and element bytes over 2) is within
@@ -254,6 +259,8 @@ def fit_tiles(tiles, target: TargetProps, head_size_pad: int, q_bytes: int, kv_b
                         num_warps=max(min(4, tiles.num_warps), tiles.num_warps // 2))
     if target.max_tile_n and tiles.tile_n > target.max_tile_n:
         tiles = replace(tiles, tile_n=target.max_tile_n)
+    if target.qblock_max_tile_n and tiles.block_m < 64 and tiles.tile_n > target.qblock_max_tile_n:
+        tiles = replace(tiles, tile_n=target.qblock_max_tile_n)
     if kv_bytes == 1 and target.fp8_max_tile_n and tiles.tile_n > target.fp8_max_tile_n:
         tiles = replace(tiles, tile_n=target.fp8_max_tile_n)
     if target.max_warps and tiles.num_warps > target.max_warps:
