@@ -106,10 +106,12 @@ def test_config_stand_in_matches_vllm():
 
 def vllm_kv_cache(num_blocks, block_size, layout, cache_dtype, num_kv_heads=NUM_KV_HEADS, head_size=HEAD_SIZE,
                   spec_cls=FullAttentionSpec):
-    """One layer's cache (``layout`` "NHD" or "HND"): a flat int8 buffer viewed by the installed
-    vLLM's own view code, ``create_kv_cache_views`` (0.33) or, where the backend shapes the cache
-    (0.26), the worker's reshape of the backend's ``get_kv_cache_shape`` in the order of its
-    ``get_kv_cache_stride_order``."""
+    """One layer's cache (``layout`` "NHD" or "HND"): a flat int8 buffer viewed as the installed
+    vLLM views it. 0.33: its own ``create_kv_cache_views``. 0.26, where the backend shapes the
+    cache: the backend's ``get_kv_cache_shape`` laid out in memory in the order of its
+    ``get_kv_cache_stride_order``, then permuted back to the logical shape, as 0.26's worker
+    does for pages without padding (its module imports most of vLLM's GPU stack, too much to
+    install for a CPU test)."""
     spec = spec_cls(block_size=block_size, num_kv_heads=num_kv_heads, head_size=head_size, dtype=cache_dtype)
     page = spec.page_size_bytes
     raw = torch.zeros(num_blocks * page, dtype=torch.int8)
@@ -118,7 +120,6 @@ def vllm_kv_cache(num_blocks, block_size, layout, cache_dtype, num_kv_heads=NUM_
         from vllm.v1.kv_cache_layout import KVCacheLayout
     except ImportError:
         from vllm.v1.attention.backends.utils import set_kv_cache_layout
-        from vllm.v1.worker.gpu.attn_utils import _reshape_attention_kv_cache
 
         set_kv_cache_layout(layout)
         try:
@@ -126,7 +127,8 @@ def vllm_kv_cache(num_blocks, block_size, layout, cache_dtype, num_kv_heads=NUM_
             order = PagedAttnBackend.get_kv_cache_stride_order()
         finally:
             set_kv_cache_layout(None)
-        return spec, _reshape_attention_kv_cache(raw, spec, shape, order, num_blocks, None)
+        in_memory = raw.view(spec.dtype).view(*(shape[i] for i in order))
+        return spec, in_memory.permute(*(order.index(i) for i in range(len(order))))
     tensor = KVCacheTensor(size=num_blocks * page, layers=["layer.0"], layer_stride=num_blocks * page,
                            block_stride=page)
     layouts = {"NHD": KVCacheLayout.LBNHC, "HND": KVCacheLayout.LBHNC}
