@@ -385,7 +385,8 @@ def attend_kv_range(qt, m_i, l_i, acc, kv, block_row_ptr, mods, n, tile_lo, kv_l
                         other=0.0)  # [HEAD_SIZE_PAD, TILE_N]
             v = tl.load(kv.v_cache + v_off[:, None] + offs_d[None, :], mask=k_ok[:, None] & dim_ok[None, :],
                         other=0.0)  # [TILE_N, HEAD_SIZE_PAD]
-            m_i, l_i, acc = attend_tile(qt, k, v, m_i, l_i, acc, k_pos, k_ok, mods, n, CFG, False, True, False)
+            m_i, l_i, acc = attend_tile(qt, k, v, m_i, l_i, acc, k_pos, k_ok, mods, n, CFG, RAW_OK=False,
+                                        MASKED=True, CHECK_KEYS=False)
     return m_i, l_i, acc
 
 

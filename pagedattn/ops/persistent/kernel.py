@@ -52,7 +52,7 @@ def _run_item(item, work, dst, part, queries, kv, mods, n, num_kv_heads, max_spl
         q_len = tl.load(queries.query_start_loc + seq + 1) - q_start
         blk = QBlock(seq, q_start, q_len, tl.load(queries.seq_lens + seq), tl.load(fields + 1))
         out, lse, token, head, row_ok = attend_segment(queries, kv, mods, n, blk, kv_head, split, num_splits, 0,
-                                                       CFG, True)
+                                                       CFG, HOIST_PAGE_WORK=True)
         if num_splits == 1:
             store_rows(dst, out, lse, token, head, row_ok, CFG)
         else:

@@ -104,8 +104,8 @@ def _tile_loop(qt, m_i, l_i, acc, kv, pages, first_page, k_row_start, tile_lo, t
         else:
             k = tl.load(kv.k_cache + k_off[None, :] + offs_d[:, None], mask=dim_ok[:, None], other=0.0)
             v = tl.load(kv.v_cache + v_off[:, None] + offs_dv[None, :], mask=dim_v_ok[None, :], other=0.0)
-        m_i, l_i, acc = attend_tile(qt, k, v, m_i, l_i, acc, k_pos, key_ok, mods, n, CFG, CFG.BLOCK_M <= 64,
-                                    MASKED, CHECK_PAGES)
+        m_i, l_i, acc = attend_tile(qt, k, v, m_i, l_i, acc, k_pos, key_ok, mods, n, CFG, RAW_OK=CFG.BLOCK_M <= 64,
+                                    MASKED=MASKED, CHECK_KEYS=CHECK_PAGES)
     return m_i, l_i, acc
 
 
@@ -123,8 +123,8 @@ def _tile_loop_tma(qt, m_i, l_i, acc, k_desc, v_desc, k_row_start, tile_lo, tile
         v = v_desc.load([k_row_start + start, qt.kv_head * CFG.HEAD_SIZE_V])
         if MASKED:  # another sequence's rows: whatever they hold must not reach acc
             v = tl.where(key_ok[:, None], v, 0.0)
-        m_i, l_i, acc = attend_tile(qt, k, v, m_i, l_i, acc, k_pos, key_ok, mods, n, CFG, CFG.BLOCK_M <= 64,
-                                    MASKED, False)
+        m_i, l_i, acc = attend_tile(qt, k, v, m_i, l_i, acc, k_pos, key_ok, mods, n, CFG, RAW_OK=CFG.BLOCK_M <= 64,
+                                    MASKED=MASKED, CHECK_KEYS=False)
     return m_i, l_i, acc
 
 
@@ -250,11 +250,11 @@ def prefill_attention_kernel(dst, queries, kv, k_desc, v_desc, mods, num_seqs, n
     qt = QTile(q, q_pos, row_ok, slope, k_scale, v_scale, seq, kv_head)
     # the masked head, the mask-free middle, the masked tail
     m_i, l_i, acc = _key_tiles(qt, m_i, l_i, acc, kv, k_desc, v_desc, block_row, k_row_start, first_tile, full_lo,
-                               kv_lo, kv_hi, mods, n, CFG, True)
+                               kv_lo, kv_hi, mods, n, CFG, MASKED=True)
     m_i, l_i, acc = _key_tiles(qt, m_i, l_i, acc, kv, k_desc, v_desc, block_row, k_row_start, full_lo, full_hi,
-                               kv_lo, kv_hi, mods, n, CFG, False)
+                               kv_lo, kv_hi, mods, n, CFG, MASKED=False)
     m_i, l_i, acc = _key_tiles(qt, m_i, l_i, acc, kv, k_desc, v_desc, block_row, k_row_start, full_hi, kv_hi,
-                               kv_lo, kv_hi, mods, n, CFG, True)
+                               kv_lo, kv_hi, mods, n, CFG, MASKED=True)
     out, lse = finalize_softmax(acc, m_i, l_i)
     offs_dv = tl.arange(0, CFG.HEAD_SIZE_V_PAD)
     tl.store(dst.out + token[:, None] * dst.stride_o_t + head * dst.stride_o_h + offs_dv[None, :],

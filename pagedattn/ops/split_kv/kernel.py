@@ -34,7 +34,8 @@ def split_kv_attention_kernel(part, segment_size, queries, kv, mods, num_seqs, n
                  tl.full([CFG.BLOCK_M], float("-inf"), tl.float32), mask=row_ok)
         return
     out, lse, token, head, row_ok = attend_segment(queries, kv, mods, n, blk, tl.program_id(1), split,
-                                                   tl.num_programs(2), segment_size, CFG, False)
+                                                   tl.num_programs(2), segment_size, CFG,
+                                                   HOIST_PAGE_WORK=False)
     store_partial(part, out, lse, token, head, row_ok, split, CFG)
 
 

@@ -23,5 +23,6 @@ def unified_attention_kernel(dst, queries, kv, mods, num_seqs, num_tokens, num_b
     blk, valid = locate_q_block(queries, tl.program_id(0), n, max_q_len_served, CFG)
     if not valid:
         return
-    out, lse, token, head, row_ok = attend_segment(queries, kv, mods, n, blk, tl.program_id(1), 0, 1, 0, CFG, True)
+    out, lse, token, head, row_ok = attend_segment(queries, kv, mods, n, blk, tl.program_id(1), 0, 1, 0, CFG,
+                                                   HOIST_PAGE_WORK=True)
     store_rows(dst, out, lse, token, head, row_ok, CFG)
