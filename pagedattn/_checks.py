@@ -152,7 +152,9 @@ def check_runs_on(name: str, x: torch.Tensor, kernels_interpreted: bool) -> None
 def check_fp8_cache(name: str, cache: torch.Tensor, device) -> None:
     """UnsupportedOnTarget (a ValueError) naming ``name`` when ``cache`` is float8_e4m3fn and ``device``'s GPU cannot
     compile it (NVIDIA before sm89: Triton has no e4m3 type there)."""
-    if cache.dtype in FP8_DTYPES and not target_props(device).fp8e4nv:
-        props = target_props(device)
+    if cache.dtype not in FP8_DTYPES:
+        return
+    props = target_props(device)
+    if not props.fp8e4nv:
         raise UnsupportedOnTarget(f"{name} is {cache.dtype}, which Triton compiles for NVIDIA GPUs of sm89 or newer; "
                                   f"this device is {props.name} ({props.chip}): use a 16-bit cache")

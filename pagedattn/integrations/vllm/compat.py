@@ -11,8 +11,8 @@ what that interface lacks, by looking at the installed classes (never at version
   else memory follows the logical shape); 0.33 builds the same logical view
   ``[num_blocks, num_kv_heads, block_size, 2 * head_size]`` itself from the resolved
   ``KVCacheLayout``. :class:`KvCacheShape`, a base of the backend, declares the two methods
-  for a vLLM whose base class declares them, with the answers of vLLM's own FLASH_ATTN and TRITON_ATTN: the same
-  logical view, in memory ``[num_blocks, block_size, num_kv_heads, 2 * head_size]`` under the
+  for a vLLM whose base class declares them, with the answers of vLLM's own FLASH_ATTN and
+  TRITON_ATTN: the same logical view, in memory ``[num_blocks, block_size, num_kv_heads, 2 * head_size]`` under the
   default NHD layout or the logical order under HND.
 """
 
@@ -54,10 +54,10 @@ def _get_kv_cache_stride_order(include_num_layers_dimension: bool = False) -> tu
     raise ValueError(f"KV cache layout {layout!r} is not supported; use NHD or HND")
 
 
-_KV_CACHE_SHAPE_METHODS = (
-    {"get_kv_cache_shape": staticmethod(_get_kv_cache_shape),
-     "get_kv_cache_stride_order": staticmethod(_get_kv_cache_stride_order)}
-    if hasattr(AttentionBackend, "get_kv_cache_shape") else {}
-)
-# placed before AttentionBackend among the backend's bases, so it answers the abstract methods
-KvCacheShape = type("KvCacheShape", (), dict(_KV_CACHE_SHAPE_METHODS, __module__=__name__))
+class KvCacheShape:
+    """Placed before AttentionBackend among the backend's bases: on a vLLM whose base class
+    declares the two shape methods (0.26), it answers them; elsewhere it adds nothing."""
+
+    if hasattr(AttentionBackend, "get_kv_cache_shape"):
+        get_kv_cache_shape = staticmethod(_get_kv_cache_shape)
+        get_kv_cache_stride_order = staticmethod(_get_kv_cache_stride_order)
