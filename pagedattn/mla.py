@@ -47,7 +47,8 @@ MAX_ROPE_DIM = 128
 
 _INTERPRETED = interpreted(mla_decode_kernel)  # the kernels were made for Triton's interpreter
 
-def _check_dims(latent_name: str, latent_dim: int, rope_name: str, rope_dim: int) -> None:
+def check_mla_dims(latent_name: str, latent_dim: int, rope_name: str, rope_dim: int) -> None:
+    """Raise ValueError naming the argument when the kernels have no tiles for these widths."""
     for name, what, dim, top in ((latent_name, "latent", latent_dim, MAX_LATENT_DIM),
                                  (rope_name, "rope", rope_dim, MAX_ROPE_DIM)):
         if not (16 <= dim <= top) or dim % 16:
@@ -158,7 +159,7 @@ def _mla_decode(q_nope, q_pe, kv_cache, block_table, seq_lens, query_start_loc, 
     check_tensor("q_pe", q_pe, ndim=3, dtypes=(q_nope.dtype,), device=device)
     check_shape("q_pe", q_pe, (num_tokens, num_heads, None))
     rope_dim = q_pe.shape[2]
-    _check_dims("q_nope", latent_dim, "q_pe", rope_dim)
+    check_mla_dims("q_nope", latent_dim, "q_pe", rope_dim)
     if num_heads < 1:
         raise ValueError("q_nope must have at least one head (dim 1)")
     check_tensor("kv_cache", kv_cache, ndim=3, dtypes=(q_nope.dtype, *FP8_DTYPES), device=device)
@@ -261,7 +262,7 @@ def write_mla_kv(
     check_tensor("k_pe", k_pe, ndim=2, dtypes=(c_kv.dtype,), device=device)
     check_shape("k_pe", k_pe, (num_tokens, None))
     rope_dim = k_pe.shape[1]
-    _check_dims("c_kv", latent_dim, "k_pe", rope_dim)
+    check_mla_dims("c_kv", latent_dim, "k_pe", rope_dim)
     check_tensor("kv_cache", kv_cache, ndim=3, dtypes=(c_kv.dtype, *FP8_DTYPES), device=device)
     check_shape("kv_cache", kv_cache, (None, None, latent_dim + rope_dim))
     check_fp8_cache("kv_cache", kv_cache, device)

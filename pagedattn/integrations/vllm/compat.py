@@ -6,6 +6,9 @@ what that interface lacks, by looking at the installed classes (never at version
 * ``max_decode_query_len(vllm_config)``: a 0.33 helper (the widest query a full CUDA graph of
   uniform decodes holds). 0.26 has no such function; its builders compute the same value from
   the speculative config (``1 + k``, ``1 + 2k`` with parallel drafting).
+* The config vLLM is building a model with: 0.33's ``get_current_vllm_config_or_none``, 0.26's
+  module-level ``_current_vllm_config`` (its getter makes a default config when none is set,
+  which needs a GPU).
 * The KV-cache shape. 0.26 asks each backend for the cache's logical shape
   (``get_kv_cache_shape``, abstract there) and its memory order (``get_kv_cache_stride_order``,
   else memory follows the logical shape); 0.33 builds the same logical view
@@ -21,7 +24,7 @@ from __future__ import annotations
 import vllm.v1.attention.backend as _backend
 from vllm.v1.attention.backend import AttentionBackend
 
-__all__ = ["KvCacheShape", "max_decode_query_len"]
+__all__ = ["KvCacheShape", "current_model_uses_mla", "max_decode_query_len"]
 
 
 def _max_decode_query_len_0_26(vllm_config) -> int:
@@ -35,6 +38,16 @@ def _max_decode_query_len_0_26(vllm_config) -> int:
 
 
 max_decode_query_len = getattr(_backend, "max_decode_query_len", _max_decode_query_len_0_26)
+
+
+def current_model_uses_mla() -> bool:
+    """Whether the model whose config vLLM has made current uses latent attention (False when none is)."""
+    import vllm.config.vllm as config_module
+
+    getter = getattr(config_module, "get_current_vllm_config_or_none", None)
+    config = getter() if getter is not None else getattr(config_module, "_current_vllm_config", None)
+    model_config = getattr(config, "model_config", None)
+    return bool(model_config is not None and model_config.use_mla)
 
 
 def _get_kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int, head_size: int,
