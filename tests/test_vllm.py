@@ -521,3 +521,33 @@ def test_module_import_does_not_import_vllm():
     code = "import sys, pagedattn.integrations.vllm; print('vllm' in sys.modules)"
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert res.stdout.strip() == "False"
+
+
+def test_warm_up_runs_each_distinct_layer_through_prefill_steps(monkeypatch):
+    """The builder's warm-up (run at construction on a GPU, so the first prompt does not wait for
+    Triton to compile the prefill kernel) builds vLLM metadata for each step and runs it through one
+    layer per distinct feature set, on a scratch cache, with every launch a real one."""
+    spec, _ = vllm_kv_cache(4, 16, "NHD", torch.float16)
+    config = make_config()
+    plain = PagedAttnImpl(NUM_Q_HEADS, HEAD_SIZE, 0.2, NUM_KV_HEADS, None, None, "auto")
+    twin = PagedAttnImpl(NUM_Q_HEADS, HEAD_SIZE, 0.3, NUM_KV_HEADS, None, None, "auto")  # only the scale differs
+    windowed = PagedAttnImpl(NUM_Q_HEADS, HEAD_SIZE, 0.2, NUM_KV_HEADS, None, 8, "auto")
+    context = config.compilation_config.static_forward_context
+    for name, impl in (("layer.0", plain), ("layer.1", twin), ("layer.2", windowed)):
+        context[name] = types.SimpleNamespace(impl=impl, **vars(make_layer()))
+    builder = PagedAttnMetadataBuilder(spec, ["layer.0", "layer.1", "layer.2"], config, DEVICE)  # CPU: no warm-up
+    seen = []
+    for impl in (plain, twin, windowed):
+        forward = impl.forward
+
+        def counting(layer, q, k, v, kv_cache, md, out, _forward=forward, _impl=impl):
+            result = _forward(layer, q, k, v, kv_cache, md, out)
+            assert torch.isfinite(result).all()  # a zero cache and zero queries: every row written, finite
+            seen.append((_impl, md.max_query_len, kv_cache.shape))
+            return result
+        monkeypatch.setattr(impl, "forward", counting)
+    steps = (((20, 20),), ((1, 9), (18, 40)))
+    assert builder.warm_up(steps) == 4
+    assert {impl for impl, _, _ in seen} == {plain, windowed}
+    assert [q for impl, q, _ in seen if impl is plain] == [20, 18]
+    assert all(shape == (2 + 1 + 3, NUM_KV_HEADS, 16, 2 * HEAD_SIZE) for _, _, shape in seen)

@@ -30,6 +30,7 @@ How vLLM's objects map onto pagedattn's contract
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -73,6 +74,15 @@ _NO_CACHE_TYPES = (AttentionType.ENCODER, AttentionType.ENCODER_ONLY)
 # heads x splits x head_size fp32. The split count is lowered until the workspace fits this
 # (Llama-3.1-8B at TP=1, 512 capture tokens: 8 MiB per split, so 32 splits).
 PERSISTENT_WORKSPACE_BYTES = 256 * 2**20
+# Steps ``(query_len, seq_len)`` per request that the builder runs once through each distinct layer
+# of its group on a scratch cache (``warm_up``): together they launch every prefill-kernel tile
+# choice and the unified kernel beside it, which vLLM's own warm-up never reaches.
+WARMUP_STEPS = (
+    ((512, 512),),  # a prompt alone: the short-prefill tiles
+    ((128, 2048),),  # an extend over a longer context: the 128-row tiles
+    ((1, 300), (300, 300)),  # a decode beside a prompt: the prefill kernel and a unified launch for the rest
+    ((1, 100), (64, 200)),  # a decode beside a short chunk: the unified kernel's extend tiles
+)
 
 
 def _batch_invariant() -> bool:
@@ -196,6 +206,7 @@ class PagedAttnMetadataBuilder(AttentionMetadataBuilder[PagedAttnMetadata]):
             raise ValueError(f"kv_cache_spec: head_size_v {head_size_v} differs from head_size {self.head_size}; "
                              "pagedattn's paged cache holds K and V of one head size")
         self.block_size = kv_cache_spec.block_size
+        self.cache_dtype = kv_cache_spec.dtype
         self.sliding_window = getattr(kv_cache_spec, "sliding_window", None)
         self.has_cache = not isinstance(kv_cache_spec, EncoderOnlyAttentionSpec)
         model_config = vllm_config.model_config
@@ -215,6 +226,45 @@ class PagedAttnMetadataBuilder(AttentionMetadataBuilder[PagedAttnMetadata]):
             self.graph_max_tokens = max(sizes)
             self.graph_max_query_len = max_decode_query_len(vllm_config)
             self.persistent_plan = self._make_persistent_plan(model_config.max_model_len)
+        self.layers = [layer for name in layer_names
+                       if (layer := compilation.static_forward_context.get(name)) is not None and hasattr(layer, "impl")]
+        if self.has_cache and self.device.type == "cuda" and os.environ.get("PAGEDATTN_VLLM_WARMUP", "1") != "0":
+            self.warm_up()
+
+    def warm_up(self, steps=WARMUP_STEPS) -> int:
+        """Run ``steps`` through each distinct layer of the group on a scratch cache; returns the
+        number of forwards run.
+
+        vLLM's warm-up runs no prefill through attention (its profiling forward passes no
+        metadata, its captured graphs are decodes), so without this the first request with a
+        prompt would wait while Triton compiles the prefill kernel (vLLM logs "Triton kernel JIT
+        compilation during inference"). Layers that differ only in their weights share
+        compiled kernels; one per distinct feature set runs. ``PAGEDATTN_VLLM_WARMUP=0`` skips it.
+        """
+        distinct = {}
+        for layer in self.layers:
+            impl = layer.impl
+            key = (impl.sliding_window, impl.logits_soft_cap, impl.alibi_slopes is None, impl.use_alibi_sqrt,
+                   impl.sinks is None, impl.kv_cache_dtype, impl.attn_type)
+            distinct.setdefault(key, layer)
+        if not distinct:
+            return 0
+        page = self.block_size
+        num_blocks = sum(-(-kv // page) for step in steps for _, kv in step)
+        # vLLM's default (NHD) memory order: [num_blocks, block_size, num_kv_heads, 2 * head_size]
+        cache = torch.zeros(num_blocks, page, self.num_kv_heads, 2 * self.head_size, dtype=self.cache_dtype,
+                            device=self.device).transpose(1, 2)
+        runs = 0
+        for step in steps:
+            common = _scratch_step(step, page, self.device)
+            md = self.build(0, common)
+            n = common.num_actual_tokens
+            for layer in distinct.values():
+                q = torch.zeros(n, self.num_q_heads, self.head_size, dtype=self.dtype, device=self.device)
+                kv = torch.zeros(n, self.num_kv_heads, self.head_size, dtype=self.dtype, device=self.device)
+                layer.impl.forward(layer, q, kv, kv, cache, md, torch.empty_like(q))
+                runs += 1
+        return runs
 
     def _make_persistent_plan(self, max_model_len: int) -> AttentionPlan:
         per_split = self.graph_max_tokens * self.num_q_heads * self.head_size * 4
@@ -285,6 +335,28 @@ class PagedAttnMetadataBuilder(AttentionMetadataBuilder[PagedAttnMetadata]):
             query_start_loc=m.query_start_loc, seq_lens=m.seq_lens, block_table=m.block_table_tensor,
             slot_mapping=m.slot_mapping, causal=bool(causal), plan=plan, prefix_ranges=prefix_ranges,
         )
+
+
+def _scratch_step(step, block_size: int, device) -> CommonAttentionMetadata:
+    """vLLM's metadata of one step ``((query_len, seq_len), ...)`` over pages 0, 1, ... of a scratch cache."""
+    qsl, lens, rows, first = [0], [], [], 0
+    for q_len, kv in step:
+        qsl.append(qsl[-1] + q_len)
+        lens.append(kv)
+        pages = -(-kv // block_size)
+        rows.append(list(range(first, first + pages)))
+        first += pages
+    width = max(len(r) for r in rows)
+    table = torch.tensor([r + [0] * (width - len(r)) for r in rows], dtype=torch.int32)
+    slots = [rows[s][p // block_size] * block_size + p % block_size
+             for s, (q_len, kv) in enumerate(step) for p in range(kv - q_len, kv)]
+    qsl_host = torch.tensor(qsl, dtype=torch.int32)
+    lens_host = torch.tensor(lens, dtype=torch.int32)
+    return CommonAttentionMetadata(
+        query_start_loc=qsl_host.to(device), query_start_loc_cpu=qsl_host, seq_lens=lens_host.to(device),
+        num_reqs=len(step), num_actual_tokens=qsl[-1], max_query_len=max(q for q, _ in step), max_seq_len=max(lens),
+        block_table_tensor=table.to(device), slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
+        seq_lens_cpu_upper_bound=lens_host)
 
 
 def _num_q_heads(vllm_config, layer_names) -> int | None:
