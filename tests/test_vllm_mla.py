@@ -336,3 +336,32 @@ def test_context_chunk_reads_the_chunk_fields_vllm_has():
         names = {f.name for f in dataclasses.fields(MLACommonPrefillMetadata.ChunkedContextMetadata)}
         assert "cu_seq_lens" in names
     assert {"query_start_loc", "max_query_len"} <= {f.name for f in dataclasses.fields(MLACommonPrefillMetadata)}
+
+
+def test_warm_up_runs_decode_steps_and_prefill_calls(monkeypatch):
+    """The builder's warm-up (run at construction on a GPU so that no request waits for Triton to
+    compile) runs its decode steps through the impl and the prefill backend's calls, on scratch
+    tensors; a speculative step runs only where speculative decoding is configured."""
+    config = make_config(speculative_tokens=1)
+    builder = make_builder(config)  # on the CPU: no warm-up at construction
+    impl = make_impl(config)
+    builder.layer.impl = impl
+    decodes, prefills = [], []
+    forward_mqa = impl.forward_mqa
+
+    def counting_mqa(q, cache, md, layer):
+        out, lse = forward_mqa(q, cache, md, layer)
+        assert torch.isfinite(out).all()
+        decodes.append(md.decode.max_query_len)
+        return out, lse
+    monkeypatch.setattr(impl, "forward_mqa", counting_mqa)
+    attend = PagedAttnMLAPrefill._attend
+
+    def counting_attend(self, q, k, v, cu_q, cu_k, max_query_len, *, causal, return_lse, out):
+        prefills.append((causal, return_lse))
+        return attend(self, q, k, v, cu_q, cu_k, max_query_len, causal=causal, return_lse=return_lse, out=out)
+    monkeypatch.setattr(PagedAttnMLAPrefill, "_attend", counting_attend)
+    steps = (((1, 20),), ((2, 40), (1, 9)), ((3, 30),))  # the last is wider than 1 + 1 speculative token
+    assert builder.warm_up(steps, prefill_tokens=24) == 2 + 3
+    assert decodes == [1, 2]
+    assert prefills == [(True, False), (True, True), (False, True)]

@@ -24,6 +24,7 @@ rounded up to a power of two so that the launches recorded per layout stay few.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -43,7 +44,7 @@ from vllm.model_executor.layers.attention.mla_attention import (
 from vllm.v1.attention.backend import AttentionCGSupport, AttentionType, MultipleOf
 from vllm.v1.attention.backends.mla.prefill.base import MLAPrefillBackend
 
-from pagedattn.integrations.vllm.backend import _batch_invariant
+from pagedattn.integrations.vllm.backend import _batch_invariant, _scratch_step
 from pagedattn.integrations.vllm.compat import max_decode_query_len
 
 __all__ = [
@@ -60,6 +61,11 @@ __all__ = [
 SUPPORTED_HEAD_SIZES = (320, 576)
 SUPPORTED_KV_CACHE_DTYPES = ("auto", "float16", "bfloat16", "fp8", "fp8_e4m3")
 _FP8_KV_CACHE_DTYPES = ("fp8", "fp8_e4m3")
+# What the builder runs once on a GPU (``warm_up``) so that no request waits for Triton to compile:
+# decode steps ``((query_len, seq_len), ...)`` (one split, several splits, a speculative step), and
+# a prompt of PREFILL_WARMUP_TOKENS queries with and without lse plus one unmasked context chunk.
+DECODE_WARMUP_STEPS = (((1, 64),), ((1, 4096),), ((2, 300), (1, 50)))
+PREFILL_WARMUP_TOKENS = 256
 
 
 @dataclass
@@ -70,6 +76,15 @@ class PagedAttnMLADecodeMetadata(MLACommonDecodeMetadata):
     max_query_len: int = 1
     max_seq_len: int | None = None  # the length the split count is chosen for (see the module doc)
     num_splits: int | None = None  # 1 in batch-invariant mode, else chosen by mla_decode
+
+
+@dataclass
+class _PrefillStandIn:
+    """The fields of vLLM's prefill metadata and context chunk that PagedAttnMLAPrefill reads."""
+
+    query_start_loc: torch.Tensor
+    max_query_len: int
+    cu_seq_lens: torch.Tensor | None = None
 
 
 class PagedAttnMLAPrefill(MLAPrefillBackend):
@@ -148,6 +163,48 @@ class PagedAttnMLAMetadataBuilder(MLACommonMetadataBuilder[MLACommonMetadata]):
                 num_heads=self.num_heads, scale=self._prefill_backend.scale, kv_lora_rank=self.mla_dims.kv_lora_rank,
                 qk_nope_head_dim=self.mla_dims.qk_nope_head_dim, qk_rope_head_dim=self.mla_dims.qk_rope_head_dim,
                 v_head_dim=self.mla_dims.v_head_dim, vllm_config=vllm_config)
+        self.layer = compilation.static_forward_context[layer_names[0]]
+        if self.device.type == "cuda" and os.environ.get("PAGEDATTN_VLLM_WARMUP", "1") != "0":
+            self.warm_up()
+
+    def warm_up(self, decode_steps=DECODE_WARMUP_STEPS, prefill_tokens: int = PREFILL_WARMUP_TOKENS) -> int:
+        """Run decode steps and prefill calls on scratch tensors; returns the number of calls run.
+
+        vLLM's own warm-up runs no attention without graphs, and no prefill at all (its profiling
+        forward passes no metadata), so without this the first requests wait while Triton
+        compiles the kernels. ``PAGEDATTN_VLLM_WARMUP=0`` skips it.
+        """
+        impl, dims, device = self.layer.impl, self.mla_dims, self.device
+        dtype = self.model_config.dtype
+        page = self.page_size
+        runs = 0
+        if isinstance(impl, PagedAttnMLAImpl):
+            num_blocks = sum(-(-kv // page) for step in decode_steps for _, kv in step)
+            cache = torch.zeros(num_blocks, page, dims.kv_lora_rank + dims.qk_rope_head_dim,
+                                dtype=self.kv_cache_spec.dtype, device=device)
+            for step in decode_steps:
+                if max(q for q, _ in step) > self.reorder_batch_threshold:
+                    continue  # a speculative step, without speculative decoding configured
+                md = self.build(0, _scratch_step(step, page, device))
+                n = md.num_decode_tokens
+                q_nope = torch.zeros(n, self.num_heads, dims.kv_lora_rank, dtype=dtype, device=device)
+                q_pe = torch.zeros(n, self.num_heads, dims.qk_rope_head_dim, dtype=dtype, device=device)
+                impl.forward_mqa((q_nope, q_pe), cache, md, self.layer)
+                runs += 1
+        prefill = self._prefill_backend
+        if isinstance(prefill, PagedAttnMLAPrefill) and prefill_tokens > 0:
+            qk = dims.qk_nope_head_dim + dims.qk_rope_head_dim
+            q = torch.zeros(prefill_tokens, self.num_heads, qk, dtype=dtype, device=device)
+            v = torch.zeros(prefill_tokens, self.num_heads, dims.v_head_dim, dtype=dtype, device=device)
+            cu = torch.tensor([0, prefill_tokens], dtype=torch.int32, device=device)
+            scratch = prefill.clone()
+            scratch.prepare_metadata(_PrefillStandIn(query_start_loc=cu, max_query_len=prefill_tokens))
+            for lse in (False, True):
+                scratch.run_prefill_new_tokens(q, q, v, lse)
+            scratch.run_prefill_context_chunk(_PrefillStandIn(query_start_loc=cu, cu_seq_lens=cu,
+                                                              max_query_len=prefill_tokens), q, q, v)
+            runs += 3
+        return runs
 
     def _build_decode(self, block_table_tensor, seq_lens_device, max_seq_len, query_start_loc_cpu,
                       query_start_loc_device, num_decode_tokens, dcp_tot_seq_lens_device=None, max_query_len=None,
