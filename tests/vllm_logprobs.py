@@ -1,0 +1,139 @@
+"""Log-probabilities of a small model under one vLLM attention backend (for tests/test_gpu_vllm.py).
+
+Run in a fresh process per backend, vLLM's engine in the same process
+(``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so registering pagedattn here reaches the model runner:
+
+    python -m tests.vllm_logprobs make DIR --kind llama|deepseek     # a model with random weights
+    python -m tests.vllm_logprobs run DIR --backend CUSTOM [--broken]  # JSON on the last line
+
+``make`` writes a Hugging Face checkpoint with transformers (random weights of std 0.1, so that
+attention, not the weights' noise, decides the outputs; vocabulary 512, no tokenizer). ``run``
+prefills four prompts (token ids) and decodes 24 tokens greedily, and prints per prompt the
+log-probability of each prompt token, the generated tokens, and each step's top-20
+log-probabilities. ``--broken`` registers ``CUSTOM`` as pagedattn's backend with its softmax scale
+doubled: the comparison in the test must tell it apart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+PROMPT_LENS = (5, 37, 130, 300)
+DECODE_TOKENS = 24
+TOP_LOGPROBS = 20
+VOCAB = 512
+
+
+def make(model_dir: str, kind: str) -> None:
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    common = dict(vocab_size=VOCAB, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                  max_position_embeddings=2048, initializer_range=0.1)
+    if kind == "llama":
+        config = transformers.LlamaConfig(num_attention_heads=8, num_key_value_heads=2, head_dim=64, **common)
+        model = transformers.LlamaForCausalLM(config)
+    else:  # DeepSeek-V2's attention shape (512 + 64 latent, 128 + 64 heads, 16 heads), dense MLPs only
+        config = transformers.DeepseekV2Config(
+            num_attention_heads=16, num_key_value_heads=16, kv_lora_rank=512, q_lora_rank=None, qk_rope_head_dim=64,
+            qk_nope_head_dim=128, v_head_dim=128, first_k_dense_replace=2, n_routed_experts=4, num_experts_per_tok=2,
+            moe_intermediate_size=128, **common)
+        model = transformers.DeepseekV2ForCausalLM(config)
+    model.to(torch.bfloat16).save_pretrained(model_dir, safe_serialization=True)
+
+
+def _broken_backends():
+    """pagedattn's backends with the softmax scale doubled (a wrong result the check must catch)."""
+    from pagedattn.integrations.vllm.backend import PagedAttnBackend, PagedAttnImpl
+    from pagedattn.integrations.vllm.mla import (PagedAttnMLABackend, PagedAttnMLAImpl,
+                                                 PagedAttnMLAMetadataBuilder)
+
+    class BrokenImpl(PagedAttnImpl):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.scale *= 2
+
+    class BrokenBackend(PagedAttnBackend):
+        @staticmethod
+        def get_impl_cls():
+            return BrokenImpl
+
+    class BrokenMLAImpl(PagedAttnMLAImpl):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.scale *= 2
+
+    class BrokenMLABuilder(PagedAttnMLAMetadataBuilder):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self._prefill_backend.scale *= 2
+
+    class BrokenMLABackend(PagedAttnMLABackend):
+        @staticmethod
+        def get_impl_cls():
+            return BrokenMLAImpl
+
+        @staticmethod
+        def get_builder_cls():
+            return BrokenMLABuilder
+
+    return BrokenBackend, BrokenMLABackend
+
+
+def __getattr__(name: str):
+    # ``BrokenCustom``: what CUSTOM resolves to under --broken, by the model being built
+    if name == "BrokenCustom":
+        from pagedattn.integrations.vllm.compat import current_model_uses_mla
+
+        mha, mla = _broken_backends()
+        return mla if current_model_uses_mla() else mha
+    raise AttributeError(name)
+
+
+def run(model_dir: str, backend: str, broken: bool) -> dict:
+    import pagedattn.integrations.vllm as pa_vllm
+    from vllm import LLM, SamplingParams
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
+
+    pa_vllm.register()
+    if broken:
+        register_backend(AttentionBackendEnum.CUSTOM, "tests.vllm_logprobs.BrokenCustom")
+    llm = LLM(model=model_dir, skip_tokenizer_init=True, dtype="bfloat16", attention_backend=backend,
+              enforce_eager=True, gpu_memory_utilization=0.3, max_model_len=1024, seed=0,
+              enable_prefix_caching=False, enable_flashinfer_autotune=False)
+    prompts = [[(7 * i + 13 * n) % VOCAB for i in range(n)] for n in PROMPT_LENS]
+    params = SamplingParams(max_tokens=DECODE_TOKENS, temperature=0.0, prompt_logprobs=0, logprobs=TOP_LOGPROBS,
+                            detokenize=False, ignore_eos=True)
+    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
+    result = []
+    for prompt, out in zip(prompts, outputs):
+        prompt_lp = [None if lp is None else lp[tok].logprob for tok, lp in zip(prompt, out.prompt_logprobs)]
+        gen = out.outputs[0]
+        steps = [{str(tok): lp.logprob for tok, lp in step.items()} for step in gen.logprobs]
+        result.append({"prompt_logprobs": prompt_lp, "tokens": list(gen.token_ids), "steps": steps})
+    return {"backend": backend, "broken": broken, "prompts": result}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    m = sub.add_parser("make")
+    m.add_argument("model_dir")
+    m.add_argument("--kind", choices=("llama", "deepseek"), required=True)
+    r = sub.add_parser("run")
+    r.add_argument("model_dir")
+    r.add_argument("--backend", required=True)
+    r.add_argument("--broken", action="store_true")
+    args = p.parse_args()
+    if args.cmd == "make":
+        make(args.model_dir, args.kind)
+        return
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    print(json.dumps(run(args.model_dir, args.backend, args.broken)))
+
+
+if __name__ == "__main__":
+    main()
