@@ -12,7 +12,6 @@ that every attribute the stand-in provides exists on vLLM's config classes.
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
 import sys
 import types
@@ -43,6 +42,7 @@ from pagedattn.integrations.vllm.backend import (  # noqa: E402
 )
 from pagedattn.reference import paged_attention_ref, varlen_attention_ref  # noqa: E402
 from pagedattn.testing import assert_matches_reference  # noqa: E402
+from tests.vllm_support import assert_stand_in_matches, paged_layout  # noqa: E402
 
 DEVICE = torch.device("cpu")
 NUM_Q_HEADS, NUM_KV_HEADS, HEAD_SIZE = 4, 2, 32
@@ -87,18 +87,12 @@ def make_layer(k_scale=1.0, v_scale=1.0):
 
 
 def test_config_stand_in_matches_vllm():
-    from vllm.config import CompilationConfig, ModelConfig, ParallelConfig, SchedulerConfig, VllmConfig
-
-    def names(cls):
-        return {f.name for f in dataclasses.fields(cls)} | set(dir(cls))
+    from vllm.config import CompilationConfig, ModelConfig, ParallelConfig, SchedulerConfig
 
     stand_in = make_config()
-    for attr in vars(stand_in):
-        assert attr in names(VllmConfig), attr
-    for cls, obj in ((ModelConfig, stand_in.model_config), (CompilationConfig, stand_in.compilation_config),
-                     (ParallelConfig, stand_in.parallel_config), (SchedulerConfig, stand_in.scheduler_config)):
-        for attr in vars(obj):
-            assert attr in names(cls), f"{cls.__name__}.{attr}"
+    assert_stand_in_matches(stand_in, {ModelConfig: stand_in.model_config, CompilationConfig: stand_in.compilation_config,
+                                       ParallelConfig: stand_in.parallel_config,
+                                       SchedulerConfig: stand_in.scheduler_config})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -153,25 +147,8 @@ class Step:
         self.num_real = sum(q for q, _ in cases)
         self.num_tokens = self.num_real + pad
         kv_lens = [kv for _, kv in cases]
-        pages = [-(-kv // block_size) for kv in kv_lens]
-        width = max(pages + [1])
-        physical = torch.randperm(num_blocks, generator=g)
-        assert sum(pages) <= num_blocks
-        self.block_table = torch.randint(0, num_blocks, (len(cases), width), generator=g, dtype=torch.int32)
-        offset = 0
-        for s, n in enumerate(pages):
-            self.block_table[s, :n] = physical[offset:offset + n].to(torch.int32)
-            offset += n
-        qsl = [0]
-        for q, _ in cases:
-            qsl.append(qsl[-1] + q)
-        self.qsl = torch.tensor(qsl, dtype=torch.int32)
+        self.block_table, self.qsl, slots = paged_layout(cases, block_size, num_blocks, g)
         self.seq_lens = torch.tensor(seq_lens if seq_lens is not None else kv_lens, dtype=torch.int32)
-        slots = []
-        for s, (q, kv) in enumerate(cases):
-            for j in range(q):
-                p = kv - q + j
-                slots.append(int(self.block_table[s, p // block_size]) * block_size + p % block_size)
         self.slot_mapping = torch.tensor(slots + [-1] * pad, dtype=torch.int64)
         self.query = torch.randn(self.num_tokens, num_q_heads, head_size, generator=g).to(dtype)
         self.key = torch.randn(self.num_tokens, num_kv_heads, head_size, generator=g).to(dtype)

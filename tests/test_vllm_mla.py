@@ -43,6 +43,7 @@ from pagedattn.integrations.vllm.mla import (  # noqa: E402
 )
 from pagedattn.reference import mla_decode_ref, varlen_attention_ref, write_mla_kv_ref  # noqa: E402
 from pagedattn.testing import assert_matches_reference  # noqa: E402
+from tests.vllm_support import assert_stand_in_matches, paged_layout  # noqa: E402
 
 DEVICE = torch.device("cpu")
 # 256 + 64 = 320: the smaller latent row vLLM's MLA metadata accepts (DeepSeek's is 512 + 64)
@@ -74,19 +75,13 @@ def make_config(*, cudagraph_mode=CUDAGraphMode.NONE, capture_sizes=(), dtype=to
 
 def test_config_stand_in_matches_vllm():
     from vllm.config import (AttentionConfig, CacheConfig, CompilationConfig, ModelConfig, ParallelConfig,
-                             SchedulerConfig, VllmConfig)
-
-    def names(cls):
-        return {f.name for f in dataclasses.fields(cls)} | set(dir(cls))
+                             SchedulerConfig)
 
     stand_in = make_config()
-    for attr in vars(stand_in):
-        assert attr in names(VllmConfig), attr
-    for cls, obj in ((ModelConfig, stand_in.model_config), (CompilationConfig, stand_in.compilation_config),
-                     (ParallelConfig, stand_in.parallel_config), (SchedulerConfig, stand_in.scheduler_config),
-                     (CacheConfig, stand_in.cache_config), (AttentionConfig, stand_in.attention_config)):
-        for attr in vars(obj):
-            assert attr in names(cls), f"{cls.__name__}.{attr}"
+    assert_stand_in_matches(stand_in, {
+        ModelConfig: stand_in.model_config, CompilationConfig: stand_in.compilation_config,
+        ParallelConfig: stand_in.parallel_config, SchedulerConfig: stand_in.scheduler_config,
+        CacheConfig: stand_in.cache_config, AttentionConfig: stand_in.attention_config})
 
 
 def make_layer(config, k_scale=1.0):
@@ -134,21 +129,9 @@ class Batch:
 
     def __init__(self, cases, *, num_blocks=64, dtype=torch.float16, g, cache_dtype=None):
         self.cases = cases
-        pages = [-(-kv // BLOCK) for _, kv in cases]
-        physical = torch.randperm(num_blocks, generator=g)
-        self.block_table = torch.randint(0, num_blocks, (len(cases), max(pages)), generator=g, dtype=torch.int32)
-        offset = 0
-        for s, n in enumerate(pages):
-            self.block_table[s, :n] = physical[offset:offset + n].to(torch.int32)
-            offset += n
-        qsl = [0]
-        for q, _ in cases:
-            qsl.append(qsl[-1] + q)
-        self.qsl = torch.tensor(qsl, dtype=torch.int32)
+        self.block_table, self.qsl, slots = paged_layout(cases, BLOCK, num_blocks, g)
         self.seq_lens = torch.tensor([kv for _, kv in cases], dtype=torch.int32)
-        self.num_tokens = qsl[-1]
-        slots = [int(self.block_table[s, p // BLOCK]) * BLOCK + p % BLOCK
-                 for s, (q, kv) in enumerate(cases) for p in range(kv - q, kv)]
+        self.num_tokens = int(self.qsl[-1])
         self.slot_mapping = torch.tensor(slots, dtype=torch.int64)
         self.cache = torch.randn(num_blocks, BLOCK, LATENT + ROPE, generator=g).to(cache_dtype or dtype)
         self.common = CommonAttentionMetadata(

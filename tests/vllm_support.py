@@ -1,0 +1,46 @@
+"""What tests/test_vllm.py and tests/test_vllm_mla.py share: the paged layout of a batch of
+requests, and the check that a stand-in config has only attributes vLLM's config classes have.
+
+Imported only by those files, after they have checked that vLLM is installed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+
+def paged_layout(cases, block_size: int, num_blocks: int, g: torch.Generator):
+    """Requests ``(query_len, seq_len)`` on distinct random pages of a cache of ``num_blocks``:
+    ``(block_table, query_start_loc, slots)``. Table entries past a request's pages are random
+    ids (never read); ``slots`` holds each new token's cache slot, in batch order."""
+    pages = [-(-kv // block_size) for _, kv in cases]
+    assert sum(pages) <= num_blocks
+    physical = torch.randperm(num_blocks, generator=g)
+    block_table = torch.randint(0, num_blocks, (len(cases), max(pages + [1])), generator=g, dtype=torch.int32)
+    offset = 0
+    for s, n in enumerate(pages):
+        block_table[s, :n] = physical[offset:offset + n].to(torch.int32)
+        offset += n
+    qsl = [0]
+    for q, _ in cases:
+        qsl.append(qsl[-1] + q)
+    slots = [int(block_table[s, p // block_size]) * block_size + p % block_size
+             for s, (q, kv) in enumerate(cases) for p in range(kv - q, kv)]
+    return block_table, torch.tensor(qsl, dtype=torch.int32), slots
+
+
+def assert_stand_in_matches(stand_in, parts: dict) -> None:
+    """Every attribute of ``stand_in`` is a field or attribute of vLLM's ``VllmConfig``, and every
+    attribute of each ``parts`` object (``{config class: stand-in object}``) one of its class."""
+    from vllm.config import VllmConfig
+
+    def names(cls):
+        return {f.name for f in dataclasses.fields(cls)} | set(dir(cls))
+
+    for attr in vars(stand_in):
+        assert attr in names(VllmConfig), attr
+    for cls, obj in parts.items():
+        for attr in vars(obj):
+            assert attr in names(cls), f"{cls.__name__}.{attr}"
