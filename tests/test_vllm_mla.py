@@ -17,13 +17,9 @@ import types
 import pytest
 import torch
 
-try:
-    import vllm  # noqa: F401
-except ModuleNotFoundError as e:  # only a missing vLLM skips; a vLLM that fails to import fails
-    if e.name != "vllm":
-        raise
-    pytest.skip("vLLM is not installed (.ci/run runs this file with vllm==0.26.0 and with vllm==0.33.0)",
-                allow_module_level=True)
+from tests.vllm_support import require_vllm
+
+require_vllm()
 
 from vllm.config import CUDAGraphMode  # noqa: E402
 from vllm.model_executor.layers.attention.mla_attention import MLACommonPrefillMetadata  # noqa: E402
