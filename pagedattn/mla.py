@@ -27,17 +27,15 @@ from pagedattn._checks import (
 from pagedattn.ops.mla.launch import (
     MLA_MAX_QUERY_LEN,
     MLAConfig,
-    choose_mla_splits,
     launch_mla_decode,
     launch_write_mla_kv,
-    resolve_mla_config,
 )
 from pagedattn.conversions import rounded_into, scale_tensor
 from pagedattn.ops.common.device import interpreter_on
 from pagedattn.ops.common.launching import Tapes, call_context, scalar_or_tensor
 from pagedattn.ops.common.target import target_props
 from pagedattn.ops.mla.kernel import mla_decode_kernel
-from pagedattn.plan import num_sms
+from pagedattn.plan import choose_mla_splits, num_sms, resolve_mla_config
 
 __all__ = ["mla_decode", "write_mla_kv"]
 

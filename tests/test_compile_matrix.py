@@ -49,7 +49,7 @@ def test_parse_amdgcn():
 
 
 def test_nvidia_programs_per_sm():
-    # the H200's decode tiles: 151 registers, 70 KB, 4 warps -> 3 programs per SM (plan.py's wave)
+    # the H200's decode tiles: 151 registers, 70 KB, 4 warps -> 3 programs per SM (the planner's wave)
     assert cm.nvidia_programs_per_sm(151, 71680, 4, H200) == 3
     assert cm.nvidia_programs_per_sm(255, 230400, 8, H200) == 1
 

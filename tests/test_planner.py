@@ -84,9 +84,9 @@ def test_one_sequence_without_a_plan_is_one_launch_and_right(q_len, kv_len, monk
     """A call without a plan whose maxima say prefill, on one sequence: the large-tile kernel
     alone serves it, whatever its real length (the maxima are only bounds)."""
     import pagedattn.api as api
-    import pagedattn.plan as plan_mod
+    import pagedattn.plan.planner as planner
 
-    monkeypatch.setattr(plan_mod, "_CALL_PLANS", {})
+    monkeypatch.setattr(planner, "_CALL_PLANS", {})
     unified = []
     real = api.launch_unified
     monkeypatch.setattr(api, "launch_unified", lambda *a, **k: unified.append(1) or real(*a, **k))

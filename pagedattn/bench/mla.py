@@ -53,7 +53,7 @@ def sweep_configs():
     128 rows on two warp groups with 2 value parts, and the 32/16-row mma.sync programs (the
     shape vLLM's Triton MLA kernel uses); the last one is an older 32-row tiling, kept as a baseline.
     """
-    from pagedattn.ops.mla.launch import MLAConfig as C
+    from pagedattn.ops.mla.config import MLAConfig as C
 
     return [
         C(64, 1, 64, 1, 8, 2),  # the default (bf16 / fp16 cache)
@@ -96,7 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse_config(text: str):
-    from pagedattn.ops.mla.launch import MLAConfig
+    from pagedattn.ops.mla.config import MLAConfig
 
     block_h, block_q, tile_n, value_split, num_warps, num_stages = (int(x) for x in text.split(","))
     return MLAConfig(block_h, block_q, tile_n, value_split, num_warps, num_stages)
@@ -166,8 +166,7 @@ class Workload:
         """Record of pagedattn with this config (num_splits None: the config's, else the rule's)."""
         from pagedattn.bench.timing import bench
         from pagedattn.mla import _mla_decode
-        from pagedattn.ops.mla.launch import choose_mla_splits, resolve_mla_config
-        from pagedattn.plan import num_sms
+        from pagedattn.plan import choose_mla_splits, num_sms, resolve_mla_config
 
         config = resolve_mla_config(config, self.heads, self.ql, fp8_cache=self.args.fp8, num_seqs=self.batch,
                                     sms=num_sms(self.device))
@@ -255,8 +254,7 @@ def run_plain(args, device, dtype, g) -> list[dict]:
 
 def run_sweep(args, device, dtype, g) -> list[dict]:
     """Every config of the grid (and split variants at B=1) on every case; progress on stdout."""
-    from pagedattn.ops.mla.launch import choose_mla_splits, resolve_mla_config
-    from pagedattn.plan import num_sms
+    from pagedattn.plan import choose_mla_splits, num_sms, resolve_mla_config
 
     configs = [parse_config(args.config)] if args.config else sweep_configs()
     runnable = []

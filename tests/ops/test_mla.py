@@ -9,7 +9,8 @@ import torch
 import pagedattn.mla as mla
 import pagedattn.ops.common.offsets as offsets
 from pagedattn import mla_decode, write_mla_kv
-from pagedattn.ops.mla.launch import MLAConfig, choose_mla_splits, pick_mla_config
+from pagedattn.ops.mla.config import MLAConfig
+from pagedattn.plan import choose_mla_splits, pick_mla_config
 from pagedattn.reference import mla_decode_ref, write_mla_kv_ref
 from pagedattn.testing import TOLERANCES, make_paged_batch
 from tests.conftest import DEVICE

@@ -212,12 +212,12 @@ def test_short_prefill_tiles(monkeypatch):
 ])
 def test_prefill_plan_short_tiles(cases, short, monkeypatch):
     """The prefill plan asks for short tiles from the sequences its large-tile grid covers."""
-    import pagedattn.plan as plan_mod
+    import pagedattn.plan.prefill as prefill_plan
 
     asked = []
-    monkeypatch.setattr(plan_mod, "num_sms", lambda device: 132)
-    monkeypatch.setattr(plan_mod, "pick_prefill_tiles", lambda h, d, short=False: asked.append(short) or
-                        plan_mod.Tiles(32, 32, 32, 1, 1))
+    monkeypatch.setattr(prefill_plan, "num_sms", lambda device: 132)
+    monkeypatch.setattr(prefill_plan, "pick_prefill_tiles", lambda h, d, short=False: asked.append(short) or
+                        prefill_plan.Tiles(32, 32, 32, 1, 1))
     qsl = [0]
     for q, _ in cases:
         qsl.append(qsl[-1] + q)
@@ -229,14 +229,15 @@ def test_prefill_plan_short_tiles(cases, short, monkeypatch):
 def test_eager_short_tiles(kv_len, short, monkeypatch):
     """Eager paged and varlen calls apply the rule too (from host sizes, no sync), and stay correct."""
     import pagedattn.api as api
-    import pagedattn.plan as plan
+    import pagedattn.plan.planner as planner
+    import pagedattn.plan.prefill as prefill_plan
 
     asked = []
     real = api.pick_prefill_tiles
     spy = lambda h, d, short=False: asked.append(short) or real(h, d, short=short)  # noqa: E731
     monkeypatch.setattr(api, "pick_prefill_tiles", spy)  # varlen_attention
-    monkeypatch.setattr(plan, "pick_prefill_tiles", spy)  # the plan of a call without one
-    monkeypatch.setattr(plan, "_CALL_PLANS", {})  # plan this call afresh
+    monkeypatch.setattr(prefill_plan, "pick_prefill_tiles", spy)  # the plan of a call without one
+    monkeypatch.setattr(planner, "_CALL_PLANS", {})  # plan this call afresh
     g = torch.Generator().manual_seed(kv_len)
     batch = make_paged_batch([(130, kv_len)], dtype=torch.float16, device=DEVICE, generator=g)
     out = paged_attention(*batch.args(), max_query_len=130, max_seq_len=kv_len, out=torch.full_like(batch.q, float("nan")))

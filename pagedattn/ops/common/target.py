@@ -67,7 +67,7 @@ class TargetProps:
     # conversions): the 128 x 128 prefill tiles at head 128 and 3 stages take 225 KB on sm90 and
     # 229 KB on sm100
     shared_overhead: int = 2 * 1024
-    mla_max_rows: int = 64  # rows of an MLA decode program (pagedattn.ops.mla.launch.pick_mla_config)
+    mla_max_rows: int = 64  # rows of an MLA decode program (pagedattn.plan.mla.pick_mla_config)
     # the shared-memory bound's model (tiles_shared_bytes): NVIDIA counts a K/V buffer per stage
     # and the Q block; the AMD backend keeps one buffer fewer than its stages and Q in VGPRs
     # (gfx942: 128 x 64 tiles at 2 stages take 33 KB of LDS, one 32 KB K/V buffer)

@@ -1,7 +1,7 @@
 """Per-device tiles for the prefill kernel: a short timing of a few candidates on the first call
 of a shape, remembered for the process.
 
-The planner's table (``pagedattn.plan.pick_prefill_tiles``, from H200 sweeps) is the
+The planner's table (``pagedattn.plan.prefill.pick_prefill_tiles``, from H200 sweeps) is the
 deterministic fallback and stays the choice unless ``PAGEDATTN_AUTOTUNE=1``. With it, the first
 call of each key (device, dtypes, head sizes, grouping, paged or not, page size, causal, query
 length bucket, query heads, sequence count bucket, the table's tiles) times the fallback and the candidates below on that call's own inputs, keeps
