@@ -106,7 +106,7 @@ def mla_decode(
         Dequantization scale of an fp8 cache (default 1.0; ignored for other caches).
     num_splits : int, optional
         Split each sequence's keys into this many segments merged in order (default: enough to
-        fill the GPU, see :mod:`pagedattn.ops.mla.launch`).
+        fill the GPU, see :mod:`pagedattn.plan.mla`).
     out : ``[num_tokens, num_heads, latent_dim]`` q_nope's dtype, optional
         Written in place and returned.
     return_lse : bool
