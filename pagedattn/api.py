@@ -27,11 +27,11 @@ from pagedattn._checks import (
 from pagedattn._streams import side_stream
 from pagedattn.conversions import rounded_into, scale_tensor
 from pagedattn.ops.common.attention_math import ALIBI_LINEAR, ALIBI_NONE, ALIBI_SQRT
-from pagedattn.ops.common.host_math import next_power_of_2
 from pagedattn.ops.common.device import interpreter_on
-from pagedattn.ops.common.launching import Tapes, call_context, launch, scalar_or_tensor, wait_stream
+from pagedattn.ops.common.launching import Tapes, call_context, scalar_or_tensor, wait_stream
 from pagedattn.ops.kv_write.kernel import write_kv_kernel
-from pagedattn.ops.merge.kernel import merge_states_kernel
+from pagedattn.ops.kv_write.launch import launch_write_kv
+from pagedattn.ops.merge.launch import launch_merge_states
 from pagedattn.ops.persistent.launch import launch_persistent
 from pagedattn.ops.prefill.launch import check_prefill_grid, launch_prefill
 from pagedattn.ops.split_kv.launch import launch_split_kv
@@ -582,20 +582,7 @@ def merge_attention_states(
     if out is None:
         out = torch.empty_like(out_a)
     lse = _lse_buffer(lse_out, True, num_tokens, num_heads, device)
-    if num_tokens == 0 or num_heads == 0:
-        return out, lse
-    launch(merge_states_kernel, (num_tokens, num_heads),
-        out_ptr=out, lse_ptr=lse, out_a_ptr=out_a, lse_a_ptr=lse_a, out_b_ptr=out_b, lse_b_ptr=lse_b,
-        stride_o_t=out.stride(0), stride_o_h=out.stride(1),
-        stride_l_t=lse.stride(0), stride_l_h=lse.stride(1),
-        stride_a_t=out_a.stride(0), stride_a_h=out_a.stride(1),
-        stride_la_t=lse_a.stride(0), stride_la_h=lse_a.stride(1),
-        stride_b_t=out_b.stride(0), stride_b_h=out_b.stride(1),
-        stride_lb_t=lse_b.stride(0), stride_lb_h=lse_b.stride(1),
-        HEAD_SIZE=head_size,
-        HEAD_SIZE_PAD=next_power_of_2(head_size),
-        num_warps=1 if head_size <= 64 else 2,
-    )
+    launch_merge_states(out, lse, out_a, lse_a, out_b, lse_b)
     return out, lse
 
 
@@ -658,25 +645,9 @@ def write_kv(
     if num_tokens == 0:
         return
     fp8 = k_cache.dtype in FP8_DTYPES
-    run = functools.partial(
-        launch, write_kv_kernel, (num_tokens, num_kv_heads),
-        key_ptr=key,
-        value_ptr=value,
-        k_cache_ptr=k_cache,
-        v_cache_ptr=v_cache,
-        slot_mapping_ptr=slot_mapping,
-        k_scale_ptr=scale_tensor(k_scale, device) if fp8 else None,
-        v_scale_ptr=scale_tensor(v_scale, device) if fp8 else None,
-        stride_key_t=key.stride(0), stride_key_h=key.stride(1),
-        stride_value_t=value.stride(0), stride_value_h=value.stride(1),
-        stride_k_b=k_cache.stride(0), stride_k_s=k_cache.stride(1), stride_k_h=k_cache.stride(2),
-        stride_v_b=v_cache.stride(0), stride_v_s=v_cache.stride(1), stride_v_h=v_cache.stride(2),
-        num_tokens=num_tokens,
-        num_slots=k_cache.shape[0] * k_cache.shape[1],
-        HEAD_SIZE=head_size,
-        HEAD_SIZE_PAD=next_power_of_2(head_size),
-        PAGE_SIZE=k_cache.shape[1],
-    )
+    run = functools.partial(launch_write_kv, key, value, k_cache, v_cache, slot_mapping,
+                            scale_tensor(k_scale, device) if fp8 else None,
+                            scale_tensor(v_scale, device) if fp8 else None)
     if tape_key is None:
         run()
     else:

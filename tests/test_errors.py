@@ -21,7 +21,7 @@ def no_launch(monkeypatch):
         raise AssertionError("a kernel was launched for bad input")
 
     monkeypatch.setattr(api, "launch_unified", boom)
-    monkeypatch.setattr(api, "write_kv_kernel", {(i, j): boom for i in range(64) for j in range(8)})
+    monkeypatch.setattr(api, "launch_write_kv", boom)
 
 
 def _args(batch, **changes):

@@ -14,7 +14,6 @@ def _store_row(src_ptr, dst_ptr, offs_d, dim_ok, scale_ptr, CACHE_FP8: tl.conste
     tl.store(dst_ptr + offs_d, x.to(dst_ptr.dtype.element_ty), mask=dim_ok)
 
 
-@triton.heuristics({"CACHE_FP8": lambda args: args["k_scale_ptr"] is not None})
 @triton.jit(do_not_specialize=["num_tokens", "num_slots"])
 def write_kv_kernel(
     key_ptr,  # [num_tokens, num_kv_heads, head_size]
@@ -24,37 +23,32 @@ def write_kv_kernel(
     slot_mapping_ptr,  # [num_tokens] int32 or int64; -1 = skip
     k_scale_ptr,  # [1] fp32 for an fp8 cache, else None
     v_scale_ptr,
-    stride_key_t, stride_key_h,
-    stride_value_t, stride_value_h,
-    stride_k_b, stride_k_s, stride_k_h,
-    stride_v_b, stride_v_s, stride_v_h,
+    st,  # KVWriteStrides (pagedattn.ops.kv_write.launch)
     num_tokens,
     num_slots,
-    HEAD_SIZE: tl.constexpr,
-    HEAD_SIZE_PAD: tl.constexpr,
-    PAGE_SIZE: tl.constexpr,
-    CACHE_FP8: tl.constexpr,
+    CFG: tl.constexpr,  # KVWriteConstants
 ):
     """k_cache[slot // PAGE_SIZE, slot % PAGE_SIZE, h] = key[t, h] (divided by k_scale for fp8).
 
     Slots outside [0, num_slots) (-1 marks padding) are skipped, so no slot can write past the cache.
     """
+    CACHE_FP8: tl.constexpr = k_scale_ptr is not None
     token = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1).to(tl.int64)
     slot = tl.load(slot_mapping_ptr + token).to(tl.int64)
     if (slot < 0) | (slot >= num_slots):
         return
-    page = slot // PAGE_SIZE
-    in_page = slot % PAGE_SIZE
-    offs_d = tl.arange(0, HEAD_SIZE_PAD)
-    dim_ok = offs_d < HEAD_SIZE
+    page = slot // CFG.PAGE_SIZE
+    in_page = slot % CFG.PAGE_SIZE
+    offs_d = tl.arange(0, CFG.HEAD_SIZE_PAD)
+    dim_ok = offs_d < CFG.HEAD_SIZE
     _store_row(
-        key_ptr + token * stride_key_t + head * stride_key_h,
-        k_cache_ptr + page * stride_k_b + in_page * stride_k_s + head * stride_k_h,
+        key_ptr + token * st.stride_key_t + head * st.stride_key_h,
+        k_cache_ptr + page * st.stride_k_b + in_page * st.stride_k_s + head * st.stride_k_h,
         offs_d, dim_ok, k_scale_ptr, CACHE_FP8,
     )
     _store_row(
-        value_ptr + token * stride_value_t + head * stride_value_h,
-        v_cache_ptr + page * stride_v_b + in_page * stride_v_s + head * stride_v_h,
+        value_ptr + token * st.stride_value_t + head * st.stride_value_h,
+        v_cache_ptr + page * st.stride_v_b + in_page * st.stride_v_s + head * st.stride_v_h,
         offs_d, dim_ok, v_scale_ptr, CACHE_FP8,
     )

@@ -12,14 +12,8 @@ def merge_states_kernel(
     lse_a_ptr,
     out_b_ptr,
     lse_b_ptr,
-    stride_o_t, stride_o_h,
-    stride_l_t, stride_l_h,
-    stride_a_t, stride_a_h,
-    stride_la_t, stride_la_h,
-    stride_b_t, stride_b_h,
-    stride_lb_t, stride_lb_h,
-    HEAD_SIZE: tl.constexpr,
-    HEAD_SIZE_PAD: tl.constexpr,
+    st,  # MergeStrides (pagedattn.ops.merge.launch)
+    CFG: tl.constexpr,  # MergeConstants
 ):
     """out = (e^{lse_a} out_a + e^{lse_b} out_b) / (e^{lse_a} + e^{lse_b}), lse = logaddexp.
 
@@ -28,19 +22,20 @@ def merge_states_kernel(
     """
     token = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1).to(tl.int64)
+    HEAD_SIZE_PAD: tl.constexpr = CFG.HEAD_SIZE_PAD
     offs_d = tl.arange(0, HEAD_SIZE_PAD)
-    dim_ok = offs_d < HEAD_SIZE
-    lse_a = tl.load(lse_a_ptr + token * stride_la_t + head * stride_la_h).to(tl.float32)
-    lse_b = tl.load(lse_b_ptr + token * stride_lb_t + head * stride_lb_h).to(tl.float32)
+    dim_ok = offs_d < CFG.HEAD_SIZE
+    lse_a = tl.load(lse_a_ptr + token * st.stride_la_t + head * st.stride_la_h).to(tl.float32)
+    lse_b = tl.load(lse_b_ptr + token * st.stride_lb_t + head * st.stride_lb_h).to(tl.float32)
     m = tl.maximum(lse_a, lse_b)
     shift = tl.where(m == float("-inf"), 0.0, m)
     w_a = tl.exp(lse_a - shift)
     w_b = tl.exp(lse_b - shift)
     total = w_a + w_b
-    a = tl.load(out_a_ptr + token * stride_a_t + head * stride_a_h + offs_d, mask=dim_ok & (tl.broadcast_to(w_a, [HEAD_SIZE_PAD]) > 0), other=0.0)
-    b = tl.load(out_b_ptr + token * stride_b_t + head * stride_b_h + offs_d, mask=dim_ok & (tl.broadcast_to(w_b, [HEAD_SIZE_PAD]) > 0), other=0.0)
+    a = tl.load(out_a_ptr + token * st.stride_a_t + head * st.stride_a_h + offs_d, mask=dim_ok & (tl.broadcast_to(w_a, [HEAD_SIZE_PAD]) > 0), other=0.0)
+    b = tl.load(out_b_ptr + token * st.stride_b_t + head * st.stride_b_h + offs_d, mask=dim_ok & (tl.broadcast_to(w_b, [HEAD_SIZE_PAD]) > 0), other=0.0)
     empty = total == 0.0  # both sides -inf; a NaN total is not empty
     out = (w_a * a.to(tl.float32) + w_b * b.to(tl.float32)) / tl.where(empty, 1.0, total)
-    tl.store(out_ptr + token * stride_o_t + head * stride_o_h + offs_d, out.to(out_ptr.dtype.element_ty), mask=dim_ok)
+    tl.store(out_ptr + token * st.stride_o_t + head * st.stride_o_h + offs_d, out.to(out_ptr.dtype.element_ty), mask=dim_ok)
     lse = tl.where(empty, float("-inf"), shift + tl.log(total))
-    tl.store(lse_ptr + token * stride_l_t + head * stride_l_h, lse)
+    tl.store(lse_ptr + token * st.stride_l_t + head * st.stride_l_h, lse)

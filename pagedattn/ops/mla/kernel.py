@@ -295,7 +295,6 @@ def _store_latent_part(src_ptr, dst_ptr, kv_scale_ptr, DIM: tl.constexpr, DIM_PA
     tl.store(dst_ptr + offs, x.to(dst_ptr.dtype.element_ty), mask=ok)
 
 
-@triton.heuristics({"CACHE_FP8": lambda args: args["kv_scale_ptr"] is not None})
 @triton.jit(do_not_specialize=["num_slots"])
 def write_mla_kv_kernel(
     c_kv_ptr,  # [num_tokens, LATENT_DIM]
@@ -303,26 +302,21 @@ def write_mla_kv_kernel(
     kv_cache_ptr,  # [num_blocks, block_size, LATENT_DIM + ROPE_DIM]
     slot_mapping_ptr,  # [num_tokens] int32 or int64; -1 = skip
     kv_scale_ptr,  # [1] fp32 for an fp8 cache, else None
-    stride_ckv_t,
-    stride_kpe_t,
-    stride_c_b, stride_c_s,
+    st,  # MLAWriteStrides (pagedattn.ops.mla.launch)
     num_slots,
-    LATENT_DIM: tl.constexpr,
-    LATENT_PAD: tl.constexpr,
-    ROPE_DIM: tl.constexpr,
-    ROPE_PAD: tl.constexpr,
-    PAGE_SIZE: tl.constexpr,
-    CACHE_FP8: tl.constexpr,
+    CFG: tl.constexpr,  # MLAWriteConstants
 ):
     """kv_cache[slot // PAGE_SIZE, slot % PAGE_SIZE] = [c_kv[t] | k_pe[t]] (divided by kv_scale for fp8).
 
     Slots outside [0, num_slots) (-1 marks padding) are skipped.
     """
+    CACHE_FP8: tl.constexpr = kv_scale_ptr is not None
     token = tl.program_id(0).to(tl.int64)
     slot = tl.load(slot_mapping_ptr + token).to(tl.int64)
     if (slot < 0) | (slot >= num_slots):
         return
-    dst = kv_cache_ptr + (slot // PAGE_SIZE) * stride_c_b + (slot % PAGE_SIZE) * stride_c_s
-    _store_latent_part(c_kv_ptr + token * stride_ckv_t, dst, kv_scale_ptr, LATENT_DIM, LATENT_PAD, CACHE_FP8)
-    _store_latent_part(k_pe_ptr + token * stride_kpe_t, dst + LATENT_DIM, kv_scale_ptr, ROPE_DIM, ROPE_PAD,
+    dst = kv_cache_ptr + (slot // CFG.PAGE_SIZE) * st.stride_c_b + (slot % CFG.PAGE_SIZE) * st.stride_c_s
+    _store_latent_part(c_kv_ptr + token * st.stride_ckv_t, dst, kv_scale_ptr, CFG.LATENT_DIM, CFG.LATENT_PAD,
                        CACHE_FP8)
+    _store_latent_part(k_pe_ptr + token * st.stride_kpe_t, dst + CFG.LATENT_DIM, kv_scale_ptr, CFG.ROPE_DIM,
+                       CFG.ROPE_PAD, CACHE_FP8)

@@ -40,6 +40,25 @@ class MLAStrides(NamedTuple):
     stride_bt_s: int
 
 
+class MLAWriteStrides(NamedTuple):
+    """The strides of the latent-cache write: the new rows by token, the cache by block and slot."""
+
+    stride_ckv_t: int
+    stride_kpe_t: int
+    stride_c_b: int
+    stride_c_s: int
+
+
+class MLAWriteConstants(NamedTuple):
+    """The compile-time shape of a latent-cache write (the kernel's constexpr CFG)."""
+
+    LATENT_DIM: int
+    LATENT_PAD: int
+    ROPE_DIM: int
+    ROPE_PAD: int
+    PAGE_SIZE: int
+
+
 class MLAConstants(NamedTuple):
     """The compile-time shape of an MLA decode launch (the kernel's constexpr CFG)."""
 
@@ -141,20 +160,9 @@ def launch_write_mla_kv(
     rope_dim = k_pe.shape[1]
     if num_tokens == 0:
         return
-    launch(write_mla_kv_kernel, (num_tokens,),
-        c_kv_ptr=c_kv,
-        k_pe_ptr=k_pe,
-        kv_cache_ptr=kv_cache,
-        slot_mapping_ptr=slot_mapping,
-        kv_scale_ptr=kv_scale,
-        stride_ckv_t=c_kv.stride(0),
-        stride_kpe_t=k_pe.stride(0),
-        stride_c_b=kv_cache.stride(0), stride_c_s=kv_cache.stride(1),
-        num_slots=kv_cache.shape[0] * kv_cache.shape[1],
-        LATENT_DIM=latent_dim,
-        LATENT_PAD=next_power_of_2(latent_dim),
-        ROPE_DIM=rope_dim,
-        ROPE_PAD=next_power_of_2(rope_dim),
-        PAGE_SIZE=kv_cache.shape[1],
-        num_warps=1 if interpreter_on() else 4,
-    )
+    st = MLAWriteStrides(c_kv.stride(0), k_pe.stride(0), kv_cache.stride(0), kv_cache.stride(1))
+    cfg = MLAWriteConstants(LATENT_DIM=latent_dim, LATENT_PAD=next_power_of_2(latent_dim), ROPE_DIM=rope_dim,
+                            ROPE_PAD=next_power_of_2(rope_dim), PAGE_SIZE=kv_cache.shape[1])
+    launch(write_mla_kv_kernel, (num_tokens,), c_kv_ptr=c_kv, k_pe_ptr=k_pe, kv_cache_ptr=kv_cache,
+           slot_mapping_ptr=slot_mapping, kv_scale_ptr=kv_scale, st=st,
+           num_slots=kv_cache.shape[0] * kv_cache.shape[1], CFG=cfg, num_warps=1 if interpreter_on() else 4)
