@@ -35,6 +35,7 @@ from pagedattn.ops.common.device import interpreter_on
 from pagedattn.ops.common.launching import Tapes, call_context, scalar_or_tensor
 from pagedattn.ops.common.target import target_props
 from pagedattn.ops.mla.kernel import mla_decode_kernel
+from pagedattn.ops.mla_gluon.launch import GLUON_MLA_CONFIG, gluon_mla_requested, launch_mla_decode_gluon, use_gluon_mla
 from pagedattn.plan import choose_mla_splits, num_sms, resolve_mla_config
 
 __all__ = ["mla_decode", "write_mla_kv"]
@@ -117,6 +118,12 @@ def mla_decode(
     -------
     out, or ``(out, lse)`` when ``return_lse``.
 
+    Notes
+    -----
+    ``PAGEDATTN_MLA_GLUON=1`` (opt-in, not yet run on a GPU) sends the calls it can serve (one
+    query token a sequence, a bf16 / fp16 cache, 512 + 64 columns; on a GPU of compute capability
+    9.x) to the Gluon kernel of :mod:`pagedattn.ops.mla_gluon`, with the same split and merge.
+
     Examples
     --------
     >>> out = mla_decode(q_nope, q_pe, kv_cache, block_table, seq_lens, query_start_loc,
@@ -141,7 +148,7 @@ def _mla_decode(q_nope, q_pe, kv_cache, block_table, seq_lens, query_start_loc, 
             and (max_seq_len is not None or num_splits is not None)):
         # The thin path: a call whose scalars and layouts match an earlier, checked one replays its launches.
         key = (scale, max_query_len, max_seq_len, scalar_or_tensor(kv_scale), num_splits, return_lse,
-               *call_context(q_nope))
+               gluon_mla_requested(), *call_context(q_nope))
         if key in _TAPES and q_nope.dim() == 3:
             if out is None:
                 out = torch.empty(q_nope.shape, dtype=q_nope.dtype, device=q_nope.device)
@@ -195,9 +202,10 @@ def _mla_decode(q_nope, q_pe, kv_cache, block_table, seq_lens, query_start_loc, 
                           kv_scale=kv_scale, num_splits=num_splits, return_lse=return_lse, config=config)
         return rounded_into(res, out, q_nope)
     target = target_props(device)
-    config = resolve_mla_config(config, num_heads, max_query_len, (latent_dim + rope_dim) * q_nope.element_size(),
-                                fp8, num_seqs=num_seqs, sms=num_sms(device), max_shared=target.max_shared,
-                                max_rows=target.mla_max_rows)
+    gluon = config is None and use_gluon_mla(q_nope, q_pe, kv_cache, max_query_len)  # opt-in sm90 kernel
+    config = resolve_mla_config(GLUON_MLA_CONFIG if gluon else config, num_heads, max_query_len,
+                                (latent_dim + rope_dim) * q_nope.element_size(), fp8, num_seqs=num_seqs,
+                                sms=num_sms(device), max_shared=target.max_shared, max_rows=target.mla_max_rows)
     if num_splits is None:
         num_splits = config.num_splits
     if num_splits is None:
@@ -212,7 +220,8 @@ def _mla_decode(q_nope, q_pe, kv_cache, block_table, seq_lens, query_start_loc, 
     if num_splits > 1 and num_tokens > 0:
         partial_out, partial_lse = _workspace(num_tokens, num_heads, num_splits, latent_dim, device)
     run = functools.partial(
-        launch_mla_decode, out, lse, q_nope, q_pe, kv_cache, block_table, seq_lens, query_start_loc,
+        launch_mla_decode_gluon if gluon else launch_mla_decode, out, lse, q_nope, q_pe, kv_cache, block_table,
+        seq_lens, query_start_loc,
         scale=float(scale), kv_scale=scale_tensor(kv_scale, device) if fp8 else None, config=config,
         num_splits=num_splits, partial_out=partial_out, partial_lse=partial_lse,
     )

@@ -1,0 +1,156 @@
+"""Launcher of the Gluon MLA decode kernel (sm90): which calls it serves, grid, keyword arguments.
+
+Opt-in (``PAGEDATTN_MLA_GLUON=1``) and compiled for sm90 only: the kernel has not yet run on a
+GPU (Gluon has no interpreter), so the portable ``tl`` kernel stays the default. The contract
+is ``launch_mla_decode``'s: one split writes out / lse, several write the same
+``[num_tokens, num_heads, num_splits, 512]`` fp32 partials (and lse) that
+``launch_merge_splits`` merges.
+
+Triton's Gluon (``triton.experimental.gluon``) is imported only when a kernel is needed, so
+that pagedattn imports where it is missing.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+
+from pagedattn.ops.common.device import environ_is
+from pagedattn.ops.common.launching import launch
+from pagedattn.ops.mla.launch import MLAConfig
+from pagedattn.ops.split_kv.launch import launch_merge_splits
+
+GLUON_ENV = "PAGEDATTN_MLA_GLUON"
+GLUON_TRITON = "3.6"  # Gluon's API changes between releases; the kernel is written against this one
+GLUON_LATENT_DIM = 512
+GLUON_ROPE_DIM = 64
+GLUON_BLOCK_H = 64  # heads a CTA (the M of a warpgroup's wgmma); fewer heads are padded
+# 64 keys a step, 2 stages: 229,888 B of shared memory and 217 registers a thread, no spills
+# (ptxas for sm_90a, bf16); 32 keys at 4 stages: 225,792 B (tests/test_gluon_mla.py compiles both)
+GLUON_MLA_CONFIG = MLAConfig(block_h=GLUON_BLOCK_H, block_q=1, tile_n=64, value_split=1, num_warps=8, num_stages=2)
+_DTYPES = (torch.bfloat16, torch.float16)
+
+
+@functools.lru_cache(maxsize=None)
+def gluon_kernel():
+    """The ``@gluon.jit`` kernel, or None where this Triton has no usable Gluon."""
+    try:
+        from pagedattn.ops.mla_gluon.kernel import mla_decode_gluon_kernel
+    except ImportError:
+        return None
+    return mla_decode_gluon_kernel
+
+
+def gluon_mla_requested() -> bool:
+    """Whether ``PAGEDATTN_MLA_GLUON=1`` asks for the Gluon kernel (read at each call)."""
+    return environ_is(GLUON_ENV, "1")
+
+
+@functools.lru_cache(maxsize=None)
+def _sm9x(index: int) -> bool:
+    return torch.version.hip is None and torch.cuda.get_device_capability(index)[0] == 9
+
+
+def _aligned(t: torch.Tensor, dims) -> bool:
+    """16-byte aligned start, unit last stride, and the strides of ``dims`` multiples of 16
+    elements (Triton then specializes them as such and each cp.async moves 16 bytes)."""
+    return t.data_ptr() % 16 == 0 and t.stride(-1) == 1 and all(t.stride(d) % 16 == 0 for d in dims)
+
+
+def gluon_mla_supported(q_nope: torch.Tensor, q_pe: torch.Tensor, kv_cache: torch.Tensor,
+                        max_query_len: int) -> str | None:
+    """None when the Gluon kernel can serve this ``mla_decode`` call, else the reason it cannot.
+
+    It serves one query token a sequence, a 16-bit cache of q's dtype, 512 latent + 64 rope
+    columns, pages of a power-of-2 size, any number of heads (64 a CTA), 16-byte aligned rows.
+    Inputs are assumed to have passed ``mla_decode``'s checks.
+    """
+    if gluon_kernel() is None:
+        return "triton.experimental.gluon is not available in this Triton"
+    if ".".join(triton.__version__.split(".")[:2]) != GLUON_TRITON:
+        return f"Triton {triton.__version__}: the Gluon kernel is written for Triton {GLUON_TRITON}"
+    if max_query_len != 1:
+        return f"max_query_len {max_query_len}: the Gluon kernel takes one query token a sequence"
+    if q_nope.dtype not in _DTYPES:
+        return f"q_nope dtype {q_nope.dtype}: the Gluon kernel takes bfloat16 or float16"
+    if kv_cache.dtype != q_nope.dtype:
+        return f"kv_cache dtype {kv_cache.dtype}: the Gluon kernel takes a cache of q's dtype (no fp8)"
+    if q_nope.shape[-1] != GLUON_LATENT_DIM or q_pe.shape[-1] != GLUON_ROPE_DIM:
+        return (f"latent {q_nope.shape[-1]} + rope {q_pe.shape[-1]}: the Gluon kernel takes "
+                f"{GLUON_LATENT_DIM} + {GLUON_ROPE_DIM}")
+    page_size = kv_cache.shape[1]
+    if page_size & (page_size - 1):
+        return f"kv_cache block_size {page_size}: the Gluon kernel takes a power of 2"
+    for name, t, dims in (("q_nope", q_nope, (0, 1)), ("q_pe", q_pe, (0, 1)), ("kv_cache", kv_cache, (0, 1))):
+        if not _aligned(t, dims):
+            return f"{name}: the Gluon kernel needs 16-byte aligned rows (strides {tuple(t.stride())})"
+    return None
+
+
+def use_gluon_mla(q_nope: torch.Tensor, q_pe: torch.Tensor, kv_cache: torch.Tensor, max_query_len: int) -> bool:
+    """``PAGEDATTN_MLA_GLUON=1``, a CUDA GPU of compute capability 9.x and a call the kernel serves."""
+    if not gluon_mla_requested() or q_nope.device.type != "cuda":
+        return False
+    index = q_nope.device.index if q_nope.device.index is not None else torch.cuda.current_device()
+    return _sm9x(index) and gluon_mla_supported(q_nope, q_pe, kv_cache, max_query_len) is None
+
+
+def launch_mla_decode_gluon(
+    out: torch.Tensor,
+    lse: torch.Tensor | None,
+    q_nope: torch.Tensor,
+    q_pe: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    *,
+    scale: float,
+    kv_scale: torch.Tensor | None = None,
+    config: MLAConfig = GLUON_MLA_CONFIG,
+    num_splits: int,
+    partial_out: torch.Tensor | None = None,
+    partial_lse: torch.Tensor | None = None,
+) -> None:
+    """``launch_mla_decode`` for the Gluon kernel (``gluon_mla_supported`` must have said None).
+
+    ``config``: only ``tile_n`` (32 or 64) and ``num_stages`` are read; a CTA is always 64 heads
+    on 8 warps. ``kv_scale`` must be None (no fp8 cache). ``partial_out`` ``[num_tokens,
+    num_heads, num_splits, 512]`` fp32 and ``partial_lse`` ``[num_tokens, num_heads,
+    num_splits]`` fp32 are needed when ``num_splits > 1``.
+    """
+    if kv_scale is not None:
+        raise ValueError("kv_scale: the Gluon MLA kernel takes no fp8 cache")
+    kernel = gluon_kernel()
+    if kernel is None:
+        raise RuntimeError("triton.experimental.gluon is not available in this Triton")
+    num_tokens, num_heads, _ = q_nope.shape
+    num_seqs = seq_lens.shape[0]
+    if num_tokens == 0 or num_seqs == 0:
+        return
+    if num_splits > 1:
+        dst, dst_lse = partial_out, partial_lse
+        o_strides = partial_out.stride()[:3]
+        l_strides = partial_lse.stride()
+    else:
+        dst, dst_lse = out, lse
+        o_strides = (out.stride(0), out.stride(1), 0)
+        l_strides = (lse.stride(0), lse.stride(1), 0) if lse is not None else (0, 0, 0)
+    head_groups = -(-num_heads // GLUON_BLOCK_H)
+    launch(kernel, (num_seqs * num_splits * head_groups,),
+           out_ptr=dst, lse_ptr=dst_lse, q_nope_ptr=q_nope, q_pe_ptr=q_pe, kv_cache_ptr=kv_cache,
+           block_table_ptr=block_table, seq_lens_ptr=seq_lens, query_start_loc_ptr=query_start_loc,
+           stride_qn_t=q_nope.stride(0), stride_qn_h=q_nope.stride(1),
+           stride_qp_t=q_pe.stride(0), stride_qp_h=q_pe.stride(1),
+           stride_o_t=o_strides[0], stride_o_h=o_strides[1], stride_o_s=o_strides[2],
+           stride_lse_t=l_strides[0], stride_lse_h=l_strides[1], stride_lse_s=l_strides[2],
+           stride_c_b=kv_cache.stride(0), stride_c_s=kv_cache.stride(1), stride_bt_s=block_table.stride(0),
+           scale=scale, num_heads=num_heads, num_seqs=num_seqs, num_tokens=num_tokens,
+           num_blocks=kv_cache.shape[0], max_blocks_per_seq=block_table.shape[1], num_splits=num_splits,
+           PAGE_SIZE=kv_cache.shape[1], TILE_N=config.tile_n, NUM_STAGES=config.num_stages,
+           num_warps=8)
+    if num_splits == 1:
+        return
+    launch_merge_splits(out, lse, partial_out, partial_lse, num_splits, pdl=False, num_warps=4)

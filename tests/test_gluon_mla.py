@@ -1,0 +1,247 @@
+"""The Gluon MLA decode kernel for sm90 (``pagedattn.ops.mla_gluon``, opt-in: PAGEDATTN_MLA_GLUON=1).
+
+Without a GPU: the kernel compiles for sm90 (no spills, shared memory within the limit) and the
+calls it does not serve are told apart. On an sm90 GPU (``pytest -m gpu``): mla_decode with the
+Gluon path on against the float64 reference. Run from a plain checkout with
+``PYTHONPATH=. pytest -m gpu tests/test_gluon_mla.py``.
+"""
+
+import pytest
+import torch
+
+import pagedattn.mla as mla_module
+from pagedattn import mla_decode
+from pagedattn.ops.mla_gluon.launch import GLUON_ENV, gluon_kernel, gluon_mla_supported, use_gluon_mla
+from pagedattn.reference import mla_decode_ref
+from pagedattn.testing import assert_matches_reference
+
+LATENT, ROPE = 512, 64
+SCALE = 192 ** -0.5  # DeepSeek-V3: 1 / sqrt(qk_nope_head_dim + qk_rope_head_dim)
+
+needs_gluon = pytest.mark.skipif(gluon_kernel() is None, reason="triton.experimental.gluon is missing")
+needs_sm90 = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
+                                reason="the Gluon MLA kernel runs on compute capability 9.x only")
+
+
+# ---------------------------------------------------------------------------------------------
+# CPU: compile for sm90, and which calls the kernel serves
+
+
+@needs_gluon
+@pytest.mark.parametrize(
+    "page_size, tile_n, num_stages, dtype, num_splits",
+    [
+        pytest.param(16, 64, 2, torch.bfloat16, 1, id="page16-tile64-bf16"),
+        pytest.param(64, 64, 2, torch.bfloat16, 1, id="page64-tile64-bf16"),
+        pytest.param(16, 32, 4, torch.bfloat16, 1, id="page16-tile32-bf16"),
+        pytest.param(64, 64, 2, torch.float16, 4, id="page64-tile64-fp16-split"),
+    ],
+)
+def test_gluon_mla_compiles_for_sm90(page_size, tile_n, num_stages, dtype, num_splits):
+    from pagedattn.ops.common.target import props_for
+    from pagedattn.compile_gluon import compile_usage
+
+    row = compile_usage(page_size, tile_n, num_stages, dtype, num_splits=num_splits)
+    assert row["problems"] == [], row
+    assert row["spill_bytes"] == 0 and row["local"] == 0, row
+    assert 0 < row["shared"] <= props_for("sm90").max_shared, row
+    assert row["num_warps"] == 8 and row["regs"] <= 255, row
+
+
+def _inputs(dtype=torch.bfloat16, latent=LATENT, rope=ROPE, page_size=16, num_heads=16):
+    q = torch.zeros(3, num_heads, latent + rope, dtype=dtype)
+    kv_cache = torch.zeros(4, page_size, latent + rope, dtype=dtype)
+    return q[..., :latent], q[..., latent:], kv_cache
+
+
+@needs_gluon
+def test_gluon_mla_supported():
+    q_nope, q_pe, kv_cache = _inputs()
+    assert gluon_mla_supported(q_nope, q_pe, kv_cache, 1) is None
+    assert gluon_mla_supported(*_inputs(page_size=64, num_heads=128), 1) is None
+    assert gluon_mla_supported(q_nope.contiguous(), q_pe.contiguous(), kv_cache, 1) is None
+    assert "max_query_len" in gluon_mla_supported(q_nope, q_pe, kv_cache, 2)
+    assert "max_query_len" in gluon_mla_supported(q_nope, q_pe, kv_cache, 0)
+    assert "no fp8" in gluon_mla_supported(q_nope, q_pe, kv_cache.to(torch.float8_e4m3fn), 1)
+    assert "bfloat16 or float16" in gluon_mla_supported(*_inputs(torch.float32), 1)
+    assert "latent 256" in gluon_mla_supported(*_inputs(latent=256), 1)
+    assert "rope 32" in gluon_mla_supported(*_inputs(rope=32), 1)
+    assert "block_size 24" in gluon_mla_supported(*_inputs(page_size=24), 1)
+    wide = torch.zeros(3, 16, 520, dtype=torch.bfloat16)  # a head stride of 520: not a multiple of 16
+    assert "aligned" in gluon_mla_supported(wide[..., :LATENT], q_pe, kv_cache, 1)
+
+
+def test_gluon_mla_not_used_off_gpu(monkeypatch):
+    q_nope, q_pe, kv_cache = _inputs()
+    monkeypatch.delenv(GLUON_ENV, raising=False)
+    assert not use_gluon_mla(q_nope, q_pe, kv_cache, 1)
+    monkeypatch.setenv(GLUON_ENV, "1")
+    assert not use_gluon_mla(q_nope, q_pe, kv_cache, 1)  # CPU tensors
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU: mla_decode through the Gluon kernel against the float64 reference
+
+
+def make_batch(cases, *, num_heads, block_size, dtype=torch.bfloat16, num_blocks=None, split_q=True, seed=0):
+    """(query_len, kv_len) cases in a paged cache with shuffled block ids; the table's unused
+    entries hold -1 or ids past the cache (never to be read). ``num_blocks``: a cache that large,
+    the batch in its top blocks."""
+    g = torch.Generator().manual_seed(seed)
+    pages = [-(-kv // block_size) for _, kv in cases]
+    needed = sum(pages)
+    width = LATENT + ROPE
+    if num_blocks is None:
+        num_blocks = needed + 3
+        kv_cache = torch.randn(num_blocks, block_size, width, generator=g).to("cuda", dtype)
+        physical = torch.randperm(num_blocks, generator=g)[:needed]
+    else:
+        kv_cache = torch.empty(num_blocks, block_size, width, dtype=dtype, device="cuda")
+        physical = num_blocks - 1 - torch.randperm(needed, generator=g)
+        kv_cache[physical.cuda()] = torch.randn(needed, block_size, width, generator=g).to("cuda", dtype)
+    block_table = torch.full((len(cases), max(pages + [1]) + 2), -1, dtype=torch.int32)
+    block_table[1::2] = num_blocks + 1000
+    offset = 0
+    for s, n in enumerate(pages):
+        block_table[s, :n] = physical[offset:offset + n].to(torch.int32)
+        offset += n
+    q_lens = torch.tensor([q for q, _ in cases])
+    qsl = torch.zeros(len(cases) + 1, dtype=torch.int32)
+    qsl[1:] = torch.cumsum(q_lens, 0)
+    if split_q:  # views of one [tokens, heads, 576] tensor, as a fused projection gives them
+        q = torch.randn(int(qsl[-1]), num_heads, width, generator=g).to("cuda", dtype)
+        q_nope, q_pe = q[..., :LATENT], q[..., LATENT:]
+    else:
+        q_nope = torch.randn(int(qsl[-1]), num_heads, LATENT, generator=g).to("cuda", dtype)
+        q_pe = torch.randn(int(qsl[-1]), num_heads, ROPE, generator=g).to("cuda", dtype)
+    seq_lens = torch.tensor([kv for _, kv in cases], dtype=torch.int32)
+    return dict(q_nope=q_nope, q_pe=q_pe, kv_cache=kv_cache, block_table=block_table.cuda(),
+                seq_lens=seq_lens.cuda(), query_start_loc=qsl.cuda())
+
+
+def mixed_cases(num_seqs, seed):
+    """Decode rows of lengths 1, 17, 300 and 4100, all in a batch of 4 or more, shuffled."""
+    lens = [4100, 1, 17, 300]
+    g = torch.Generator().manual_seed(seed)
+    chosen = [lens[i % 4] for i in range(num_seqs)]
+    return [(1, chosen[i]) for i in torch.randperm(num_seqs, generator=g).tolist()]
+
+
+@pytest.fixture
+def gluon_calls(monkeypatch):
+    """PAGEDATTN_MLA_GLUON=1; the Gluon launches are counted (their num_splits listed) and the
+    split workspaces poisoned with NaN, so an unwritten partial fails."""
+    monkeypatch.setenv(GLUON_ENV, "1")
+    calls = []
+    launcher = mla_module.launch_mla_decode_gluon
+    workspace = mla_module._workspace
+
+    def counted(*args, **kwargs):
+        calls.append(kwargs["num_splits"])
+        return launcher(*args, **kwargs)
+
+    def poisoned(*args, **kwargs):
+        return tuple(t.fill_(float("nan")) for t in workspace(*args, **kwargs))
+
+    monkeypatch.setattr(mla_module, "launch_mla_decode_gluon", counted)
+    monkeypatch.setattr(mla_module, "_workspace", poisoned)
+    mla_module._TAPES.clear()  # a replayed tape would bypass the launcher
+    yield calls
+    mla_module._TAPES.clear()
+
+
+def run_and_compare(batch, calls, *, num_splits=None, max_query_len=1):
+    out = torch.full_like(batch["q_nope"], float("nan"))
+    max_seq_len = int(batch["seq_lens"].max())
+    out, lse = mla_decode(**batch, scale=SCALE, max_query_len=max_query_len, max_seq_len=max_seq_len,
+                          num_splits=num_splits, out=out, return_lse=True)
+    ref_out, ref_lse = mla_decode_ref(**batch, scale=SCALE)
+    assert_matches_reference(out, lse, ref_out, ref_lse)
+    assert calls, "the Gluon kernel was not launched"
+
+
+@pytest.mark.gpu
+@needs_gluon
+@needs_sm90
+@pytest.mark.parametrize("num_splits", [1, None], ids=["splits1", "splits-auto"])
+@pytest.mark.parametrize("num_seqs", [1, 7, 33], ids=lambda n: f"B{n}")
+@pytest.mark.parametrize("block_size", [16, 64], ids=lambda n: f"page{n}")
+@pytest.mark.parametrize("num_heads", [16, 64, 128], ids=lambda n: f"h{n}")
+def test_gluon_mla_decode_gpu(gluon_calls, num_heads, block_size, num_seqs, num_splits):
+    cases = [(1, 4100)] if num_seqs == 1 else mixed_cases(num_seqs, seed=num_seqs)
+    batch = make_batch(cases, num_heads=num_heads, block_size=block_size, seed=num_heads + block_size + num_seqs)
+    run_and_compare(batch, gluon_calls, num_splits=num_splits)
+    if num_splits is None and num_seqs == 1:
+        assert gluon_calls[-1] > 1, "the split rule was expected to split one long sequence"
+
+
+@pytest.mark.gpu
+@needs_gluon
+@needs_sm90
+@pytest.mark.parametrize("num_splits", [1, 5, 200], ids=lambda n: f"splits{n}")
+def test_gluon_mla_edge_rows_gpu(gluon_calls, num_splits):
+    """Sequences without a query token, an empty sequence, heads not a multiple of 64, fp16,
+    separate q_nope / q_pe tensors; 200 splits leave most segments empty."""
+    cases = [(1, 5000), (0, 9), (1, 0), (1, 1), (1, 64), (1, 65), (0, 3), (1, 130)]
+    batch = make_batch(cases, num_heads=96, block_size=16, dtype=torch.float16, split_q=False, seed=num_splits)
+    run_and_compare(batch, gluon_calls, num_splits=num_splits)
+
+
+@pytest.mark.gpu
+@needs_gluon
+@needs_sm90
+def test_gluon_mla_cache_past_int32_offsets_gpu(gluon_calls):
+    # [num_blocks, 64, 576] bf16 past 2**31 elements (> 4 GiB); the batch uses the top blocks
+    num_blocks = 2**31 // (64 * (LATENT + ROPE)) + 64
+    batch = make_batch([(1, 700), (1, 300), (1, 17)], num_heads=128, block_size=64, num_blocks=num_blocks, seed=9)
+    assert batch["kv_cache"].numel() > 2**31
+    run_and_compare(batch, gluon_calls, num_splits=1)
+    run_and_compare(batch, gluon_calls, num_splits=5)
+
+
+@pytest.mark.gpu
+@needs_gluon
+@needs_sm90
+def test_gluon_mla_path_taken_gpu(gluon_calls, monkeypatch):
+    """Only with the variable set, and only for calls the kernel serves: longer queries and an
+    fp8 cache stay on the tl kernel."""
+    batch = make_batch([(1, 300), (1, 17)], num_heads=128, block_size=16, seed=3)
+    run_and_compare(batch, gluon_calls, num_splits=1)
+    assert gluon_calls == [1]
+    mla_decode(**batch, scale=SCALE, max_query_len=2, max_seq_len=300)  # tl: more than one token
+    fp8 = dict(batch, kv_cache=batch["kv_cache"].to(torch.float8_e4m3fn))
+    mla_decode(**fp8, scale=SCALE, max_query_len=1, max_seq_len=300, kv_scale=0.5)  # tl: fp8 cache
+    monkeypatch.delenv(GLUON_ENV)
+    mla_decode(**batch, scale=SCALE, max_query_len=1, max_seq_len=300)  # tl: not asked for
+    torch.cuda.synchronize()
+    assert gluon_calls == [1]
+
+
+@pytest.mark.gpu
+@needs_gluon
+@needs_sm90
+def test_gluon_mla_cuda_graph_gpu(gluon_calls):
+    """With max_query_len / max_seq_len given the call replays its tape and can be captured."""
+    batch = make_batch([(1, 4000), (1, 300)], num_heads=128, block_size=64, seed=13)
+    out = torch.empty_like(batch["q_nope"])
+    lse = torch.empty(out.shape[:2], device="cuda")
+
+    def step():
+        _, l = mla_decode(**batch, scale=SCALE, max_query_len=1, max_seq_len=4000, out=out, return_lse=True)
+        lse.copy_(l)
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        step()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    out.fill_(float("nan"))
+    lse.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert gluon_calls, "the Gluon kernel was not launched"
+    ref_out, ref_lse = mla_decode_ref(**batch, scale=SCALE)
+    assert_matches_reference(out, lse, ref_out, ref_lse)
