@@ -95,25 +95,6 @@ def check_optional_int(name: str, x, *, minimum: int) -> None:
         raise ValueError(f"{name} must be >= {minimum}, got {x}")
 
 
-def check_attention_features(
-    *, num_q_heads: int, num_seqs: int, device, scale, sliding_window, softcap, alibi_slopes, alibi_sqrt,
-    sinks, prefix_ranges,
-) -> None:
-    """The keyword features shared by paged_attention and varlen_attention."""
-    check_optional_int("sliding_window", sliding_window, minimum=1)
-    if softcap is not None and not (isinstance(softcap, (int, float)) and softcap >= 0):
-        raise ValueError(f"softcap must be a float >= 0 or None, got {softcap!r}")
-    if scale is not None and not isinstance(scale, (int, float)):
-        raise TypeError(f"scale must be a float, got {type(scale).__name__}")
-    check_per_head("alibi_slopes", alibi_slopes, num_q_heads, device)
-    if alibi_sqrt and alibi_slopes is None:
-        raise ValueError("alibi_sqrt=True needs alibi_slopes")
-    check_per_head("sinks", sinks, num_q_heads, device)
-    if prefix_ranges is not None:
-        check_tensor("prefix_ranges", prefix_ranges, ndim=3, dtypes=(torch.int32,), device=device)
-        check_shape("prefix_ranges", prefix_ranges, (num_seqs, None, 2))
-
-
 def refuse_autograd(fn: str, **tensors) -> None:
     """Raise if autograd would record through ``fn``: the kernels have no backward pass, so a
     gradient through them would be silently missing or wrong."""

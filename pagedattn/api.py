@@ -4,19 +4,15 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 import os
 
 import torch
 
 from pagedattn._checks import (
-    check_fp8_cache,
     FLOAT_DTYPES,
     FP8_DTYPES,
-    check_attention_features,
     check_head_size,
     check_optional_int,
-    check_paged_metadata,
     check_runs_on,
     check_scale_arg,
     check_shape,
@@ -25,8 +21,8 @@ from pagedattn._checks import (
     refuse_autograd,
 )
 from pagedattn._streams import side_stream
+from pagedattn.call import Features, PagedShapes, check_cache_pair, check_out, check_paged_inputs, lse_buffer
 from pagedattn.conversions import rounded_into, scale_tensor
-from pagedattn.ops.common.attention_math import ALIBI_LINEAR, ALIBI_NONE, ALIBI_SQRT
 from pagedattn.ops.common.device import interpreter_on
 from pagedattn.ops.common.launching import Tapes, call_context, scalar_or_tensor, wait_stream
 from pagedattn.ops.kv_write.kernel import write_kv_kernel
@@ -45,34 +41,6 @@ __all__ = ["paged_attention", "varlen_attention", "write_kv", "merge_attention_s
 
 
 _INTERPRETED = interpreted(write_kv_kernel)  # the kernels were made for Triton's interpreter
-
-
-def _alibi_mode(alibi_slopes, alibi_sqrt: bool) -> int:
-    if alibi_slopes is None:
-        return ALIBI_NONE.value
-    return (ALIBI_SQRT if alibi_sqrt else ALIBI_LINEAR).value
-
-
-def _lse_buffer(lse_out, return_lse: bool, num_tokens: int, num_heads: int, device) -> torch.Tensor | None:
-    """The lse tensor to write: ``lse_out`` (checked), a new one when ``return_lse``, else None."""
-    if lse_out is not None:
-        check_tensor("lse_out", lse_out, dtypes=(torch.float32,), device=device, last_dim_contiguous=False)
-        check_shape("lse_out", lse_out, (num_tokens, num_heads))
-        return lse_out
-    if return_lse:
-        return torch.empty(num_tokens, num_heads, dtype=torch.float32, device=device)
-    return None
-
-
-def _check_cache_pair(k_cache, v_cache, q_dtype, device) -> None:
-    cache_dtypes = (q_dtype, *FP8_DTYPES)
-    check_tensor("k_cache", k_cache, ndim=4, dtypes=cache_dtypes, device=device)
-    check_tensor("v_cache", v_cache, ndim=4, dtypes=cache_dtypes, device=device)
-    if v_cache.dtype != k_cache.dtype:
-        raise TypeError(f"v_cache dtype {v_cache.dtype} differs from k_cache dtype {k_cache.dtype}")
-    check_shape("v_cache", v_cache, tuple(k_cache.shape))
-    check_fp8_cache("k_cache", k_cache, device)
-
 
 
 def paged_attention(
@@ -204,98 +172,65 @@ def paged_attention(
                                   v_scale if isinstance(v_scale, torch.Tensor) else None)):
                 return out if lse is None else (out, lse)
 
-    check_tensor("q", q, ndim=3, dtypes=FLOAT_DTYPES)
-    check_runs_on("q", q, _INTERPRETED)
+    features = Features(scale, causal, sliding_window, softcap, alibi_sqrt, alibi_slopes, sinks, prefix_ranges)
+    shapes = check_paged_inputs("paged_attention", q, k_cache, v_cache, block_table, seq_lens, query_start_loc,
+                                fp8_cache=True, interpreted=_INTERPRETED)
     device = q.device
-    num_tokens, num_q_heads, head_size = q.shape
-    _check_cache_pair(k_cache, v_cache, q.dtype, device)
-    refuse_autograd("paged_attention", q=q, k_cache=k_cache, v_cache=v_cache)
-    num_blocks, block_size, num_kv_heads, cache_head_size = k_cache.shape
-    check_head_size("q", head_size)
-    if cache_head_size != head_size:
-        raise ValueError(f"k_cache head_size {cache_head_size} differs from q head_size {head_size}")
-    if num_kv_heads == 0 or num_q_heads % num_kv_heads != 0:
-        raise ValueError(
-            f"q has {num_q_heads} heads, which is not a multiple of k_cache's {num_kv_heads} KV heads"
-        )
-    if block_size < 1:
-        raise ValueError("k_cache block_size (dim 1) must be >= 1")
-    num_seqs = check_paged_metadata(block_table, seq_lens, query_start_loc, device)
     check_optional_int("max_query_len", max_query_len, minimum=0)
     check_optional_int("max_seq_len", max_seq_len, minimum=0)
-    check_attention_features(
-        num_q_heads=num_q_heads, num_seqs=num_seqs, device=device, scale=scale, sliding_window=sliding_window,
-        softcap=softcap, alibi_slopes=alibi_slopes, alibi_sqrt=alibi_sqrt, sinks=sinks, prefix_ranges=prefix_ranges,
-    )
+    features.check(num_q_heads=shapes.num_q_heads, num_seqs=shapes.num_seqs, device=device)
     check_scale_arg("k_scale", k_scale, device)
     check_scale_arg("v_scale", v_scale, device)
-    if out is not None:
-        check_tensor("out", out, dtypes=(q.dtype,), device=device)
-        check_shape("out", out, tuple(q.shape))
-
+    check_out(out, q.dtype, device, tuple(q.shape))
     if validation_requested(validate, device):
         # the CPU's default check (neither validate=True nor PAGEDATTN_VALIDATE=1) lets prefix caching share blocks
         cpu_default = validate is None and not validation_requested(False)
         validate_metadata(
-            block_table, seq_lens, query_start_loc, num_tokens=num_tokens, num_blocks=num_blocks,
-            block_size=block_size, causal=causal, allow_shared_blocks=allow_shared_blocks or cpu_default,
+            block_table, seq_lens, query_start_loc, num_tokens=shapes.num_tokens, num_blocks=shapes.num_blocks,
+            block_size=shapes.block_size, causal=causal, allow_shared_blocks=allow_shared_blocks or cpu_default,
         )
     if q.dtype == torch.bfloat16 and interpreter_on():
         # The interpreter's bf16 tl.dot multiplies bit patterns: compute in fp32 and round once.
-        up = {"q": q.float(), "k_cache": k_cache if k_cache.dtype in FP8_DTYPES else k_cache.float(),
-              "v_cache": v_cache if v_cache.dtype in FP8_DTYPES else v_cache.float()}
-        res = paged_attention(
-            up["q"], up["k_cache"], up["v_cache"], block_table, seq_lens, query_start_loc,
-            max_query_len=max_query_len, max_seq_len=max_seq_len, scale=scale, causal=causal,
-            sliding_window=sliding_window, softcap=softcap, alibi_slopes=alibi_slopes, alibi_sqrt=alibi_sqrt,
-            sinks=sinks, prefix_ranges=prefix_ranges, k_scale=k_scale, v_scale=v_scale, lse_out=lse_out,
-            return_lse=return_lse, plan=plan, validate=False,
-        )
+        fp32 = [x if x.dtype in FP8_DTYPES else x.float() for x in (q, k_cache, v_cache)]
+        res = paged_attention(*fp32, block_table, seq_lens, query_start_loc, max_query_len=max_query_len,
+                              max_seq_len=max_seq_len, k_scale=k_scale, v_scale=v_scale, lse_out=lse_out,
+                              return_lse=return_lse, plan=plan, validate=False, **features.kwargs())
         return rounded_into(res, out, q)
-    if plan is not None:
-        _check_plan(plan, q, k_cache, seq_lens)
-    else:
-        if max_query_len is None or max_seq_len is None:
-            # One host sync, documented: pass both maxima (or a plan) to avoid it.
-            if max_query_len is None:
-                lens = query_start_loc[1:] - query_start_loc[:-1]
-                max_query_len = int(lens.max().item()) if num_seqs > 0 else 0
-            if max_seq_len is None:
-                max_seq_len = int(seq_lens.max().item()) if num_seqs > 0 else 0
-        plan = plan_for_call(num_seqs, num_tokens, max_query_len, max_seq_len, num_q_heads=num_q_heads,
-                             num_kv_heads=num_kv_heads, head_size=head_size, dtype=q.dtype, device=device,
-                             sliding_window=sliding_window)
-    if scale is None:
-        scale = 1.0 / math.sqrt(head_size)
+    plan = _call_plan(plan, q, k_cache, block_table, seq_lens, query_start_loc, shapes, max_query_len, max_seq_len,
+                      sliding_window)
     if out is None:
         out = torch.empty_like(q)
-    lse = _lse_buffer(lse_out, return_lse, num_tokens, num_q_heads, device)
-    return_lse = lse is not None
+    lse = lse_buffer(lse_out, return_lse, shapes.num_tokens, shapes.num_q_heads, device)
     fp8 = k_cache.dtype in FP8_DTYPES
-    k_scale_t = scale_tensor(k_scale, device) if fp8 else None
-    v_scale_t = scale_tensor(v_scale, device) if fp8 else None
-    args = AttentionArgs(
-        q=q, k_cache=k_cache, v_cache=v_cache, block_table=block_table, seq_lens=seq_lens,
-        query_start_loc=query_start_loc,
-        scale=float(scale),
-        causal=bool(causal),
-        sliding_window=int(sliding_window or 0),
-        softcap=float(softcap or 0.0),
-        alibi_mode=_alibi_mode(alibi_slopes, alibi_sqrt),
-        alibi_slopes=alibi_slopes,
-        sinks=sinks,
-        prefix_ranges=prefix_ranges,
-        k_scale=k_scale_t,
-        v_scale=v_scale_t,
-    )
+    args = AttentionArgs(q=q, k_cache=k_cache, v_cache=v_cache, block_table=block_table, seq_lens=seq_lens,
+                         query_start_loc=query_start_loc, k_scale=scale_tensor(k_scale, device) if fp8 else None,
+                         v_scale=scale_tensor(v_scale, device) if fp8 else None,
+                         **features.kernel_fields(shapes.head_size))
     if key is None or (plan.path == "prefill" and autotune_enabled(device)):
         _RUN_PATH[plan.path](out, lse, args, plan)
-    else:  # recorded, so that the next call with this layout replays it (see _replayed)
+    else:  # recorded, so that the next call with this layout replays it (the thin path above)
         binds = (q, k_cache, v_cache, block_table, seq_lens, query_start_loc, out, lse, alibi_slopes, sinks,
                  prefix_ranges, k_scale if isinstance(k_scale, torch.Tensor) else None,
                  v_scale if isinstance(v_scale, torch.Tensor) else None)
         (plan._tapes if plan_given else _CALL_TAPES).record(key, binds, lambda: _RUN_PATH[plan.path](out, lse, args, plan))
-    return (out, lse) if return_lse else out
+    return out if lse is None else (out, lse)
+
+
+def _call_plan(plan, q, k_cache, block_table, seq_lens, query_start_loc, shapes: PagedShapes, max_query_len,
+               max_seq_len, sliding_window) -> AttentionPlan:
+    """The plan a checked call runs: its own (checked against the call), else the plan-less rule's
+    from the host maxima (one host sync for each maximum not given)."""
+    if plan is not None:
+        _check_plan(plan, q, k_cache, seq_lens)
+        return plan
+    if max_query_len is None:
+        lens = query_start_loc[1:] - query_start_loc[:-1]
+        max_query_len = int(lens.max().item()) if shapes.num_seqs > 0 else 0
+    if max_seq_len is None:
+        max_seq_len = int(seq_lens.max().item()) if shapes.num_seqs > 0 else 0
+    return plan_for_call(shapes.num_seqs, shapes.num_tokens, max_query_len, max_seq_len,
+                         num_q_heads=shapes.num_q_heads, num_kv_heads=shapes.num_kv_heads,
+                         head_size=shapes.head_size, dtype=q.dtype, device=q.device, sliding_window=sliding_window)
 
 
 _CALL_TAPES = Tapes()  # for calls without a plan (a plan holds its own)
@@ -453,36 +388,22 @@ def varlen_attention(
     num_seqs = cu_seqlens_q.shape[0] - 1
     check_shape("cu_seqlens_k", cu_seqlens_k, (num_seqs + 1,))
     check_optional_int("max_query_len", max_query_len, minimum=0)
-    check_attention_features(
-        num_q_heads=num_q_heads, num_seqs=num_seqs, device=device, scale=scale, sliding_window=sliding_window,
-        softcap=softcap, alibi_slopes=alibi_slopes, alibi_sqrt=alibi_sqrt, sinks=sinks, prefix_ranges=prefix_ranges,
-    )
-    if out is not None:
-        check_tensor("out", out, dtypes=(q.dtype,), device=device)
-        check_shape("out", out, (num_tokens, num_q_heads, head_size_v))
+    features = Features(scale, causal, sliding_window, softcap, alibi_sqrt, alibi_slopes, sinks, prefix_ranges)
+    features.check(num_q_heads=num_q_heads, num_seqs=num_seqs, device=device)
+    check_out(out, q.dtype, device, (num_tokens, num_q_heads, head_size_v))
     if max_query_len is None:
         lens = cu_seqlens_q[1:] - cu_seqlens_q[:-1]
         max_query_len = int(lens.max().item()) if num_seqs > 0 else 0
     if q.dtype == torch.bfloat16 and interpreter_on():
         # The interpreter's bf16 tl.dot multiplies bit patterns: compute in fp32 and round once.
-        res = varlen_attention(
-            q.float(), k.float(), v.float(), cu_seqlens_q, cu_seqlens_k, max_query_len=max_query_len, scale=scale,
-            causal=causal, sliding_window=sliding_window, softcap=softcap, alibi_slopes=alibi_slopes,
-            alibi_sqrt=alibi_sqrt, sinks=sinks, prefix_ranges=prefix_ranges, lse_out=lse_out, return_lse=return_lse,
-        )
+        res = varlen_attention(q.float(), k.float(), v.float(), cu_seqlens_q, cu_seqlens_k, max_query_len=max_query_len,
+                               lse_out=lse_out, return_lse=return_lse, **features.kwargs())
         return rounded_into(res, out, q)
     if out is None:
         out = q.new_empty(num_tokens, num_q_heads, head_size_v)
-    lse = _lse_buffer(lse_out, return_lse, num_tokens, num_q_heads, device)
-    return_lse = lse is not None
-    alibi_mode = _alibi_mode(alibi_slopes, alibi_sqrt)
-    args = AttentionArgs(
-        q=q, k_cache=k, v_cache=v, block_table=None, seq_lens=None, query_start_loc=cu_seqlens_q,
-        scale=float(scale if scale is not None else 1.0 / math.sqrt(head_size)),
-        causal=bool(causal), sliding_window=int(sliding_window or 0), softcap=float(softcap or 0.0),
-        alibi_mode=alibi_mode, alibi_slopes=alibi_slopes, sinks=sinks, prefix_ranges=prefix_ranges,
-        k_scale=None, v_scale=None,
-    )
+    lse = lse_buffer(lse_out, return_lse, num_tokens, num_q_heads, device)
+    args = AttentionArgs(q=q, k_cache=k, v_cache=v, block_table=None, seq_lens=None, query_start_loc=cu_seqlens_q,
+                         k_scale=None, v_scale=None, **features.kernel_fields(head_size))
     # at most twice as many keys as queries in all: the causal diagonal dominates (no host sync)
     short = short_prefill(max_query_len, num_seqs, num_q_heads, num_sms(device), diagonal=k.shape[0] <= 2 * num_tokens)
     tiles = fitted(pick_prefill_tiles(max(head_size, head_size_v), q.dtype, short=short), target_props(device),
@@ -494,7 +415,7 @@ def varlen_attention(
         _VARLEN_TAPES.record(key, (q, k, v, cu_seqlens_q, cu_seqlens_k, out, lse, alibi_slopes, sinks, prefix_ranges),
                              lambda: launch_prefill(out, lse, args, tiles, max_query_len=max_query_len,
                                                     cu_seqlens_k=cu_seqlens_k))
-    return (out, lse) if return_lse else out
+    return out if lse is None else (out, lse)
 
 
 _VARLEN_TAPES = Tapes()
@@ -571,9 +492,7 @@ def merge_attention_states(
     for name, x in (("lse_a", lse_a), ("lse_b", lse_b)):
         check_tensor(name, x, ndim=2, dtypes=(torch.float32,), device=device, last_dim_contiguous=False)
         check_shape(name, x, tuple(out_a.shape[:2]))
-    if out is not None:
-        check_tensor("out", out, dtypes=(out_a.dtype,), device=device)
-        check_shape("out", out, tuple(out_a.shape))
+    check_out(out, out_a.dtype, device, tuple(out_a.shape))
     num_tokens, num_heads, head_size = out_a.shape
     if out_a.dtype == torch.bfloat16 and interpreter_on():
         # The interpreter's bf16 arithmetic is not IEEE bf16: merge in fp32 and round once.
@@ -581,7 +500,7 @@ def merge_attention_states(
         return rounded_into(res, out, out_a)
     if out is None:
         out = torch.empty_like(out_a)
-    lse = _lse_buffer(lse_out, True, num_tokens, num_heads, device)
+    lse = lse_buffer(lse_out, True, num_tokens, num_heads, device)
     launch_merge_states(out, lse, out_a, lse_a, out_b, lse_b)
     return out, lse
 
@@ -631,7 +550,7 @@ def write_kv(
     device = key.device
     check_tensor("value", value, ndim=3, dtypes=(key.dtype,), device=device)
     check_shape("value", value, tuple(key.shape))
-    _check_cache_pair(k_cache, v_cache, key.dtype, device)
+    check_cache_pair(k_cache, v_cache, key.dtype, device)
     num_tokens, num_kv_heads, head_size = key.shape
     check_head_size("key", head_size)
     check_shape("k_cache", k_cache, (None, None, num_kv_heads, head_size))

@@ -2,21 +2,10 @@
 
 from __future__ import annotations
 
-import math
-
 import torch
 
-from pagedattn._checks import (
-    FLOAT_DTYPES,
-    FP8_DTYPES,
-    check_attention_features,
-    check_head_size,
-    check_optional_int,
-    check_paged_metadata,
-    check_shape,
-    check_tensor,
-    refuse_autograd,
-)
+from pagedattn._checks import FP8_DTYPES, check_optional_int
+from pagedattn.call import Features, check_out, check_paged_inputs, lse_buffer
 from pagedattn.helion import configs
 from pagedattn.validate import validate_metadata, validation_requested
 from pagedattn.helion.kernels import NO_LIMIT, kernel
@@ -99,40 +88,27 @@ def paged_attention(
     >>> out, lse = pagedattn.helion.paged_attention(q, k_cache, v_cache, block_table, seq_lens, qsl,
     ...                                              plan=plan, return_lse=True)
     """
-    check_tensor("q", q, ndim=3, dtypes=FLOAT_DTYPES)
-    device = q.device
-    num_tokens, num_q_heads, head_size = q.shape
-    check_head_size("q", head_size)
     if isinstance(k_cache, torch.Tensor) and k_cache.dtype in FP8_DTYPES:
         raise ValueError("k_cache: an fp8 cache (k_scale / v_scale) is not implemented in the Helion kernels; "
                          "use pagedattn.paged_attention")
-    check_tensor("k_cache", k_cache, ndim=4, dtypes=(q.dtype,), device=device)
-    check_tensor("v_cache", v_cache, ndim=4, dtypes=(q.dtype,), device=device)
-    check_shape("v_cache", v_cache, tuple(k_cache.shape))
-    refuse_autograd("pagedattn.helion.paged_attention", q=q, k_cache=k_cache, v_cache=v_cache)
-    num_blocks, block_size, num_kv_heads, cache_head_size = k_cache.shape
-    if cache_head_size != head_size:
-        raise ValueError(f"k_cache head_size {cache_head_size} differs from q head_size {head_size}")
-    if num_kv_heads == 0 or num_q_heads % num_kv_heads:
-        raise ValueError(f"q has {num_q_heads} heads, which is not a multiple of k_cache's {num_kv_heads} KV heads")
-    if block_size < 1 or block_size & (block_size - 1):
+    # Helion runs its kernels in its own reference mode on the CPU, so CPU tensors always run
+    shapes = check_paged_inputs("pagedattn.helion.paged_attention", q, k_cache, v_cache, block_table, seq_lens,
+                                query_start_loc, fp8_cache=False, interpreted=True)
+    device = q.device
+    num_tokens, num_q_heads, head_size = shapes.num_tokens, shapes.num_q_heads, shapes.head_size
+    num_blocks, block_size, num_kv_heads, num_seqs = (shapes.num_blocks, shapes.block_size, shapes.num_kv_heads,
+                                                      shapes.num_seqs)
+    if block_size & (block_size - 1):
         raise ValueError(f"k_cache block_size (dim 1) must be a power of two for the Helion kernels, got {block_size}")
-    num_seqs = check_paged_metadata(block_table, seq_lens, query_start_loc, device)
     check_optional_int("max_query_len", max_query_len, minimum=0)
     check_optional_int("max_seq_len", max_seq_len, minimum=0)
-    check_attention_features(
-        num_q_heads=num_q_heads, num_seqs=num_seqs, device=device, scale=scale, sliding_window=sliding_window,
-        softcap=softcap, alibi_slopes=alibi_slopes, alibi_sqrt=alibi_sqrt, sinks=sinks, prefix_ranges=prefix_ranges,
-    )
+    features = Features(scale, causal, sliding_window, softcap, alibi_sqrt, alibi_slopes, sinks, prefix_ranges)
+    features.check(num_q_heads=num_q_heads, num_seqs=num_seqs, device=device)
     for name, value in (("alibi_slopes", alibi_slopes), ("sinks", sinks), ("prefix_ranges", prefix_ranges)):
         if value is not None:
             raise ValueError(f"{name}: {UNSUPPORTED[name]}; use pagedattn.paged_attention")
-    if out is not None:
-        check_tensor("out", out, dtypes=(q.dtype,), device=device)
-        check_shape("out", out, tuple(q.shape))
-    if lse_out is not None:
-        check_tensor("lse_out", lse_out, dtypes=(torch.float32,), device=device, last_dim_contiguous=False)
-        check_shape("lse_out", lse_out, (num_tokens, num_q_heads))
+    check_out(out, q.dtype, device, tuple(q.shape))
+    lse = lse_buffer(lse_out, True, num_tokens, num_q_heads, device)  # the kernels always write an lse
     if validation_requested(validate):
         validate_metadata(block_table, seq_lens, query_start_loc, num_tokens=num_tokens, num_blocks=num_blocks,
                           block_size=block_size, causal=causal, allow_shared_blocks=allow_shared_blocks)
@@ -145,13 +121,10 @@ def paged_attention(
 
     if out is None:
         out = torch.empty_like(q)
-    lse = lse_out
-    if lse is None:  # the kernels always write an lse; a scratch one when the caller wants none
-        lse = torch.empty(num_tokens, num_q_heads, dtype=torch.float32, device=device)
     if num_tokens:
-        _launch(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, out, lse, plan,
-                scale=1.0 / math.sqrt(head_size) if scale is None else float(scale), causal=bool(causal),
-                sliding_window=sliding_window or 0, softcap=float(softcap or 0.0))
+        fields = features.kernel_fields(head_size)
+        _launch(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, out, lse, plan, scale=fields["scale"],
+                causal=fields["causal"], sliding_window=fields["sliding_window"], softcap=fields["softcap"])
     return (out, lse) if (return_lse or lse_out is not None) else out
 
 
