@@ -32,7 +32,7 @@ def tanh(x):
 
 
 @triton.jit
-def score_mods(s, q_pos, k_pos, softcap, slope, USE_SOFTCAP: tl.constexpr, ALIBI_MODE: tl.constexpr):
+def softcap_and_alibi(s, q_pos, k_pos, softcap, slope, USE_SOFTCAP: tl.constexpr, ALIBI_MODE: tl.constexpr):
     """s = softcap(s) + alibi bias; s: [M, N] fp32, q_pos: [M], k_pos: [N], slope: [M]."""
     if USE_SOFTCAP:
         s = softcap * tanh(s / softcap)
@@ -62,7 +62,7 @@ def scores_log2(qk, scale, q_pos, k_pos, softcap, slope, USE_SOFTCAP: tl.constex
     (``nonfinite_to_nan``)."""
     qk = nonfinite_to_nan(qk)
     if USE_SOFTCAP or ALIBI_MODE != 0:
-        return score_mods(qk * scale, q_pos, k_pos, softcap, slope, USE_SOFTCAP, ALIBI_MODE) * LOG2E
+        return softcap_and_alibi(qk * scale, q_pos, k_pos, softcap, slope, USE_SOFTCAP, ALIBI_MODE) * LOG2E
     return qk * (scale * LOG2E)
 
 

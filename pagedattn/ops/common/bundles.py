@@ -177,7 +177,8 @@ def partial_rows(partial_out: torch.Tensor, partial_lse: torch.Tensor) -> Partia
     return Partials(partial_out, partial_lse, po[0], po[1], po[2], pl[0], pl[1], pl[2])
 
 
-def score_mods(a: AttentionArgs) -> ScoreMods:
+def score_mods_of(a: AttentionArgs) -> ScoreMods:
+    """The call's score modifiers as the kernels take them (a soft cap of 0 becomes None: off)."""
     pr = a.prefix_ranges
     return ScoreMods(a.alibi_slopes, a.sinks, pr, a.k_scale, a.v_scale,
                      pr.stride(0) if pr is not None else 0, pr.stride(1) if pr is not None else 0,
@@ -218,5 +219,5 @@ def kernel_args(a: AttentionArgs, tiles: Tiles, *, contiguous_kv: torch.Tensor |
         LARGE_CACHE=needs_int64_offsets(k, v),
         POSITIVE_SCALE=a.scale > 0,
     )
-    return dict(queries=queries, kv=kv, mods=score_mods(a), **sizes._asdict(), CFG=cfg,
+    return dict(queries=queries, kv=kv, mods=score_mods_of(a), **sizes._asdict(), CFG=cfg,
                 num_warps=tiles.num_warps, num_stages=tiles.num_stages)

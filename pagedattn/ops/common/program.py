@@ -8,7 +8,7 @@ rules, the score modifiers and the block-table reads.
 
 Arguments are the bundles of ``pagedattn.ops.common.bundles``: ``queries``, ``kv``, ``mods``,
 ``n`` (the sizes), ``CFG`` (the constexpr config). The score modifiers are applied in two places
-only, ``mod_scores`` and ``visible``: a new modifier is a field of ``ScoreMods`` and a few lines
+only, ``modified_scores`` and ``visible``: a new modifier is a field of ``ScoreMods`` and a few lines
 there (docs/architecture.md).
 """
 
@@ -183,7 +183,7 @@ def visible(qt, k_pos, key_ok, mods, n, CFG: tl.constexpr):
 
 
 @triton.jit
-def mod_scores(qk, qt, k_pos, mods, CFG: tl.constexpr, RAW_OK: tl.constexpr):
+def modified_scores(qk, qt, k_pos, mods, CFG: tl.constexpr, RAW_OK: tl.constexpr):
     """(x, c): the base-2 scores of the raw dot products ``qk`` are ``c * x``.
 
     With RAW_OK (the caller folds c into the softmax's multiply-add) and no modifier that
@@ -209,7 +209,7 @@ def attend_tile(qt, k, v, m_i, l_i, acc, k_pos, key_ok, mods, n, CFG: tl.constex
         k = (k.to(tl.float32) * qt.k_scale).to(qt.q.dtype)
         v = (v.to(tl.float32) * qt.v_scale).to(qt.q.dtype)
     qk = tl.dot(qt.q, k, input_precision=CFG.DOT_PRECISION)  # [BLOCK_M, TILE_N]
-    x, c = mod_scores(qk, qt, k_pos, mods, CFG, RAW_OK)
+    x, c = modified_scores(qk, qt, k_pos, mods, CFG, RAW_OK)
     if MASKED:
         p, alpha, m_i, l_i = online_softmax_step(m_i, l_i, tl.where(visible(qt, k_pos, key_ok, mods, n, CFG), x,
                                                                      float("-inf")), c)
