@@ -192,3 +192,17 @@ def assert_matches_reference(out, lse, ref_out, ref_lse) -> None:
     finite = torch.isfinite(ref_lse)
     assert torch.equal(finite, torch.isfinite(lse)), "lse -inf pattern differs"
     torch.testing.assert_close(lse.double()[finite], ref_lse[finite], atol=atol, rtol=rtol)
+
+
+def captured(step) -> "torch.cuda.CUDAGraph":
+    """A CUDA graph of ``step()``: run once on a side stream first (compiles the kernels and records
+    the launches, which a capture must not do), then captured on the caller's device."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        step()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    return graph

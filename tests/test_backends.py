@@ -18,7 +18,7 @@ from pagedattn.backends import (
 )
 from pagedattn.backends.router import route_order
 from pagedattn.reference import paged_attention_ref
-from pagedattn.testing import TOLERANCES, feature_kwargs, make_paged_batch
+from pagedattn.testing import TOLERANCES, captured, feature_kwargs, make_paged_batch
 from tests.conftest import DEVICE
 
 MIXED = [(20, 20), (1, 163), (5, 18), (0, 7), (9, 49), (1, 1), (17, 40)]
@@ -306,14 +306,7 @@ def test_router_cuda_graph_capture_replay():
                      block_size=batch.k_cache.shape[1])
     assert len(md.state.parts["extend"].chunks.context) >= 2 and not md.state.order.is_identity
     out = torch.empty_like(batch.q)
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        router.forward(batch.q, batch.k_cache, batch.v_cache, md, out=out)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        router.forward(batch.q, batch.k_cache, batch.v_cache, md, out=out)
+    graph = captured(lambda: router.forward(batch.q, batch.k_cache, batch.v_cache, md, out=out))
     for _ in range(2):
         for t in (batch.q, batch.k_cache, batch.v_cache):
             t.copy_(torch.randn(t.shape, generator=g).to(t))

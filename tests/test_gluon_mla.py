@@ -13,7 +13,7 @@ import pagedattn.mla as mla_module
 from pagedattn import mla_decode
 from pagedattn.ops.mla_gluon.launch import GLUON_ENV, gluon_kernel, gluon_mla_supported, use_gluon_mla
 from pagedattn.reference import mla_decode_ref
-from pagedattn.testing import assert_matches_reference
+from pagedattn.testing import assert_matches_reference, captured
 
 LATENT, ROPE = 512, 64
 SCALE = 192 ** -0.5  # DeepSeek-V3: 1 / sqrt(qk_nope_head_dim + qk_rope_head_dim)
@@ -230,14 +230,7 @@ def test_gluon_mla_cuda_graph_gpu(gluon_calls):
         _, l = mla_decode(**batch, scale=SCALE, max_query_len=1, max_seq_len=4000, out=out, return_lse=True)
         lse.copy_(l)
 
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        step()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
+    graph = captured(step)
     out.fill_(float("nan"))
     lse.fill_(float("nan"))
     graph.replay()

@@ -11,7 +11,7 @@ from pagedattn.bench.mla import sweep_configs
 from pagedattn.mla import _mla_decode
 from pagedattn.ops.mla.launch import MLAConfig
 from pagedattn.reference import mla_decode_ref, write_mla_kv_ref
-from pagedattn.testing import TOLERANCES
+from pagedattn.testing import TOLERANCES, captured
 
 pytestmark = pytest.mark.gpu
 
@@ -152,14 +152,7 @@ def test_mla_cuda_graph_gpu():
         o, l = mla_decode(**batch, scale=SCALE, max_query_len=mql, max_seq_len=msl, out=out, return_lse=True)
         lse.copy_(l)
 
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        step()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
+    graph = captured(step)
     out.fill_(float("nan"))
     graph.replay()
     torch.cuda.synchronize()
