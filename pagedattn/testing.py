@@ -206,3 +206,49 @@ def captured(step) -> "torch.cuda.CUDAGraph":
     with torch.cuda.graph(graph):
         step()
     return graph
+
+
+def make_mla_batch(cases, *, num_heads: int = 128, latent: int = 512, rope: int = 64, block_size: int = 16,
+                   dtype=torch.bfloat16, cache_dtype=None, num_blocks: int | None = None, split_q: bool = True,
+                   seed: int = 0, device="cuda"):
+    """Inputs of one ``mla_decode`` call for ``(query_len, seq_len)`` cases: random latents in a
+    paged cache under shuffled block ids, ``(kwargs, max_query_len, max_seq_len)``.
+
+    Table entries past a sequence's pages hold -1 or ids past the cache (never to be read).
+    ``num_blocks``: a cache that large, the batch in its top blocks (the rest left unwritten).
+    ``split_q``: q_nope and q_pe as views of one ``[tokens, heads, latent + rope]`` tensor, as a
+    fused projection gives them.
+    """
+    g = torch.Generator().manual_seed(seed)
+    pages = [-(-kv // block_size) for _, kv in cases]
+    needed = sum(pages)
+    width = latent + rope
+    cache_dtype = cache_dtype or dtype
+    if num_blocks is None:
+        num_blocks = needed + 3
+        kv_cache = torch.randn(num_blocks, block_size, width, generator=g).to(device, cache_dtype)
+        physical = torch.randperm(num_blocks, generator=g)[:needed]
+    else:
+        kv_cache = torch.empty(num_blocks, block_size, width, dtype=cache_dtype, device=device)
+        physical = num_blocks - 1 - torch.randperm(needed, generator=g)
+        kv_cache[physical.to(device)] = torch.randn(needed, block_size, width, generator=g).to(device, cache_dtype)
+    block_table = torch.full((len(cases), max(pages + [1]) + 2), -1, dtype=torch.int32)
+    block_table[1::2] = num_blocks + 1000
+    offset = 0
+    for s, n in enumerate(pages):
+        block_table[s, :n] = physical[offset:offset + n].to(torch.int32)
+        offset += n
+    q_lens = [q for q, _ in cases]
+    qsl = torch.zeros(len(cases) + 1, dtype=torch.int32)
+    qsl[1:] = torch.cumsum(torch.tensor(q_lens), 0)
+    tokens = int(qsl[-1])
+    if split_q:
+        q = torch.randn(tokens, num_heads, width, generator=g).to(device, dtype)
+        q_nope, q_pe = q[..., :latent], q[..., latent:]
+    else:
+        q_nope = torch.randn(tokens, num_heads, latent, generator=g).to(device, dtype)
+        q_pe = torch.randn(tokens, num_heads, rope, generator=g).to(device, dtype)
+    seq_lens = torch.tensor([kv for _, kv in cases], dtype=torch.int32)
+    batch = dict(q_nope=q_nope, q_pe=q_pe, kv_cache=kv_cache, block_table=block_table.to(device),
+                 seq_lens=seq_lens.to(device), query_start_loc=qsl.to(device))
+    return batch, max(q_lens), max(kv for _, kv in cases)

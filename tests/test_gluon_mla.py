@@ -13,7 +13,7 @@ import pagedattn.mla as mla_module
 from pagedattn import mla_decode
 from pagedattn.ops.mla_gluon.launch import GLUON_ENV, gluon_kernel, gluon_mla_supported, use_gluon_mla
 from pagedattn.reference import mla_decode_ref
-from pagedattn.testing import assert_matches_reference, captured
+from pagedattn.testing import assert_matches_reference, captured, make_mla_batch
 
 LATENT, ROPE = 512, 64
 SCALE = 192 ** -0.5  # DeepSeek-V3: 1 / sqrt(qk_nope_head_dim + qk_rope_head_dim)
@@ -83,40 +83,8 @@ def test_gluon_mla_not_used_off_gpu(monkeypatch):
 # GPU: mla_decode through the Gluon kernel against the float64 reference
 
 
-def make_batch(cases, *, num_heads, block_size, dtype=torch.bfloat16, num_blocks=None, split_q=True, seed=0):
-    """(query_len, kv_len) cases in a paged cache with shuffled block ids; the table's unused
-    entries hold -1 or ids past the cache (never to be read). ``num_blocks``: a cache that large,
-    the batch in its top blocks."""
-    g = torch.Generator().manual_seed(seed)
-    pages = [-(-kv // block_size) for _, kv in cases]
-    needed = sum(pages)
-    width = LATENT + ROPE
-    if num_blocks is None:
-        num_blocks = needed + 3
-        kv_cache = torch.randn(num_blocks, block_size, width, generator=g).to("cuda", dtype)
-        physical = torch.randperm(num_blocks, generator=g)[:needed]
-    else:
-        kv_cache = torch.empty(num_blocks, block_size, width, dtype=dtype, device="cuda")
-        physical = num_blocks - 1 - torch.randperm(needed, generator=g)
-        kv_cache[physical.cuda()] = torch.randn(needed, block_size, width, generator=g).to("cuda", dtype)
-    block_table = torch.full((len(cases), max(pages + [1]) + 2), -1, dtype=torch.int32)
-    block_table[1::2] = num_blocks + 1000
-    offset = 0
-    for s, n in enumerate(pages):
-        block_table[s, :n] = physical[offset:offset + n].to(torch.int32)
-        offset += n
-    q_lens = torch.tensor([q for q, _ in cases])
-    qsl = torch.zeros(len(cases) + 1, dtype=torch.int32)
-    qsl[1:] = torch.cumsum(q_lens, 0)
-    if split_q:  # views of one [tokens, heads, 576] tensor, as a fused projection gives them
-        q = torch.randn(int(qsl[-1]), num_heads, width, generator=g).to("cuda", dtype)
-        q_nope, q_pe = q[..., :LATENT], q[..., LATENT:]
-    else:
-        q_nope = torch.randn(int(qsl[-1]), num_heads, LATENT, generator=g).to("cuda", dtype)
-        q_pe = torch.randn(int(qsl[-1]), num_heads, ROPE, generator=g).to("cuda", dtype)
-    seq_lens = torch.tensor([kv for _, kv in cases], dtype=torch.int32)
-    return dict(q_nope=q_nope, q_pe=q_pe, kv_cache=kv_cache, block_table=block_table.cuda(),
-                seq_lens=seq_lens.cuda(), query_start_loc=qsl.cuda())
+def make_batch(cases, *, num_heads, block_size, **kwargs):
+    return make_mla_batch(cases, num_heads=num_heads, block_size=block_size, latent=LATENT, rope=ROPE, **kwargs)[0]
 
 
 def mixed_cases(num_seqs, seed):

@@ -11,7 +11,7 @@ from pagedattn.bench.mla import sweep_configs
 from pagedattn.mla import _mla_decode
 from pagedattn.ops.mla.launch import MLAConfig
 from pagedattn.reference import mla_decode_ref, write_mla_kv_ref
-from pagedattn.testing import TOLERANCES, captured
+from pagedattn.testing import TOLERANCES, captured, make_mla_batch
 
 pytestmark = pytest.mark.gpu
 
@@ -19,33 +19,8 @@ NUM_HEADS, LATENT, ROPE = 128, 512, 64
 SCALE = 192 ** -0.5  # DeepSeek-V3: 1 / sqrt(qk_nope_head_dim + qk_rope_head_dim)
 
 
-def make_batch(cases, *, num_heads=NUM_HEADS, block_size=16, dtype=torch.bfloat16, cache_dtype=None, num_blocks=None,
-               seed=0):
-    """Random latents in a paged cache with shuffled block ids (the highest ids when ``num_blocks`` is given)."""
-    g = torch.Generator().manual_seed(seed)
-    pages = [-(-kv // block_size) for _, kv in cases]
-    needed = sum(pages)
-    width = LATENT + ROPE
-    if num_blocks is None:
-        num_blocks = needed + 3
-        kv_cache = torch.randn(num_blocks, block_size, width, generator=g).to("cuda", cache_dtype or dtype)
-        physical = torch.randperm(num_blocks, generator=g)[:needed]
-    else:
-        kv_cache = torch.empty(num_blocks, block_size, width, dtype=cache_dtype or dtype, device="cuda")
-        physical = num_blocks - 1 - torch.randperm(needed, generator=g)
-        kv_cache[physical.cuda()] = torch.randn(needed, block_size, width, generator=g).to("cuda", kv_cache.dtype)
-    block_table = torch.randint(0, num_blocks, (len(cases), max(pages + [1])), generator=g, dtype=torch.int32)
-    offset = 0
-    for s, n in enumerate(pages):
-        block_table[s, :n] = physical[offset:offset + n].to(torch.int32)
-        offset += n
-    q_lens = torch.tensor([q for q, _ in cases])
-    qsl = torch.zeros(len(cases) + 1, dtype=torch.int32)
-    qsl[1:] = torch.cumsum(q_lens, 0)
-    q = torch.randn(int(qsl[-1]), num_heads, width, generator=g).to("cuda", dtype)
-    seq_lens = torch.tensor([kv for _, kv in cases], dtype=torch.int32)
-    return dict(q_nope=q[..., :LATENT], q_pe=q[..., LATENT:], kv_cache=kv_cache, block_table=block_table.cuda(),
-                seq_lens=seq_lens.cuda(), query_start_loc=qsl.cuda()), max(q_lens.tolist()), max(seq_lens.tolist())
+def make_batch(cases, *, num_heads=NUM_HEADS, **kwargs):
+    return make_mla_batch(cases, num_heads=num_heads, latent=LATENT, rope=ROPE, **kwargs)
 
 
 def compare(batch, max_query_len, max_seq_len, *, kv_scale=None, num_splits=None, config=None):
