@@ -87,6 +87,17 @@ def mla_grid_q_blocks(num_tokens: int, num_seqs: int, config: MLAConfig) -> int:
     return num_tokens // config.block_q + num_seqs
 
 
+def split_destination(out, lse, partial_out, partial_lse, num_splits: int):
+    """Where a decode kernel writes: ``(out, lse, out strides, lse strides)``, the strides by
+    token, head and split. One split writes the final out / lse (split stride 0); several write
+    the fp32 partials ``[num_tokens, num_heads, num_splits, latent]`` / ``[.., num_splits]`` that
+    ``launch_merge_splits`` merges."""
+    if num_splits > 1:
+        return partial_out, partial_lse, partial_out.stride()[:3], partial_lse.stride()
+    l_strides = (lse.stride(0), lse.stride(1), 0) if lse is not None else (0, 0, 0)
+    return out, lse, (out.stride(0), out.stride(1), 0), l_strides
+
+
 def launch_mla_decode(
     out: torch.Tensor,
     lse: torch.Tensor | None,
@@ -118,14 +129,7 @@ def launch_mla_decode(
     if config.value_split not in (1, 2, 4) or latent_pad // config.value_split < 16:
         raise ValueError(f"MLAConfig.value_split {config.value_split} does not divide latent dim {latent_dim} "
                          "into parts of >= 16 columns")
-    if num_splits > 1:
-        dst, dst_lse = partial_out, partial_lse
-        o_strides = partial_out.stride()[:3]
-        l_strides = partial_lse.stride()
-    else:
-        dst, dst_lse = out, lse
-        o_strides = (out.stride(0), out.stride(1), 0)
-        l_strides = (lse.stride(0), lse.stride(1), 0) if lse is not None else (0, 0, 0)
+    dst, dst_lse, o_strides, l_strides = split_destination(out, lse, partial_out, partial_lse, num_splits)
     head_groups = -(-num_heads // config.block_h)
     grid = (mla_grid_q_blocks(num_tokens, num_seqs, config) * num_splits * head_groups * config.value_split,)
     pdl = num_splits > 1 and use_pdl(q_nope.device)

@@ -19,7 +19,7 @@ import triton
 
 from pagedattn.ops.common.device import environ_is
 from pagedattn.ops.common.launching import launch
-from pagedattn.ops.mla.launch import MLAConfig
+from pagedattn.ops.mla.launch import MLAConfig, split_destination
 from pagedattn.ops.split_kv.launch import launch_merge_splits
 
 GLUON_ENV = "PAGEDATTN_MLA_GLUON"
@@ -130,14 +130,7 @@ def launch_mla_decode_gluon(
     num_seqs = seq_lens.shape[0]
     if num_tokens == 0 or num_seqs == 0:
         return
-    if num_splits > 1:
-        dst, dst_lse = partial_out, partial_lse
-        o_strides = partial_out.stride()[:3]
-        l_strides = partial_lse.stride()
-    else:
-        dst, dst_lse = out, lse
-        o_strides = (out.stride(0), out.stride(1), 0)
-        l_strides = (lse.stride(0), lse.stride(1), 0) if lse is not None else (0, 0, 0)
+    dst, dst_lse, o_strides, l_strides = split_destination(out, lse, partial_out, partial_lse, num_splits)
     head_groups = -(-num_heads // GLUON_BLOCK_H)
     launch(kernel, (num_seqs * num_splits * head_groups,),
            out_ptr=dst, lse_ptr=dst_lse, q_nope_ptr=q_nope, q_pe_ptr=q_pe, kv_cache_ptr=kv_cache,
