@@ -30,6 +30,7 @@ from pagedattn.ops.kv_write.launch import launch_write_kv
 from pagedattn.ops.merge.launch import launch_merge_states
 from pagedattn.ops.persistent.launch import launch_persistent
 from pagedattn.ops.prefill.launch import check_prefill_grid, launch_prefill
+from pagedattn.ops.prefill_gluon.launch import gluon_prefill_requested, launch_prefill_gluon, use_gluon_prefill
 from pagedattn.ops.split_kv.launch import launch_split_kv
 from pagedattn.ops.unified.launch import AttentionArgs, launch_unified
 from pagedattn.ops.prefill.tuning import autotune_enabled
@@ -159,7 +160,7 @@ def paged_attention(
         # check below replays that call's launches (pagedattn.ops.common.launching), skipping the
         # checks and the launchers.
         key = (return_lse, max_query_len, max_seq_len, scale, causal, sliding_window, softcap, alibi_sqrt,
-               scalar_or_tensor(k_scale), scalar_or_tensor(v_scale), *call_context(q))
+               scalar_or_tensor(k_scale), scalar_or_tensor(v_scale), gluon_prefill_requested(), *call_context(q))
         tapes = plan._tapes if plan_given else _CALL_TAPES
         if key in tapes:
             if out is None:
@@ -282,6 +283,9 @@ def _launch_prefill_and_rest(out, lse, args: AttentionArgs, prefill_tiles, max_q
     check_prefill_grid(max_query_len, end - first, prefill_tiles)
     prefill = functools.partial(launch_prefill, out, lse, args, prefill_tiles, max_query_len=max_query_len,
                                 min_q_len=min_q_len, seqs=(first, end))
+    if use_gluon_prefill(args, max_query_len):  # opt-in sm90 kernel (PAGEDATTN_PREFILL_GLUON=1)
+        prefill = functools.partial(launch_prefill_gluon, out, lse, args, max_query_len=max_query_len,
+                                    min_q_len=min_q_len, seqs=(first, end))
     rest_max_q_len = min_q_len - 1 if rest_max_q_len is None else min(rest_max_q_len, min_q_len - 1)
     if rest_max_q_len <= 0:
         prefill()

@@ -1,0 +1,286 @@
+"""Causal paged prefill / extend for Hopper (sm90) in Gluon: cp.async producer warps feeding wgmma.
+
+The same computation as ``pagedattn.ops.prefill.kernel.prefill_attention_kernel`` restricted to
+a paged 16-bit cache, a causal mask and no score modifier: for one BLOCK_M-row tile of one
+query head, ``out = softmax(scale * q k^T + causal) v`` with ``lse`` in natural log, over the
+keys ``[0, min(seq_len, last query position + 1))``.
+
+One CTA per (query head, sequence, Q tile), the tl kernel's grid and launch order (the heaviest
+Q tile of every head and sequence first). Two partitions (``gl.warp_specialize``):
+
+* the default partition, NUM_WARPS warps (BLOCK_M = 16 * NUM_WARPS rows, a warpgroup per 64):
+  per key tile ``S = Q K^T`` (wgmma, Q and K from shared memory), the online softmax in base 2
+  in registers, ``P`` converted in registers to the A operand of ``O += P V`` (wgmma, V from
+  shared memory, O in registers). Tiles that every row sees in full (below the causal
+  diagonal) run without a mask; the diagonal tiles mask ``k_pos > q_pos``. At the end it
+  normalizes and stores out (q's dtype) and lse;
+* the producer, PRODUCER_WARPS warps with few registers: for each key tile, the block ids of its
+  keys through the table, then one cp.async per 16 bytes of K and of V into ring slot
+  ``i % NUM_STAGES``.
+
+Queries are loaded once (plain loads, rows past the sequence read as zeros) and stored into
+shared memory by the default warps before the partitions fork.
+
+Barrier protocol (per ring slot s; i is the key tile, ``ph = (i // NUM_STAGES) & 1``):
+
+* ``k_ready[s]`` / ``v_ready[s]``, count 32 * PRODUCER_WARPS: after issuing tile i's K (then V)
+  copies, every producer thread does ``cp.async.mbarrier.arrive.noinc`` on it, which fires when
+  that thread's earlier copies have landed; the phase completes when all of the tile's K (V) is
+  in shared memory. The consumer waits ``(k_ready[s], ph)`` before ``S = Q K^T`` and
+  ``(v_ready[s], ph)`` before ``O += P V``, each followed by ``fence.proxy.async`` (cp.async
+  writes through the generic proxy, wgmma reads through the async proxy).
+* ``kv_empty[s]``, count 1: the consumer arrives once (the arrive is lowered as a partition-wide
+  barrier, then one thread) after both wgmma of tile i are waited for, so no warpgroup still
+  reads K or V of slot s. The producer waits ``(kv_empty[s], ph ^ 1)`` before refilling slot s:
+  the first pass through the ring (phase 1 of a fresh barrier) goes through at once.
+
+Both partitions walk the same tiles ``0 .. n_tiles - 1`` (computed before the fork), so every
+arrive has its wait; at the join no copy or arrive is outstanding and the barriers are
+invalidated.
+
+Keys past the range and keys whose block id lies outside ``[0, num_blocks)`` (-1 for unused
+table entries, or past the table's row) are never dereferenced: their copies are masked, which
+zero-fills the shared rows (stale rows could hold NaN, and 0 * NaN is NaN in P V). Keys past the
+range are masked by the causal rule; a key of a bad block id inside the range keeps the score
+0 with a zero value (the tl kernel drops it: the output of such a corrupt sequence differs but
+stays finite, and nothing outside the cache is read).
+
+NaN and inf as ``ops.common.attention_math``: a non-finite dot product becomes NaN before the
+mask, and a NaN or inf in the accumulator turns the whole row NaN at the end.
+"""
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+LOG2E = gl.constexpr(1.4426950408889634)
+LN2 = gl.constexpr(0.6931471805599453)
+
+
+# Reductions written here: gl.max / gl.sum wrap triton.language's jit functions, which Triton's
+# CPU interpreter (TRITON_INTERPRET=1, the CPU test suite) replaces, and the kernel would then
+# not compile for sm90 there.
+@gluon.jit
+def _max_combine(a, b):
+    return gl.maximum(a, b)
+
+
+@gluon.jit
+def _sum_combine(a, b):
+    return a + b
+
+
+@gluon.jit
+def _producer(k_cache_ptr, v_cache_ptr, bt_row_ptr, k_bufs, v_bufs, k_ready, v_ready, kv_empty,
+              kv_head, n_tiles, kv_hi, num_blocks, max_blocks_per_seq, stride_c_b, stride_c_s, stride_c_h,
+              HEAD: gl.constexpr, PAGE_SIZE: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
+              PRODUCER_WARPS: gl.constexpr):
+    """Gather K and V tiles [BLOCK_N, HEAD] page by page into the ring (see the module docstring)."""
+    # 16 bytes a thread, HEAD // 8 threads across a row
+    COL_THREADS: gl.constexpr = HEAD // 8
+    cp_l: gl.constexpr = gl.BlockedLayout([1, 8], [32 // COL_THREADS, COL_THREADS], [PRODUCER_WARPS, 1], [1, 0])
+    offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, cp_l))
+    offs_d = gl.arange(0, HEAD, layout=gl.SliceLayout(0, cp_l))
+    # a key's slot in its page is the same in every tile (tiles start at multiples of BLOCK_N);
+    # offsets inside a page fit in int32, the page's own offset may not
+    in_page = (offs_n % PAGE_SIZE) * stride_c_s + kv_head * stride_c_h
+    for i in range(n_tiles):
+        slot = i % NUM_STAGES
+        ph = (i // NUM_STAGES) & 1
+        mbarrier.wait(kv_empty.index(slot), ph ^ 1)
+        k_pos = i * BLOCK_N + offs_n
+        page_idx = k_pos // PAGE_SIZE
+        in_range = k_pos < kv_hi
+        # one block id per key row (the rows of a page read the same id: L1 hits)
+        page = gl.load(bt_row_ptr + page_idx, mask=in_range & (page_idx < max_blocks_per_seq), other=-1)
+        ok = in_range & (page >= 0) & (page < num_blocks)
+        row = gl.where(ok, page.to(gl.int64) * stride_c_b + in_page, 0)
+        offs = row[:, None] + offs_d[None, :]  # [BLOCK_N, HEAD]
+        cp.async_copy_global_to_shared(k_bufs.index(slot), k_cache_ptr + offs, mask=ok[:, None])
+        cp.mbarrier_arrive(k_ready.index(slot), increment_count=False)
+        cp.async_copy_global_to_shared(v_bufs.index(slot), v_cache_ptr + offs, mask=ok[:, None])
+        cp.mbarrier_arrive(v_ready.index(slot), increment_count=False)
+
+
+@gluon.jit
+def _attend_tiles(i_lo, i_hi, q_smem, k_bufs, v_bufs, k_ready, v_ready, kv_empty, m_i, l_i, acc, q_pos, qk_scale,
+                  BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, NUM_WARPS: gl.constexpr,
+                  MASKED: gl.constexpr):
+    """Online softmax over key tiles i_lo .. i_hi - 1 (MASKED: the causal rule k_pos <= q_pos;
+    else every key is visible to every row)."""
+    dtype: gl.constexpr = q_smem.dtype
+    HEAD: gl.constexpr = q_smem.shape[1]
+    s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
+                                                  instr_shape=[16, BLOCK_N, 16])
+    o_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
+                                                  instr_shape=[16, HEAD, 16])
+    p_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_l, k_width=2)
+    s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_l)
+    offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_l))
+    for i in range(i_lo, i_hi):
+        slot = i % NUM_STAGES
+        ph = (i // NUM_STAGES) & 1
+        k_tile = k_bufs.index(slot)  # [BLOCK_N, HEAD]
+        v_tile = v_bufs.index(slot)
+        mbarrier.wait(k_ready.index(slot), ph)
+        fence_async_shared()  # cp.async wrote through the generic proxy; wgmma reads through the async one
+        qk = warpgroup_mma(q_smem, k_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        qk, _ = warpgroup_mma_wait(num_outstanding=0, deps=(qk, k_tile))  # [BLOCK_M, BLOCK_N] fp32
+
+        x = qk + qk * 0.0  # an inf dot product becomes NaN (never read as a masked key)
+        if MASKED:
+            k_pos = i * BLOCK_N + offs_n
+            x = gl.where(k_pos[None, :] <= q_pos[:, None], x, float("-inf"))
+            m_new = gl.maximum(m_i, gl.reduce(x, 1, _max_combine) * qk_scale)
+            m_use = gl.where(m_new == float("-inf"), 0.0, m_new)  # rows that have seen no key yet
+        else:
+            m_new = gl.maximum(m_i, gl.reduce(x, 1, _max_combine) * qk_scale)
+            m_use = m_new
+        p = gl.exp2(x * qk_scale - m_use[:, None])
+        alpha = gl.exp2(m_i - m_use)
+        l_i = l_i * alpha + gl.reduce(p, 1, _sum_combine)
+        m_i = m_new
+
+        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_l))[:, None]
+        p_op = gl.convert_layout(p.to(dtype), p_l)  # registers: the A operand of the second wgmma
+        mbarrier.wait(v_ready.index(slot), ph)
+        fence_async_shared()
+        acc = warpgroup_mma(p_op, v_tile, acc, is_async=True)
+        acc, _, _ = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_op, v_tile))  # [BLOCK_M, HEAD] fp32
+        mbarrier.arrive(kv_empty.index(slot), count=1)  # slot free: both wgmma of the tile are done
+    return m_i, l_i, acc
+
+
+@gluon.jit
+def _consumer(q_smem, k_bufs, v_bufs, k_ready, v_ready, kv_empty, out_ptr, lse_ptr, stride_o_t, stride_o_h,
+              stride_lse_t, stride_lse_h, head, q_start, q_len, row_lo, context_len, num_tokens, n_free, n_tiles,
+              scale, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
+              NUM_WARPS: gl.constexpr):
+    """Attend over the key tiles (the mask-free ones, then the diagonal ones) and store out and lse."""
+    HEAD: gl.constexpr = q_smem.shape[1]
+    s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
+                                                  instr_shape=[16, BLOCK_N, 16])
+    o_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
+                                                  instr_shape=[16, HEAD, 16])
+    q_pos = context_len + row_lo + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_l))
+    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_l))
+    l_i = gl.zeros([BLOCK_M], gl.float32, layout=gl.SliceLayout(1, s_l))
+    acc = gl.zeros([BLOCK_M, HEAD], gl.float32, layout=o_l)
+    qk_scale = scale * LOG2E
+    m_i, l_i, acc = _attend_tiles(0, n_free, q_smem, k_bufs, v_bufs, k_ready, v_ready, kv_empty, m_i, l_i, acc,
+                                  q_pos, qk_scale, BLOCK_M, BLOCK_N, NUM_STAGES, NUM_WARPS, MASKED=False)
+    m_i, l_i, acc = _attend_tiles(n_free, n_tiles, q_smem, k_bufs, v_bufs, k_ready, v_ready, kv_empty, m_i, l_i,
+                                  acc, q_pos, qk_scale, BLOCK_M, BLOCK_N, NUM_STAGES, NUM_WARPS, MASKED=True)
+
+    # finalize (as ops.common.attention_math.finalize_softmax): l == 0 -> out 0, lse -inf;
+    # an inf or NaN in the accumulator -> NaN on the whole row
+    empty = l_i == 0.0
+    l_safe = gl.where(empty, 1.0, l_i)
+    bad = gl.convert_layout(gl.reduce(acc * 0.0, 1, _sum_combine), gl.SliceLayout(1, s_l))
+    inv = gl.where(empty, 0.0, 1.0 / l_safe) + bad
+    lse = gl.where(empty, float("-inf"), (m_i + gl.log2(l_safe)) * LN2 + bad)  # natural log
+    out = acc * gl.convert_layout(inv, gl.SliceLayout(1, o_l))[:, None]
+    out = gl.where(gl.convert_layout(empty, gl.SliceLayout(1, o_l))[:, None], 0.0, out)
+
+    rows = row_lo + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, o_l))
+    token = (q_start + rows).to(gl.int64)
+    row_ok = (rows < q_len) & (token >= 0) & (token < num_tokens)
+    offs_d = gl.arange(0, HEAD, layout=gl.SliceLayout(0, o_l))
+    o_ptrs = out_ptr + token[:, None] * stride_o_t + head * stride_o_h + offs_d[None, :]
+    gl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
+    if lse_ptr is not None:
+        l_rows = row_lo + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_l))
+        l_token = (q_start + l_rows).to(gl.int64)
+        l_ok = (l_rows < q_len) & (l_token >= 0) & (l_token < num_tokens)
+        gl.store(lse_ptr + l_token * stride_lse_t + head * stride_lse_h, lse, mask=l_ok)
+
+
+@gluon.jit(do_not_specialize=["num_seqs", "num_tokens", "num_blocks", "max_blocks_per_seq", "min_q_len", "first_seq"])
+def prefill_gluon_kernel(
+    out_ptr,  # [num_tokens, num_q_heads, HEAD] q's dtype
+    lse_ptr,  # [num_tokens, num_q_heads] fp32, or None
+    q_ptr,  # [num_tokens, num_q_heads, HEAD]
+    k_cache_ptr, v_cache_ptr,  # [num_blocks, PAGE_SIZE, num_kv_heads, HEAD], the same strides
+    block_table_ptr, seq_lens_ptr, query_start_loc_ptr,  # [num_seqs, max_blocks_per_seq], [num_seqs], [num_seqs + 1]
+    stride_q_t, stride_q_h, stride_o_t, stride_o_h, stride_lse_t, stride_lse_h,
+    stride_c_b, stride_c_s, stride_c_h, stride_bt_s,
+    scale, num_seqs, num_tokens, num_blocks, max_blocks_per_seq, min_q_len, first_seq,
+    NUM_QUERIES_PER_KV: gl.constexpr, HEAD: gl.constexpr, PAGE_SIZE: gl.constexpr, BLOCK_N: gl.constexpr,
+    NUM_STAGES: gl.constexpr, PRODUCER_WARPS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+):
+    """out = softmax(scale * q k^T + causal mask) v for one Q tile of one head (see the module docstring).
+
+    BLOCK_M = 16 * num_warps rows (one warpgroup per 64). The grid's sequences are
+    ``first_seq, first_seq + 1, ...``; sequences with fewer than ``min_q_len`` queries are left
+    to the Q-block kernels.
+    """
+    NUM_WARPS: gl.constexpr = gl.num_warps()
+    BLOCK_M: gl.constexpr = 16 * NUM_WARPS
+    gl.static_assert(NUM_WARPS % 4 == 0, "the default partition is whole warpgroups")
+    gl.static_assert(NUM_STAGES >= 2, "the ring needs two slots")
+    gl.static_assert(BLOCK_N % (32 * PRODUCER_WARPS // (HEAD // 8)) == 0, "BLOCK_N: whole rows of the copy layout")
+    dtype: gl.constexpr = k_cache_ptr.dtype.element_ty
+
+    head = gl.program_id(0)
+    seq = gl.program_id(1) + first_seq
+    if seq >= num_seqs:
+        return
+    m_block = gl.num_programs(2) - 1 - gl.program_id(2)  # the heaviest Q tile first
+    q_start = gl.load(query_start_loc_ptr + seq)
+    q_len = gl.load(query_start_loc_ptr + seq + 1) - q_start
+    row_lo = m_block * BLOCK_M
+    if (q_len < min_q_len) | (row_lo >= q_len):
+        return
+    seq_len = gl.load(seq_lens_ptr + seq)
+    context_len = seq_len - q_len  # query j sits at position context_len + j
+    kv_head = head // NUM_QUERIES_PER_KV
+    # keys [0, kv_hi): up to the tile's last query position; tiles below n_free are seen by every row
+    p_first = context_len + row_lo
+    p_last = gl.minimum(p_first + BLOCK_M, seq_len) - 1
+    kv_hi = gl.maximum(gl.minimum(seq_len, p_last + 1), 0)
+    n_tiles = (kv_hi + BLOCK_N - 1) // BLOCK_N
+    n_free = gl.minimum(gl.maximum(p_first + 1, 0) // BLOCK_N, n_tiles)
+
+    # queries into shared memory (rows past the sequence or outside q read as zeros)
+    COL_THREADS: gl.constexpr = HEAD // 8
+    ld_l: gl.constexpr = gl.BlockedLayout([1, 8], [32 // COL_THREADS, COL_THREADS], [NUM_WARPS, 1], [1, 0])
+    rows = row_lo + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, ld_l))
+    offs_d = gl.arange(0, HEAD, layout=gl.SliceLayout(0, ld_l))
+    token = (q_start + rows).to(gl.int64)
+    row_ok = (rows < q_len) & (token >= 0) & (token < num_tokens)
+    q = gl.load(q_ptr + token[:, None] * stride_q_t + head * stride_q_h + offs_d[None, :], mask=row_ok[:, None],
+                other=0.0)
+    q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD], gl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD],
+                                                                                                  dtype), q)
+    kv_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD], dtype)
+    k_bufs = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N, HEAD], kv_layout)
+    v_bufs = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N, HEAD], kv_layout)
+    k_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    kv_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(NUM_STAGES):
+        mbarrier.init(k_ready.index(s), count=32 * PRODUCER_WARPS)
+        mbarrier.init(v_ready.index(s), count=32 * PRODUCER_WARPS)
+        mbarrier.init(kv_empty.index(s), count=1)
+    fence_async_shared()  # the queries and the barriers' initialization, before any async-proxy use
+
+    bt_row_ptr = block_table_ptr + seq.to(gl.int64) * stride_bt_s
+    gl.warp_specialize([
+        (_consumer, (q_smem, k_bufs, v_bufs, k_ready, v_ready, kv_empty, out_ptr, lse_ptr, stride_o_t, stride_o_h,
+                     stride_lse_t, stride_lse_h, head, q_start, q_len, row_lo, context_len, num_tokens, n_free,
+                     n_tiles, scale, BLOCK_M, BLOCK_N, NUM_STAGES, NUM_WARPS)),
+        (_producer, (k_cache_ptr, v_cache_ptr, bt_row_ptr, k_bufs, v_bufs, k_ready, v_ready, kv_empty, kv_head,
+                     n_tiles, kv_hi, num_blocks, max_blocks_per_seq, stride_c_b, stride_c_s, stride_c_h,
+                     HEAD, PAGE_SIZE, BLOCK_N, NUM_STAGES, PRODUCER_WARPS)),
+    ], [PRODUCER_WARPS], [PRODUCER_REGS])
+
+    for s in gl.static_range(NUM_STAGES):
+        mbarrier.invalidate(k_ready.index(s))
+        mbarrier.invalidate(v_ready.index(s))
+        mbarrier.invalidate(kv_empty.index(s))

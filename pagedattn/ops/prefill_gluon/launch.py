@@ -1,0 +1,177 @@
+"""Launcher of the Gluon prefill kernel (sm90): which calls it serves, grid, keyword arguments.
+
+Opt-in (``PAGEDATTN_PREFILL_GLUON=1``) and compiled for sm90 only: the kernel has not yet run on
+a GPU (Gluon has no interpreter), so the portable ``tl`` prefill kernel stays the default. The
+contract is ``launch_prefill``'s for a paged cache: the same ``AttentionArgs``, the sequences
+``seqs = (first, end)`` of the grid, ``min_q_len`` (shorter sequences are left to the Q-block
+kernels), out and lse rows of the sequences' queries written and no other.
+
+Triton's Gluon (``triton.experimental.gluon``) is imported only when a kernel is needed, so
+that pagedattn imports where it is missing.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from pagedattn.ops.common.bundles import AttentionArgs
+from pagedattn.ops.common.device import environ_is
+from pagedattn.ops.common.host_math import cdiv
+from pagedattn.ops.common.launching import launch
+from pagedattn.ops.prefill.launch import q_tiles_fit
+
+GLUON_PREFILL_ENV = "PAGEDATTN_PREFILL_GLUON"
+GLUON_TRITON = "3.6"  # Gluon's API changes between releases; the kernel is written against this one
+GLUON_HEAD_SIZES = (64, 128)
+GLUON_MIN_PAGE = 16
+_DTYPES = (torch.bfloat16, torch.float16)
+
+
+@dataclass(frozen=True)
+class GluonPrefillConfig:
+    """A CTA: ``block_m`` query rows (16 per consumer warp: 64 = one warpgroup, 128 = two),
+    ``block_n`` keys a step, a ring of ``num_stages`` K/V tile pairs, a producer partition of
+    ``producer_warps`` warps capped at ``producer_regs`` registers a thread."""
+
+    block_m: int = 128
+    block_n: int = 64
+    num_stages: int = 3
+    producer_warps: int = 4  # one warp's 64 rows of 64-bit addresses spill at any register cap up to 96
+    producer_regs: int = 64  # 56 spills 12 B at pages of 64 or more
+
+    @property
+    def num_warps(self) -> int:
+        return self.block_m // 16
+
+
+# two consumer warpgroups of 64 rows, 64 keys a step, 3 stages (see docs/perf-notes.md, the Gluon
+# prefill entry, for the registers and shared memory of each variant compiled for sm90)
+GLUON_PREFILL_CONFIG = GluonPrefillConfig()
+
+
+@functools.lru_cache(maxsize=None)
+def gluon_kernel():
+    """The ``@gluon.jit`` kernel, or None where this Triton has no usable Gluon."""
+    try:
+        from pagedattn.ops.prefill_gluon.kernel import prefill_gluon_kernel
+    except ImportError:
+        return None
+    return prefill_gluon_kernel
+
+
+def gluon_prefill_requested() -> bool:
+    """Whether ``PAGEDATTN_PREFILL_GLUON=1`` asks for the Gluon kernel (read at each call, cheaply)."""
+    return environ_is(GLUON_PREFILL_ENV, "1")
+
+
+@functools.lru_cache(maxsize=None)
+def _sm9x(index: int) -> bool:
+    return torch.version.hip is None and torch.cuda.get_device_capability(index)[0] == 9
+
+
+def _aligned(t: torch.Tensor, dims) -> bool:
+    """16-byte aligned start, unit last stride, and the strides of ``dims`` multiples of 16
+    elements (Triton then specializes them as such and each cp.async moves 16 bytes)."""
+    return t.data_ptr() % 16 == 0 and t.stride(-1) == 1 and all(t.stride(d) % 16 == 0 for d in dims)
+
+
+def gluon_prefill_supported(a: AttentionArgs, max_query_len: int,
+                            config: GluonPrefillConfig = GLUON_PREFILL_CONFIG) -> str | None:
+    """None when the Gluon kernel can serve the prefill launch of this ``paged_attention`` call,
+    else the reason it cannot.
+
+    It serves a paged cache of q's dtype (bfloat16 or float16; no fp8), head size 64 or 128,
+    pages of a power-of-2 size >= 16, any GQA group, the causal mask with no score modifier (no
+    sliding window, softcap, ALiBi, sinks or prefix ranges), a positive scale, K and V caches
+    of one layout with 16-byte aligned rows. Inputs are assumed to have passed
+    ``paged_attention``'s checks.
+    """
+    if gluon_kernel() is None:
+        return "triton.experimental.gluon is not available in this Triton"
+    if ".".join(triton.__version__.split(".")[:2]) != GLUON_TRITON:
+        return f"Triton {triton.__version__}: the Gluon kernel is written for Triton {GLUON_TRITON}"
+    q, k, v = a.q, a.k_cache, a.v_cache
+    if a.block_table is None or k.dim() != 4:
+        return "contiguous K/V: the Gluon kernel reads a paged cache"
+    if q.dtype not in _DTYPES:
+        return f"q dtype {q.dtype}: the Gluon kernel takes bfloat16 or float16"
+    if k.dtype != q.dtype or v.dtype != q.dtype or a.k_scale is not None:
+        return f"kv_cache dtype {k.dtype}: the Gluon kernel takes a cache of q's dtype (no fp8)"
+    head_size = q.shape[2]
+    if head_size not in GLUON_HEAD_SIZES or v.shape[-1] != head_size:
+        return f"head_size {head_size} (values {v.shape[-1]}): the Gluon kernel takes {GLUON_HEAD_SIZES}"
+    page_size = k.shape[1]
+    if page_size < GLUON_MIN_PAGE or page_size & (page_size - 1):
+        return f"block_size {page_size}: the Gluon kernel takes a power of 2 >= {GLUON_MIN_PAGE}"
+    if not a.causal:
+        return "causal=False: the Gluon kernel is causal only"
+    mods = [name for name, on in (("sliding_window", a.sliding_window > 0), ("softcap", a.softcap > 0),
+                                  ("alibi_slopes", a.alibi_slopes is not None or a.alibi_mode != 0),
+                                  ("sinks", a.sinks is not None), ("prefix_ranges", a.prefix_ranges is not None))
+            if on]
+    if mods:
+        return f"{', '.join(mods)}: the Gluon kernel takes no score modifier"
+    if not a.scale > 0:
+        return f"scale {a.scale}: the Gluon kernel takes a positive scale"
+    if k.stride() != v.stride():
+        return f"k_cache strides {tuple(k.stride())} differ from v_cache's {tuple(v.stride())}"
+    for name, t, dims in (("k_cache", k, (0, 1, 2)), ("v_cache", v, (0, 1, 2))):
+        if not _aligned(t, dims):
+            return f"{name}: the Gluon kernel needs 16-byte aligned rows (strides {tuple(t.stride())})"
+    if not q_tiles_fit(max_query_len, config.block_m):
+        return f"max_query_len {max_query_len}: too many {config.block_m}-row Q tiles for the grid"
+    return None
+
+
+def use_gluon_prefill(a: AttentionArgs, max_query_len: int) -> bool:
+    """``PAGEDATTN_PREFILL_GLUON=1``, a CUDA GPU of compute capability 9.x and a call the kernel serves."""
+    q = a.q
+    if not gluon_prefill_requested() or q.device.type != "cuda":
+        return False
+    index = q.device.index if q.device.index is not None else torch.cuda.current_device()
+    return _sm9x(index) and gluon_prefill_supported(a, max_query_len) is None
+
+
+def launch_prefill_gluon(
+    out: torch.Tensor,
+    lse: torch.Tensor | None,
+    a: AttentionArgs,
+    *,
+    max_query_len: int,
+    min_q_len: int = 0,
+    seqs: tuple[int, int] | None = None,
+    config: GluonPrefillConfig = GLUON_PREFILL_CONFIG,
+) -> None:
+    """``launch_prefill`` over the paged cache for the Gluon kernel (``gluon_prefill_supported``
+    must have said None).
+
+    ``out`` ``[num_tokens, num_q_heads, head_size]`` q's dtype and ``lse`` ``[num_tokens,
+    num_q_heads]`` float32 or None: the rows of sequences ``seqs = (first, end)`` (default: all)
+    with at least ``min_q_len`` queries are written.
+    """
+    kernel = gluon_kernel()
+    if kernel is None:
+        raise RuntimeError("triton.experimental.gluon is not available in this Triton")
+    q, k, v = a.q, a.k_cache, a.v_cache
+    num_seqs = a.seq_lens.shape[0]
+    first, end = (0, num_seqs) if seqs is None else seqs
+    if q.shape[0] == 0 or end <= first or max_query_len == 0:
+        return
+    num_q_heads = q.shape[1]
+    grid = (num_q_heads, end - first, cdiv(max_query_len, config.block_m))  # the tl kernel's launch order
+    launch(kernel, grid,
+           out_ptr=out, lse_ptr=lse, q_ptr=q, k_cache_ptr=k, v_cache_ptr=v, block_table_ptr=a.block_table,
+           seq_lens_ptr=a.seq_lens, query_start_loc_ptr=a.query_start_loc,
+           stride_q_t=q.stride(0), stride_q_h=q.stride(1), stride_o_t=out.stride(0), stride_o_h=out.stride(1),
+           stride_lse_t=lse.stride(0) if lse is not None else 0, stride_lse_h=lse.stride(1) if lse is not None else 0,
+           stride_c_b=k.stride(0), stride_c_s=k.stride(1), stride_c_h=k.stride(2),
+           stride_bt_s=a.block_table.stride(0),
+           scale=a.scale, num_seqs=num_seqs, num_tokens=q.shape[0], num_blocks=k.shape[0],
+           max_blocks_per_seq=a.block_table.shape[1], min_q_len=min_q_len, first_seq=first,
+           NUM_QUERIES_PER_KV=num_q_heads // k.shape[2], HEAD=q.shape[2], PAGE_SIZE=k.shape[1],
+           BLOCK_N=config.block_n, NUM_STAGES=config.num_stages, PRODUCER_WARPS=config.producer_warps,
+           PRODUCER_REGS=config.producer_regs, num_warps=config.num_warps)

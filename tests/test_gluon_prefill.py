@@ -1,0 +1,333 @@
+"""The Gluon prefill kernel for sm90 (``pagedattn.ops.prefill_gluon``, opt-in: PAGEDATTN_PREFILL_GLUON=1).
+
+Without a GPU: the kernel compiles for sm90 (no spills in either partition, shared memory within
+the limit) and the calls it does not serve are told apart. On an sm90 GPU (``pytest -m gpu``):
+paged_attention with the Gluon path on against the float64 reference. Run from a plain checkout
+with ``PYTHONPATH=. pytest -m gpu tests/test_gluon_prefill.py``.
+"""
+
+import dataclasses
+
+import pytest
+import torch
+
+import pagedattn.api as api_module
+from pagedattn import paged_attention, plan_attention
+from pagedattn.ops.common.bundles import AttentionArgs
+from pagedattn.ops.prefill_gluon.launch import (
+    GLUON_PREFILL_CONFIG,
+    GLUON_PREFILL_ENV,
+    GluonPrefillConfig,
+    gluon_kernel,
+    gluon_prefill_supported,
+    use_gluon_prefill,
+)
+from pagedattn.plan import PREFILL_MIN_QUERY_LEN
+from pagedattn.reference import paged_attention_ref
+from pagedattn.testing import assert_matches_reference, make_paged_batch
+
+needs_gluon = pytest.mark.skipif(gluon_kernel() is None, reason="triton.experimental.gluon is missing")
+needs_sm90 = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
+                                reason="the Gluon prefill kernel runs on compute capability 9.x only")
+
+BLOCK_M64 = GluonPrefillConfig(block_m=64)  # one consumer warpgroup
+
+
+# ---------------------------------------------------------------------------------------------
+# CPU: compile for sm90, and which calls the kernel serves
+
+
+@needs_gluon
+@pytest.mark.parametrize(
+    "page_size, dtype, return_lse, config, head_size",
+    [
+        pytest.param(16, torch.bfloat16, True, GLUON_PREFILL_CONFIG, 128, id="page16-bf16-lse"),
+        pytest.param(64, torch.bfloat16, False, GLUON_PREFILL_CONFIG, 128, id="page64-bf16"),
+        pytest.param(16, torch.float16, False, GLUON_PREFILL_CONFIG, 128, id="page16-fp16"),
+        pytest.param(64, torch.float16, True, GLUON_PREFILL_CONFIG, 128, id="page64-fp16-lse"),
+        pytest.param(256, torch.bfloat16, True, GLUON_PREFILL_CONFIG, 128, id="page256-bf16-lse"),
+        pytest.param(16, torch.bfloat16, True, GLUON_PREFILL_CONFIG, 64, id="page16-bf16-lse-head64"),
+        pytest.param(64, torch.bfloat16, True, BLOCK_M64, 128, id="page64-bf16-lse-m64"),
+    ],
+)
+def test_gluon_prefill_compiles_for_sm90(page_size, dtype, return_lse, config, head_size):
+    from pagedattn.compile_gluon import compile_prefill_usage
+    from pagedattn.ops.common.target import props_for
+
+    row = compile_prefill_usage(page_size, dtype, return_lse, config, head_size)
+    assert row["problems"] == [], row
+    assert row["spill_bytes"] == 0 and row["local"] == 0 and row["stack"] == 0, row
+    assert 0 < row["shared"] <= props_for("sm90").max_shared, row
+    # the consumer warps plus the producer's, a whole warpgroup
+    assert row["num_warps"] == config.num_warps + 4, row
+    (d_cap, d_used), (p_cap, p_used) = row["partition_regs"]["default"], row["partition_regs"]["producer"]
+    assert p_cap == config.producer_regs and 0 < p_used <= p_cap, row
+    assert 0 < d_used <= d_cap, row
+
+
+def _args(dtype=torch.bfloat16, cache_dtype=None, head_size=128, page_size=16, num_q_heads=8, num_kv_heads=2,
+          **changes) -> AttentionArgs:
+    q = torch.zeros(40, num_q_heads, head_size, dtype=dtype)
+    k_cache = torch.zeros(6, page_size, num_kv_heads, head_size, dtype=cache_dtype or dtype)
+    fields = dict(q=q, k_cache=k_cache, v_cache=torch.zeros_like(k_cache),
+                  block_table=torch.zeros(2, 3, dtype=torch.int32), seq_lens=torch.tensor([20, 20], dtype=torch.int32),
+                  query_start_loc=torch.tensor([0, 20, 40], dtype=torch.int32), scale=head_size ** -0.5, causal=True,
+                  sliding_window=0, softcap=0.0, alibi_mode=0, alibi_slopes=None, sinks=None, prefix_ranges=None,
+                  k_scale=None, v_scale=None)
+    fields.update(changes)
+    return AttentionArgs(**fields)
+
+
+@needs_gluon
+def test_gluon_prefill_supported():
+    assert gluon_prefill_supported(_args(), 20) is None
+    assert gluon_prefill_supported(_args(torch.float16, page_size=64, num_q_heads=8, num_kv_heads=8), 20) is None
+    assert gluon_prefill_supported(_args(head_size=64, page_size=256), 20) is None
+    a = _args()
+    assert "no score modifier" in gluon_prefill_supported(dataclasses.replace(a, sliding_window=7), 20)
+    assert "softcap" in gluon_prefill_supported(dataclasses.replace(a, softcap=2.0), 20)
+    assert "alibi" in gluon_prefill_supported(dataclasses.replace(a, alibi_mode=1, alibi_slopes=torch.ones(8)), 20)
+    assert "sinks" in gluon_prefill_supported(dataclasses.replace(a, sinks=torch.ones(8)), 20)
+    prefix = torch.zeros(2, 1, 2, dtype=torch.int32)
+    assert "prefix_ranges" in gluon_prefill_supported(dataclasses.replace(a, prefix_ranges=prefix), 20)
+    assert "causal" in gluon_prefill_supported(dataclasses.replace(a, causal=False), 20)
+    assert "positive scale" in gluon_prefill_supported(dataclasses.replace(a, scale=-0.1), 20)
+    fp8 = _args(cache_dtype=torch.float8_e4m3fn, k_scale=torch.ones(1), v_scale=torch.ones(1))
+    assert "no fp8" in gluon_prefill_supported(fp8, 20)
+    assert "bfloat16 or float16" in gluon_prefill_supported(_args(torch.float32), 20)
+    assert "head_size 96" in gluon_prefill_supported(_args(head_size=96), 20)
+    assert "block_size 8" in gluon_prefill_supported(_args(page_size=8), 20)
+    assert "block_size 48" in gluon_prefill_supported(_args(page_size=48), 20)
+    assert "contiguous" in gluon_prefill_supported(dataclasses.replace(a, block_table=None), 20)
+    v_other = torch.zeros(6, 2, 16, 128, dtype=torch.bfloat16).transpose(1, 2)  # another layout, same shape
+    assert "strides" in gluon_prefill_supported(dataclasses.replace(a, v_cache=v_other), 20)
+    wide = torch.zeros(6, 16, 2, 136, dtype=torch.bfloat16)[..., :128]  # a head stride of 136: not a multiple of 16
+    assert "aligned" in gluon_prefill_supported(dataclasses.replace(a, k_cache=wide, v_cache=wide), 20)
+    assert "Q tiles" in gluon_prefill_supported(a, 65536 * GLUON_PREFILL_CONFIG.block_m + 1)
+
+
+def test_gluon_prefill_not_used_off_gpu(monkeypatch):
+    monkeypatch.delenv(GLUON_PREFILL_ENV, raising=False)
+    assert not use_gluon_prefill(_args(), 20)
+    monkeypatch.setenv(GLUON_PREFILL_ENV, "1")
+    assert not use_gluon_prefill(_args(), 20)  # CPU tensors
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU: paged_attention through the Gluon kernel against the float64 reference
+
+
+def make_batch(cases, *, num_q_heads=32, num_kv_heads=8, head_size=128, block_size=16, dtype=torch.bfloat16,
+               num_blocks=None, seed=0, pad_tokens=0):
+    """(query_len, kv_len) cases in a paged cache with shuffled block ids, random data; the table's
+    entries past each sequence's pages (and two extra columns) hold -1 or ids past the cache,
+    never to be read. ``pad_tokens``: rows of q past the last sequence's queries (padding)."""
+    g = torch.Generator().manual_seed(seed)
+    batch = make_paged_batch(cases, num_q_heads=num_q_heads, num_kv_heads=num_kv_heads, head_size=head_size,
+                             block_size=block_size, dtype=dtype, device="cuda", num_blocks=num_blocks, generator=g)
+    n = batch.k_cache.shape[0]
+    table = torch.cat([batch.block_table.cpu(), torch.zeros(len(cases), 2, dtype=torch.int32)], 1)
+    for s, (_, kv) in enumerate(cases):
+        table[s, -(-kv // block_size):] = -1 if s % 2 == 0 else n + 1000
+    batch.block_table = table.cuda()
+    if pad_tokens:
+        batch.q = torch.cat([batch.q, torch.randn(pad_tokens, *batch.q.shape[1:], generator=g).to("cuda", dtype)])
+    return batch
+
+
+class GluonCalls:
+    """The Gluon and tl prefill launches of a test (their keyword arguments), and the config
+    the Gluon launches use."""
+
+    def __init__(self):
+        self.gluon: list = []
+        self.tl: list = []
+        self.config = GLUON_PREFILL_CONFIG
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    """PAGEDATTN_PREFILL_GLUON=1; both prefill launchers are counted (tapes cleared: a replayed
+    tape would bypass them)."""
+    monkeypatch.setenv(GLUON_PREFILL_ENV, "1")
+    state = GluonCalls()
+    gluon_launcher, tl_launcher = api_module.launch_prefill_gluon, api_module.launch_prefill
+
+    def gluon(*args, **kwargs):
+        state.gluon.append(kwargs)
+        return gluon_launcher(*args, config=state.config, **kwargs)
+
+    def tl(*args, **kwargs):
+        state.tl.append(kwargs)
+        return tl_launcher(*args, **kwargs)
+
+    monkeypatch.setattr(api_module, "launch_prefill_gluon", gluon)
+    monkeypatch.setattr(api_module, "launch_prefill", tl)
+    api_module._CALL_TAPES.clear()
+    yield state
+    api_module._CALL_TAPES.clear()
+
+
+def run_and_compare(batch, *, path="auto", **kwargs):
+    """paged_attention (outputs poisoned with NaN; with a plan for ``path`` unless "auto") against
+    the reference; rows of q past the batch's queries must stay unwritten."""
+    q = batch.q
+    out = torch.full_like(q, float("nan"))
+    lse = torch.full(q.shape[:2], float("nan"), device="cuda")
+    plan = None
+    if path != "auto":
+        plan = plan_attention(batch.query_start_loc, batch.seq_lens, num_q_heads=q.shape[1],
+                              num_kv_heads=batch.k_cache.shape[2], head_size=q.shape[2], device="cuda", path=path,
+                              dtype=q.dtype, max_num_tokens=q.shape[0])
+        assert plan.path == path
+    paged_attention(*batch.args(), max_query_len=batch.max_query_len, max_seq_len=batch.max_seq_len, out=out,
+                    lse_out=lse, plan=plan, **kwargs)
+    ref_out, ref_lse = paged_attention_ref(*batch.args(), **kwargs)
+    n = int(batch.query_start_loc[-1])
+    assert_matches_reference(out[:n], lse[:n], ref_out[:n], ref_lse[:n])
+    assert torch.isnan(out[n:]).all() and torch.isnan(lse[n:]).all(), "a padding row was written"
+
+
+@pytest.mark.gpu
+@needs_gluon
+@needs_sm90
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("block_size", [16, 64], ids=lambda n: f"page{n}")
+@pytest.mark.parametrize("heads", [(32, 8), (8, 8)], ids=["gqa32-8", "mha8"])
+@pytest.mark.parametrize("seq_len", [1, 17, 128, 300, 1000], ids=lambda n: f"S{n}")
+def test_gluon_prefill_single_sequence_gpu(calls, seq_len, heads, block_size, dtype):
+    """One prefill of S tokens, every sequence through the large-tile path (a plan for "prefill")."""
+    batch = make_batch([(seq_len, seq_len)], num_q_heads=heads[0], num_kv_heads=heads[1], block_size=block_size,
+                       dtype=dtype, seed=seq_len + block_size + heads[1], pad_tokens=3)
+    run_and_compare(batch, path="prefill")
+    assert len(calls.gluon) == 1 and not calls.tl
+
+
+@pytest.mark.gpu
+@needs_gluon
+@needs_sm90
+@pytest.mark.parametrize("config", [GLUON_PREFILL_CONFIG, BLOCK_M64], ids=["m128", "m64"])
+@pytest.mark.parametrize("block_size", [16, 64, 256], ids=lambda n: f"page{n}")
+def test_gluon_prefill_extend_gpu(calls, block_size, config):
+    """Extends: 128 and 300 queries over 2000 keys, queries that start mid-page, a Q tile that
+    ends mid-tile; 64- and 128-row tiles."""
+    calls.config = config
+    batch = make_batch([(128, 2000), (300, 2000), (129, 777)], block_size=block_size, seed=block_size)
+    run_and_compare(batch, path="prefill")
+    run_and_compare(batch)  # the automatic plan: all three reach the prefill threshold
+    assert len(calls.gluon) == 2 and not calls.tl
+
+
+@pytest.mark.gpu
+@needs_gluon
+@needs_sm90
+@pytest.mark.parametrize("head_size", [64, 128])
+def test_gluon_prefill_among_decodes_gpu(calls, head_size):
+    """A prefill among decodes and a short extend: the Gluon kernel serves the long sequence
+    only (the others stay on the unified kernel, on the side stream)."""
+    cases = [(1, 77), (700, 700), (1, 1500), (5, 40), (0, 9)]
+    batch = make_batch(cases, head_size=head_size, dtype=torch.float16, seed=head_size)
+    run_and_compare(batch)
+    assert len(calls.gluon) == 1 and not calls.tl
+    assert calls.gluon[0]["min_q_len"] == PREFILL_MIN_QUERY_LEN and calls.gluon[0]["seqs"] == (1, 2)
+
+
+@pytest.mark.gpu
+@needs_gluon
+@needs_sm90
+def test_gluon_prefill_cache_past_int32_offsets_gpu(calls):
+    # [num_blocks, 16, 8, 128] bf16 past 2**31 elements (> 4 GiB a cache); the batch uses the top blocks
+    num_blocks = 2**31 // (16 * 8 * 128) + 64
+    batch = make_batch([(300, 1000), (200, 200)], num_blocks=num_blocks, seed=9)
+    assert batch.k_cache.numel() > 2**31
+    run_and_compare(batch, path="prefill")
+    assert len(calls.gluon) == 1
+
+
+@pytest.mark.gpu
+@needs_gluon
+@needs_sm90
+def test_gluon_prefill_path_taken_gpu(calls, monkeypatch):
+    """Only with the variable set: the same call with it unset runs the tl kernel (the thin
+    path's key holds the setting, so a recorded call is not replayed across it)."""
+    batch = make_batch([(300, 300)], seed=5)
+    run_and_compare(batch)
+    assert len(calls.gluon) == 1 and not calls.tl
+    run_and_compare(batch)  # replayed: the recorded Gluon launch again
+    gluon_launches = len(calls.gluon)
+    monkeypatch.delenv(GLUON_PREFILL_ENV)
+    run_and_compare(batch)
+    assert len(calls.gluon) == gluon_launches and len(calls.tl) == 1
+
+
+@pytest.mark.gpu
+@needs_gluon
+@needs_sm90
+def test_gluon_prefill_bad_block_id_inside_a_sequence_gpu(calls):
+    """A block id outside the cache inside a sequence (a caller's bug, not validated on a GPU):
+    nothing outside the cache is read (its keys are zero-filled), no NaN reaches the output,
+    and the other sequence is exact."""
+    batch = make_batch([(300, 300), (200, 500)], block_size=16, seed=21)
+    ref_out, ref_lse = paged_attention_ref(*batch.args())
+    batch.block_table[0, 3] = -1
+    batch.block_table[0, 7] = batch.k_cache.shape[0] + 5
+    out, lse = paged_attention(*batch.args(), max_query_len=300, max_seq_len=500, return_lse=True)
+    assert len(calls.gluon) == 1
+    assert not torch.isnan(out).any() and not torch.isnan(lse).any()
+    assert_matches_reference(out[300:], lse[300:], ref_out[300:], ref_lse[300:])
+
+
+@pytest.mark.gpu
+@needs_gluon
+@needs_sm90
+@pytest.mark.parametrize("feature", ["window", "softcap", "fp8", "head96", "noncausal"])
+def test_gluon_prefill_unsupported_falls_back_gpu(calls, feature):
+    """Calls the kernel does not serve run the tl prefill kernel, and still match the reference."""
+    kwargs, make = {}, {}
+    if feature == "window":
+        kwargs = dict(sliding_window=100)
+    elif feature == "softcap":
+        kwargs = dict(softcap=20.0)
+    elif feature == "head96":
+        make = dict(head_size=96)
+    elif feature == "noncausal":
+        kwargs = dict(causal=False)
+    batch = make_batch([(300, 300), (1, 50)], dtype=torch.float16, seed=len(feature), **make)
+    if feature == "fp8":
+        batch.k_cache = batch.k_cache.to(torch.float8_e4m3fn)
+        batch.v_cache = batch.v_cache.to(torch.float8_e4m3fn)
+        kwargs = dict(k_scale=0.5, v_scale=1.5)
+    run_and_compare(batch, **kwargs)
+    assert not calls.gluon and len(calls.tl) == 1
+
+
+@pytest.mark.gpu
+@needs_gluon
+@needs_sm90
+def test_gluon_prefill_cuda_graph_gpu(calls):
+    """With max_query_len / max_seq_len and a plan the call replays its tape and can be captured."""
+    batch = make_batch([(400, 1200), (1, 300)], seed=13)
+    q = batch.q
+    plan = plan_attention(batch.query_start_loc, batch.seq_lens, num_q_heads=q.shape[1],
+                          num_kv_heads=batch.k_cache.shape[2], head_size=q.shape[2], device="cuda", dtype=q.dtype)
+    out = torch.empty_like(q)
+    lse = torch.empty(q.shape[:2], device="cuda")
+
+    def step():
+        paged_attention(*batch.args(), max_query_len=batch.max_query_len, max_seq_len=batch.max_seq_len, out=out,
+                        lse_out=lse, plan=plan)
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        step()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    out.fill_(float("nan"))
+    lse.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert calls.gluon, "the Gluon kernel was not launched"
+    assert_matches_reference(out, lse, *paged_attention_ref(*batch.args()))
