@@ -46,7 +46,9 @@ class Variant:
     unified kernel at 4 queries), prefill (the large-tile kernel over the paged cache, long
     extends), prefill_short (its 64-row tiles), varlen (contiguous K/V: the tensor-descriptor
     loads on sm90+), kv_write, merge, mla (decode, one wave: no split), mla_split (a small batch:
-    keys split, then merged), mla_kv_write. ``feature``: "+"-joined names of
+    keys split, then merged), mla_kv_write; and the Gluon kernels for sm90 only, mla_gluon (MLA
+    decode) and prefill_gluon (paged causal prefill), compiled with their launchers' default
+    tiles (other targets show "sm90 only": the portable kernels serve them). ``feature``: "+"-joined names of
     ``pagedattn.testing.FEATURES``. ``ci``: in the subset CI compiles for every target.
     """
 
@@ -61,7 +63,7 @@ class Variant:
     @property
     def name(self) -> str:
         parts = [self.family]
-        if self.family not in ("merge", "mla", "mla_split", "mla_kv_write"):
+        if self.family not in ("merge", "mla", "mla_split", "mla_kv_write", "mla_gluon"):
             parts.append(f"d{self.head_size}")
         if self.family not in ("merge", "varlen"):
             parts.append(f"p{self.page_size}")
@@ -109,7 +111,14 @@ def variants(full: bool = True) -> list[Variant]:
     out += [Variant("kv_write", ci=True), Variant("kv_write", kv_fp8=True), Variant("kv_write", 96, 64),
             Variant("merge", ci=True), Variant("mla", ci=True), Variant("mla_split", ci=True),
             Variant("mla", kv_fp8=True, ci=True), Variant("mla_kv_write", ci=True)]
+    out += [Variant("mla_gluon", ci=True), Variant("mla_gluon", page_size=64), Variant("mla_gluon", dtype="fp16"),
+            Variant("prefill_gluon", ci=True), Variant("prefill_gluon", page_size=64), Variant("prefill_gluon", 64),
+            Variant("prefill_gluon", dtype="fp16")]
     return out if full else [v for v in out if v.ci]
+
+
+GLUON_FAMILIES = ("mla_gluon", "prefill_gluon")
+GLUON_TARGETS = ("sm90",)  # the Gluon kernels use sm90's wgmma and setmaxnreg
 
 
 # ---------------------------------------------------------------------------------------------
@@ -143,6 +152,9 @@ def _call(v: Variant) -> None:
                    torch.zeros(batch, 256, dtype=torch.int32), torch.full((batch,), 4096, dtype=torch.int32),
                    torch.arange(batch + 1, dtype=torch.int32), scale=0.1, max_query_len=1, max_seq_len=4096,
                    kv_scale=1.0 if v.kv_fp8 else None)
+        return
+    if v.family in GLUON_FAMILIES:
+        gluon_call(v.family, page_size=page, dtype=dt, head_size=d)
         return
     if v.family == "mla_kv_write":
         write_mla_kv(torch.empty(64, 512, dtype=dt), torch.empty(64, 64, dtype=dt),
@@ -193,6 +205,44 @@ def _call(v: Variant) -> None:
                               plan=plan, **features, **scales)
 
 
+def gluon_call(family: str, *, page_size: int = 16, dtype=None, head_size: int = 128, config=None,
+                num_splits: int = 1, return_lse: bool = True) -> None:
+    """A Gluon kernel's launch through its launcher on CPU tensors (its own default ``config``
+    unless given): ``mla_gluon`` for 128 heads of 512 + 64, ``prefill_gluon`` for two 150-token
+    causal prefills at 32 / 8 heads."""
+    import torch
+
+    dtype = dtype or torch.bfloat16
+    if family == "mla_gluon":
+        from pagedattn.ops.mla_gluon.launch import GLUON_MLA_CONFIG, launch_mla_decode_gluon
+
+        seqs, heads = 2, 128
+        q = torch.zeros(seqs, heads, 576, dtype=dtype)
+        partials = dict(partial_out=None, partial_lse=None)
+        if num_splits > 1:
+            partials = dict(partial_out=torch.empty(seqs, heads, num_splits, 512),
+                            partial_lse=torch.empty(seqs, heads, num_splits))
+        launch_mla_decode_gluon(torch.empty(seqs, heads, 512, dtype=dtype),
+                                torch.empty(seqs, heads) if return_lse else None, q[..., :512], q[..., 512:],
+                                torch.zeros(8, page_size, 576, dtype=dtype), torch.zeros(seqs, 4, dtype=torch.int32),
+                                torch.ones(seqs, dtype=torch.int32), torch.arange(seqs + 1, dtype=torch.int32),
+                                scale=0.07, config=config or GLUON_MLA_CONFIG, num_splits=num_splits, **partials)
+        return
+    from pagedattn.ops.common.bundles import AttentionArgs
+    from pagedattn.ops.prefill_gluon.launch import GLUON_PREFILL_CONFIG, launch_prefill_gluon
+
+    tokens, hq, hk = 300, HEADS["num_q_heads"], HEADS["num_kv_heads"]
+    q = torch.zeros(tokens, hq, head_size, dtype=dtype)
+    k_cache = torch.zeros(8, page_size, hk, head_size, dtype=dtype)
+    args = AttentionArgs(q=q, k_cache=k_cache, v_cache=torch.zeros_like(k_cache),
+                         block_table=torch.zeros(2, 4, dtype=torch.int32), seq_lens=torch.full((2,), 150, dtype=torch.int32),
+                         query_start_loc=torch.tensor([0, 150, 300], dtype=torch.int32), scale=head_size ** -0.5,
+                         causal=True, sliding_window=0, softcap=0.0, alibi_mode=0, alibi_slopes=None, sinks=None,
+                         prefix_ranges=None, k_scale=None, v_scale=None)
+    launch_prefill_gluon(torch.empty_like(q), torch.empty(tokens, hq) if return_lse else None, args,
+                         max_query_len=150, config=config or GLUON_PREFILL_CONFIG)
+
+
 def capture(v: Variant, target: str) -> list[tuple]:
     """The ``(kernel, grid, kwargs)`` of every launch of ``v``'s call planned for ``target``."""
     from pagedattn.ops.common.launching import capturing
@@ -228,7 +278,12 @@ def compile_launch(kernel, kwargs: dict, target: str):
     backend = make_backend(gpu)
     bound, specialization, options = create_function_from_signature(kernel.signature, kernel.params, backend)(**kw)
     options, signature, constexprs, attrs = kernel._pack_args(backend, options, bound, specialization, options)
-    src = ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)
+    if type(kernel).__name__ == "GluonJITFunction":  # a @gluon.jit kernel: Gluon's own front end
+        from triton.experimental.gluon._runtime import GluonASTSource
+
+        src = GluonASTSource(kernel, signature, constexprs, attrs)
+    else:
+        src = ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)
     return triton.compile(src, target=gpu, options=dict(options.__dict__))
 
 
@@ -376,30 +431,79 @@ def _dump(compiled, folder: str, stem: str) -> None:
 def compile_variant(v: Variant, target: str, dump: str | None = None) -> list[dict]:
     """The rows of ``v`` on ``target``: one per kernel its call launches (``dump``: a folder
     that receives each kernel's TTGIR, PTX/SASS or AMDGCN, per target)."""
-    rows = []
-    t0 = time.perf_counter()
     from pagedattn.ops.common.target import UnsupportedOnTarget
 
+    if v.family in GLUON_FAMILIES and target not in GLUON_TARGETS:  # never planned there: nothing to compile
+        return [dict(variant=v.name, target=target, kernel="(not for this target)", elsewhere=True, problems=[])]
     try:
         launched = capture(v, target)
     except UnsupportedOnTarget as e:  # the API refuses this input on this GPU: nothing to compile
         return [dict(variant=v.name, target=target, kernel="(refused)", refused=str(e), problems=[])]
     except Exception as e:  # noqa: BLE001 - the planner or a launcher failed: the row says why
         return [dict(variant=v.name, target=target, kernel="?", problems=[f"capture: {_short(e)}"])]
+    return compile_launches(launched, v.name, target, dump)
+
+
+def compile_gluon(family: str, target: str = "sm90", **call) -> dict:
+    """The row of a Gluon kernel compiled for ``target`` from ``gluon_call(family, **call)``'s
+    launch (its other launches, a merge of splits, are not compiled here)."""
+    from pagedattn.ops.common.launching import capturing
+
+    with capturing() as launched:
+        gluon_call(family, **call)
+    gluon = [launch for launch in launched if type(launch[0]).__name__ == "GluonJITFunction"]
+    (row,) = compile_launches(gluon, family, target)
+    return row
+
+
+def compile_launches(launched: list, variant: str, target: str, dump: str | None = None) -> list[dict]:
+    """One row per captured launch ``(kernel, grid, kwargs)``, compiled for ``target``. A
+    warp-specialized kernel (``PRODUCER_REGS`` among its arguments) also gets
+    ``partition_regs`` (``partition_registers``)."""
+    rows = []
+    t0 = time.perf_counter()
     for kernel, _grid, kwargs in launched:
         name = getattr(getattr(kernel, "fn", kernel), "__name__", str(kernel))
-        row = dict(variant=v.name, target=target, kernel=name, tiles=_tiles_of(kwargs))
+        row = dict(variant=variant, target=target, kernel=name, tiles=_tiles_of(kwargs))
         try:
             compiled, log = _compile_with_ptxas_log(kernel, kwargs, target)
             row.update(usage(compiled, target, log))
+            if "PRODUCER_REGS" in kwargs and "cubin" in compiled.asm:
+                row["partition_regs"] = partition_registers(compiled, kwargs["PRODUCER_REGS"])
             if dump:
-                _dump(compiled, os.path.join(dump, target), f"{v.name.replace(' ', '_').replace('/', '-')}_{name}")
+                _dump(compiled, os.path.join(dump, target), f"{variant.replace(' ', '_').replace('/', '-')}_{name}")
         except Exception as e:  # noqa: BLE001 - a compile error is the finding
             row["problems"] = [f"compile: {_short(e)}"]
         rows.append(row)
     for r in rows:
         r["seconds"] = round((time.perf_counter() - t0) / max(len(rows), 1), 2)
     return rows
+
+
+def partition_registers(compiled, producer_regs: int) -> dict:
+    """Registers of a warp-specialized kernel's partitions: ``{"default": (cap, used), "producer":
+    (cap, used)}``. The SASS is cut at its ``USETMAXREG`` instructions; a stretch belongs to the
+    producer when the cap set before it is ``producer_regs``, else to the default partition
+    (its code before and after the fork included). ``used``: the highest register a stretch
+    names, plus one (a lower bound: a 64-bit operand also takes the register after it); ``cap``:
+    the ``setmaxnreg`` cap of the stretch that uses the most (0 where none is set: the kernel's
+    register count bounds it)."""
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(compiled.asm["cubin"])
+        f.flush()
+        sass = subprocess.run([_cuobjdump(), "-sass", f.name], capture_output=True, text=True).stdout
+    parts = {"default": (0, 0), "producer": (0, 0)}
+    cap = 0
+    for line in sass.splitlines():
+        m = re.search(r"USETMAXREG\.\w+\.CTAPOOL (?:UP\d, )?0x([0-9a-f]+)", line)
+        if m:
+            cap = int(m.group(1), 16)
+            continue
+        regs = [int(r) for r in re.findall(r"\bR(\d+)\b", line.split(";")[0])]
+        name = "producer" if cap == producer_regs else "default"
+        if regs and max(regs) + 1 > parts[name][1]:
+            parts[name] = (cap, max(regs) + 1)
+    return parts
 
 
 def _short(e: Exception) -> str:
@@ -493,6 +597,8 @@ def _cell(row: dict | None, base: dict | None) -> str:
         return "-"
     if row.get("refused"):
         return "refused"
+    if row.get("elsewhere"):
+        return "/".join(GLUON_TARGETS) + " only"
     if not row.get("kernel") or row.get("kernel") == "?" or "regs" not in row:
         return "FAIL"
     regs = f"R{row['regs']}" if row.get("sgprs") is None else f"V{row['regs']}/S{row['sgprs']}"
@@ -516,7 +622,7 @@ def format_table(rows: list[dict], targets) -> str:
     order: list = []
     refused: dict = {}  # (variant, target) -> row: shown in each of the variant's kernel lines
     for r in rows:
-        if r.get("refused"):
+        if r.get("refused") or r.get("elsewhere"):
             refused[(r["variant"], r["target"])] = r
             continue
         key = (r["variant"], r["kernel"])
@@ -549,7 +655,8 @@ x = programs per SM from registers, shared memory and threads (NVIDIA), waves pe
 AMD compiler reports; * = tiles fitted to the target (differ from sm90's); spill = a spill sm90
 has too at the tiles timed on the H200; SPILL (one sm90 does not have), >LIM (shared memory over
 the target's limit) and FAIL (did not compile) fail the run; refused = the API refuses the input on
-that GPU with an error naming the argument (nothing to compile). Tiles were timed on
+that GPU with an error naming the argument (nothing to compile); sm90 only = a Gluon kernel, which
+the planner never picks on another target. Tiles were timed on
 sm90 (H200) only: the other columns are compiled, never run."""
 
 
@@ -632,6 +739,7 @@ def summary(rows: list[dict], targets) -> dict:
     failed = [r for r in rows if not r.get("ok")]
     return dict(rows=len(rows), variants=len({r["variant"] for r in rows}), targets=list(targets),
                 refused=sum(bool(r.get("refused")) for r in rows),
+                elsewhere=sum(bool(r.get("elsewhere")) for r in rows),
                 failed=len(failed),
                 compile_errors=sum(any(p.startswith(("compile", "capture")) for p in r["failures"]) for r in failed),
                 spills=sum(bool(r.get("spill_bytes")) and not r.get("spill_as_sm90") and r["target"] != "sm90"
@@ -685,7 +793,8 @@ def main(args) -> int:
             print(f"FAIL {r['target']:<8} {r['variant']} {r['kernel']}: {'; '.join(r['failures'])}")
     print(LEGEND)
     s = summary(rows, targets)
-    print(f"{s['variants']} variants x {len(targets)} targets: {s['rows'] - s['refused']} kernels compiled in "
+    print(f"{s['variants']} variants x {len(targets)} targets: {s['rows'] - s['refused'] - s['elsewhere']} kernels "
+          f"compiled in "
           f"{seconds:.0f} s; "
           f"{s['failed']} failed ({s['compile_errors']} compile errors, {s['spills']} spills, "
           f"{s['over_limit']} over a shared-memory limit); {s['spills_as_sm90']} spills as timed on sm90; "

@@ -11,7 +11,8 @@ import torch
 
 import pagedattn.mla as mla_module
 from pagedattn import mla_decode
-from pagedattn.ops.mla_gluon.launch import GLUON_ENV, gluon_kernel, gluon_mla_supported, use_gluon_mla
+from pagedattn.ops.mla.launch import MLAConfig
+from pagedattn.ops.mla_gluon.launch import GLUON_ENV, GLUON_MLA_CONFIG, gluon_kernel, gluon_mla_supported, use_gluon_mla
 from pagedattn.reference import mla_decode_ref
 from pagedattn.testing import assert_matches_reference, captured, make_mla_batch
 
@@ -38,10 +39,11 @@ needs_sm90 = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_
     ],
 )
 def test_gluon_mla_compiles_for_sm90(page_size, tile_n, num_stages, dtype, num_splits):
+    from pagedattn.compile_matrix import compile_gluon
     from pagedattn.ops.common.target import props_for
-    from pagedattn.compile_gluon import compile_usage
 
-    row = compile_usage(page_size, tile_n, num_stages, dtype, num_splits=num_splits)
+    config = MLAConfig(block_h=GLUON_MLA_CONFIG.block_h, tile_n=tile_n, num_warps=8, num_stages=num_stages)
+    row = compile_gluon("mla_gluon", page_size=page_size, dtype=dtype, config=config, num_splits=num_splits)
     assert row["problems"] == [], row
     assert row["spill_bytes"] == 0 and row["local"] == 0, row
     assert 0 < row["shared"] <= props_for("sm90").max_shared, row

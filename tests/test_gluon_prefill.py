@@ -51,10 +51,11 @@ BLOCK_M64 = GluonPrefillConfig(block_m=64)  # one consumer warpgroup
     ],
 )
 def test_gluon_prefill_compiles_for_sm90(page_size, dtype, return_lse, config, head_size):
-    from pagedattn.compile_gluon import compile_prefill_usage
+    from pagedattn.compile_matrix import compile_gluon
     from pagedattn.ops.common.target import props_for
 
-    row = compile_prefill_usage(page_size, dtype, return_lse, config, head_size)
+    row = compile_gluon("prefill_gluon", page_size=page_size, dtype=dtype, return_lse=return_lse, config=config,
+                        head_size=head_size)
     assert row["problems"] == [], row
     assert row["spill_bytes"] == 0 and row["local"] == 0 and row["stack"] == 0, row
     assert 0 < row["shared"] <= props_for("sm90").max_shared, row
