@@ -132,3 +132,18 @@ def test_compiles_for_nvidia_and_amd():
     assert all(r["ok"] for r in rows), [r.get("failures") for r in rows]
     assert by_target["sm90"]["tiles"] == "16x64 w4 s3" and by_target["sm90"]["regs"] > 0
     assert by_target["gfx942"]["sgprs"] > 0 and by_target["gfx942"]["shared"] <= 64 * 1024
+
+
+def test_gluon_rows_are_sm90_only():
+    """The Gluon kernels' rows compile for sm90 only; on every other target the row says so and
+    neither fails nor counts as a kernel compiled or refused."""
+    names = {v.family for v in cm.variants(full=False)}
+    assert set(cm.GLUON_FAMILIES) <= names  # CI's subset compiles one of each for sm90
+    for family in cm.GLUON_FAMILIES:
+        for target in ("sm80", "sm100", "gfx942"):
+            (row,) = cm.compile_variant(cm.Variant(family), target)
+            assert row["elsewhere"] and row["problems"] == []
+    rows = cm.judge([cm.compile_variant(cm.Variant("mla_gluon"), "gfx942")[0]])
+    assert rows[0]["ok"] and cm._cell(rows[0], None) == "sm90 only"
+    s = cm.summary(rows, ["gfx942"])
+    assert s["elsewhere"] == 1 and s["refused"] == 0 and s["failed"] == 0
