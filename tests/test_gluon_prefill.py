@@ -24,7 +24,7 @@ from pagedattn.ops.prefill_gluon.launch import (
 )
 from pagedattn.plan import PREFILL_MIN_QUERY_LEN
 from pagedattn.reference import paged_attention_ref
-from pagedattn.testing import assert_matches_reference, make_paged_batch
+from pagedattn.testing import assert_matches_reference, captured, make_paged_batch
 
 needs_gluon = pytest.mark.skipif(gluon_kernel() is None, reason="triton.experimental.gluon is missing")
 needs_sm90 = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
@@ -318,14 +318,7 @@ def test_gluon_prefill_cuda_graph_gpu(calls):
         paged_attention(*batch.args(), max_query_len=batch.max_query_len, max_seq_len=batch.max_seq_len, out=out,
                         lse_out=lse, plan=plan)
 
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        step()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
+    graph = captured(step)
     out.fill_(float("nan"))
     lse.fill_(float("nan"))
     graph.replay()

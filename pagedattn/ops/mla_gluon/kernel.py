@@ -45,25 +45,12 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
 
+from pagedattn.ops.common.gluon_math import LN2, LOG2E, max_combine, sum_combine
+
 LATENT_DIM = gl.constexpr(512)
 ROPE_DIM = gl.constexpr(64)
 BLOCK_M = gl.constexpr(64)  # rows (heads) of a CTA: the M of one warpgroup's wgmma
 NUM_WARPS = gl.constexpr(8)
-LOG2E = gl.constexpr(1.4426950408889634)
-LN2 = gl.constexpr(0.6931471805599453)
-
-
-# Reductions and cdiv written here: gl.max / gl.sum / gl.cdiv wrap triton.language's jit functions,
-# which Triton's CPU interpreter (TRITON_INTERPRET=1, the CPU test suite) replaces, and the
-# kernel would then not compile for sm90 there.
-@gluon.jit
-def _max_combine(a, b):
-    return gl.maximum(a, b)
-
-
-@gluon.jit
-def _sum_combine(a, b):
-    return a + b
 
 
 @gluon.jit
@@ -191,7 +178,7 @@ def mla_decode_gluon_kernel(
         s = s + s * 0.0
         k_pos = seg_lo + i * TILE_N + offs_sn
         x = gl.where((k_pos < seg_hi)[None, :], s * qk_scale, float("-inf"))
-        m_new = gl.maximum(m_i, gl.reduce(x, 1, _max_combine))
+        m_new = gl.maximum(m_i, gl.reduce(x, 1, max_combine))
         m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
         p = gl.exp2(x - m_safe[:, None])
         alpha = gl.exp2(m_i - m_safe)
@@ -208,10 +195,10 @@ def mla_decode_gluon_kernel(
 
     # finalize (as ops.common.attention_math.finalize_softmax): l == 0 -> out 0, lse -inf;
     # an inf or NaN in the accumulator -> NaN on the whole row
-    l_i = gl.reduce(l_acc, 1, _sum_combine)
+    l_i = gl.reduce(l_acc, 1, sum_combine)
     empty = l_i == 0.0
     l_safe = gl.where(empty, 1.0, l_i)
-    bad = gl.convert_layout(gl.reduce(acc * 0.0, 1, _sum_combine), gl.SliceLayout(1, s_l))
+    bad = gl.convert_layout(gl.reduce(acc * 0.0, 1, sum_combine), gl.SliceLayout(1, s_l))
     inv = gl.where(empty, 0.0, 1.0 / l_safe) + bad
     lse = gl.where(empty, float("-inf"), (m_i + gl.log2(l_safe)) * LN2 + bad)  # natural log
     out = acc * gl.convert_layout(inv, gl.SliceLayout(1, o_l))[:, None]

@@ -15,15 +15,14 @@ from __future__ import annotations
 import functools
 
 import torch
-import triton
 
 from pagedattn.ops.common.device import environ_is
+from pagedattn.ops.common.gluon import aligned, on_sm9x, triton_reason
 from pagedattn.ops.common.launching import launch
 from pagedattn.ops.mla.launch import MLAConfig, split_destination
 from pagedattn.ops.split_kv.launch import launch_merge_splits
 
 GLUON_ENV = "PAGEDATTN_MLA_GLUON"
-GLUON_TRITON = "3.6"  # Gluon's API changes between releases; the kernel is written against this one
 GLUON_LATENT_DIM = 512
 GLUON_ROPE_DIM = 64
 GLUON_BLOCK_H = 64  # heads a CTA (the M of a warpgroup's wgmma); fewer heads are padded
@@ -48,17 +47,6 @@ def gluon_mla_requested() -> bool:
     return environ_is(GLUON_ENV, "1")
 
 
-@functools.lru_cache(maxsize=None)
-def _sm9x(index: int) -> bool:
-    return torch.version.hip is None and torch.cuda.get_device_capability(index)[0] == 9
-
-
-def _aligned(t: torch.Tensor, dims) -> bool:
-    """16-byte aligned start, unit last stride, and the strides of ``dims`` multiples of 16
-    elements (Triton then specializes them as such and each cp.async moves 16 bytes)."""
-    return t.data_ptr() % 16 == 0 and t.stride(-1) == 1 and all(t.stride(d) % 16 == 0 for d in dims)
-
-
 def gluon_mla_supported(q_nope: torch.Tensor, q_pe: torch.Tensor, kv_cache: torch.Tensor,
                         max_query_len: int) -> str | None:
     """None when the Gluon kernel can serve this ``mla_decode`` call, else the reason it cannot.
@@ -69,8 +57,8 @@ def gluon_mla_supported(q_nope: torch.Tensor, q_pe: torch.Tensor, kv_cache: torc
     """
     if gluon_kernel() is None:
         return "triton.experimental.gluon is not available in this Triton"
-    if ".".join(triton.__version__.split(".")[:2]) != GLUON_TRITON:
-        return f"Triton {triton.__version__}: the Gluon kernel is written for Triton {GLUON_TRITON}"
+    if triton_reason() is not None:
+        return triton_reason()
     if max_query_len != 1:
         return f"max_query_len {max_query_len}: the Gluon kernel takes one query token a sequence"
     if q_nope.dtype not in _DTYPES:
@@ -84,17 +72,15 @@ def gluon_mla_supported(q_nope: torch.Tensor, q_pe: torch.Tensor, kv_cache: torc
     if page_size & (page_size - 1):
         return f"kv_cache block_size {page_size}: the Gluon kernel takes a power of 2"
     for name, t, dims in (("q_nope", q_nope, (0, 1)), ("q_pe", q_pe, (0, 1)), ("kv_cache", kv_cache, (0, 1))):
-        if not _aligned(t, dims):
+        if not aligned(t, dims):
             return f"{name}: the Gluon kernel needs 16-byte aligned rows (strides {tuple(t.stride())})"
     return None
 
 
 def use_gluon_mla(q_nope: torch.Tensor, q_pe: torch.Tensor, kv_cache: torch.Tensor, max_query_len: int) -> bool:
     """``PAGEDATTN_MLA_GLUON=1``, a CUDA GPU of compute capability 9.x and a call the kernel serves."""
-    if not gluon_mla_requested() or q_nope.device.type != "cuda":
-        return False
-    index = q_nope.device.index if q_nope.device.index is not None else torch.cuda.current_device()
-    return _sm9x(index) and gluon_mla_supported(q_nope, q_pe, kv_cache, max_query_len) is None
+    return (gluon_mla_requested() and on_sm9x(q_nope)
+            and gluon_mla_supported(q_nope, q_pe, kv_cache, max_query_len) is None)
 
 
 def launch_mla_decode_gluon(

@@ -59,21 +59,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-LOG2E = gl.constexpr(1.4426950408889634)
-LN2 = gl.constexpr(0.6931471805599453)
+from pagedattn.ops.common.gluon_math import LN2, LOG2E, max_combine, sum_combine
 
-
-# Reductions written here: gl.max / gl.sum wrap triton.language's jit functions, which Triton's
-# CPU interpreter (TRITON_INTERPRET=1, the CPU test suite) replaces, and the kernel would then
-# not compile for sm90 there.
-@gluon.jit
-def _max_combine(a, b):
-    return gl.maximum(a, b)
-
-
-@gluon.jit
-def _sum_combine(a, b):
-    return a + b
 
 
 @gluon.jit
@@ -137,14 +124,14 @@ def _attend_tiles(i_lo, i_hi, q_smem, k_bufs, v_bufs, k_ready, v_ready, kv_empty
         if MASKED:
             k_pos = i * BLOCK_N + offs_n
             x = gl.where(k_pos[None, :] <= q_pos[:, None], x, float("-inf"))
-            m_new = gl.maximum(m_i, gl.reduce(x, 1, _max_combine) * qk_scale)
+            m_new = gl.maximum(m_i, gl.reduce(x, 1, max_combine) * qk_scale)
             m_use = gl.where(m_new == float("-inf"), 0.0, m_new)  # rows that have seen no key yet
         else:
-            m_new = gl.maximum(m_i, gl.reduce(x, 1, _max_combine) * qk_scale)
+            m_new = gl.maximum(m_i, gl.reduce(x, 1, max_combine) * qk_scale)
             m_use = m_new
         p = gl.exp2(x * qk_scale - m_use[:, None])
         alpha = gl.exp2(m_i - m_use)
-        l_i = l_i * alpha + gl.reduce(p, 1, _sum_combine)
+        l_i = l_i * alpha + gl.reduce(p, 1, sum_combine)
         m_i = m_new
 
         acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_l))[:, None]
@@ -182,7 +169,7 @@ def _consumer(q_smem, k_bufs, v_bufs, k_ready, v_ready, kv_empty, out_ptr, lse_p
     # an inf or NaN in the accumulator -> NaN on the whole row
     empty = l_i == 0.0
     l_safe = gl.where(empty, 1.0, l_i)
-    bad = gl.convert_layout(gl.reduce(acc * 0.0, 1, _sum_combine), gl.SliceLayout(1, s_l))
+    bad = gl.convert_layout(gl.reduce(acc * 0.0, 1, sum_combine), gl.SliceLayout(1, s_l))
     inv = gl.where(empty, 0.0, 1.0 / l_safe) + bad
     lse = gl.where(empty, float("-inf"), (m_i + gl.log2(l_safe)) * LN2 + bad)  # natural log
     out = acc * gl.convert_layout(inv, gl.SliceLayout(1, o_l))[:, None]

@@ -16,16 +16,15 @@ import functools
 from dataclasses import dataclass
 
 import torch
-import triton
 
 from pagedattn.ops.common.bundles import AttentionArgs
 from pagedattn.ops.common.device import environ_is
+from pagedattn.ops.common.gluon import aligned, on_sm9x, triton_reason
 from pagedattn.ops.common.host_math import cdiv
 from pagedattn.ops.common.launching import launch
 from pagedattn.ops.prefill.launch import q_tiles_fit
 
 GLUON_PREFILL_ENV = "PAGEDATTN_PREFILL_GLUON"
-GLUON_TRITON = "3.6"  # Gluon's API changes between releases; the kernel is written against this one
 GLUON_HEAD_SIZES = (64, 128)
 GLUON_MIN_PAGE = 16
 _DTYPES = (torch.bfloat16, torch.float16)
@@ -68,17 +67,6 @@ def gluon_prefill_requested() -> bool:
     return environ_is(GLUON_PREFILL_ENV, "1")
 
 
-@functools.lru_cache(maxsize=None)
-def _sm9x(index: int) -> bool:
-    return torch.version.hip is None and torch.cuda.get_device_capability(index)[0] == 9
-
-
-def _aligned(t: torch.Tensor, dims) -> bool:
-    """16-byte aligned start, unit last stride, and the strides of ``dims`` multiples of 16
-    elements (Triton then specializes them as such and each cp.async moves 16 bytes)."""
-    return t.data_ptr() % 16 == 0 and t.stride(-1) == 1 and all(t.stride(d) % 16 == 0 for d in dims)
-
-
 def gluon_prefill_supported(a: AttentionArgs, max_query_len: int,
                             config: GluonPrefillConfig = GLUON_PREFILL_CONFIG) -> str | None:
     """None when the Gluon kernel can serve the prefill launch of this ``paged_attention`` call,
@@ -92,8 +80,8 @@ def gluon_prefill_supported(a: AttentionArgs, max_query_len: int,
     """
     if gluon_kernel() is None:
         return "triton.experimental.gluon is not available in this Triton"
-    if ".".join(triton.__version__.split(".")[:2]) != GLUON_TRITON:
-        return f"Triton {triton.__version__}: the Gluon kernel is written for Triton {GLUON_TRITON}"
+    if triton_reason() is not None:
+        return triton_reason()
     q, k, v = a.q, a.k_cache, a.v_cache
     if a.block_table is None or k.dim() != 4:
         return "contiguous K/V: the Gluon kernel reads a paged cache"
@@ -120,7 +108,7 @@ def gluon_prefill_supported(a: AttentionArgs, max_query_len: int,
     if k.stride() != v.stride():
         return f"k_cache strides {tuple(k.stride())} differ from v_cache's {tuple(v.stride())}"
     for name, t, dims in (("k_cache", k, (0, 1, 2)), ("v_cache", v, (0, 1, 2))):
-        if not _aligned(t, dims):
+        if not aligned(t, dims):
             return f"{name}: the Gluon kernel needs 16-byte aligned rows (strides {tuple(t.stride())})"
     if not q_tiles_fit(max_query_len, config.block_m):
         return f"max_query_len {max_query_len}: too many {config.block_m}-row Q tiles for the grid"
@@ -129,11 +117,7 @@ def gluon_prefill_supported(a: AttentionArgs, max_query_len: int,
 
 def use_gluon_prefill(a: AttentionArgs, max_query_len: int) -> bool:
     """``PAGEDATTN_PREFILL_GLUON=1``, a CUDA GPU of compute capability 9.x and a call the kernel serves."""
-    q = a.q
-    if not gluon_prefill_requested() or q.device.type != "cuda":
-        return False
-    index = q.device.index if q.device.index is not None else torch.cuda.current_device()
-    return _sm9x(index) and gluon_prefill_supported(a, max_query_len) is None
+    return gluon_prefill_requested() and on_sm9x(a.q) and gluon_prefill_supported(a, max_query_len) is None
 
 
 def launch_prefill_gluon(
