@@ -91,6 +91,7 @@ def test_gluon_prefill_supported():
     assert "sinks" in gluon_prefill_supported(dataclasses.replace(a, sinks=torch.ones(8)), 20)
     prefix = torch.zeros(2, 1, 2, dtype=torch.int32)
     assert "prefix_ranges" in gluon_prefill_supported(dataclasses.replace(a, prefix_ranges=prefix), 20)
+    assert "alibi_mode" in gluon_prefill_supported(dataclasses.replace(a, alibi_mode=1), 20)
     assert "causal" in gluon_prefill_supported(dataclasses.replace(a, causal=False), 20)
     assert "positive scale" in gluon_prefill_supported(dataclasses.replace(a, scale=-0.1), 20)
     fp8 = _args(cache_dtype=torch.float8_e4m3fn, k_scale=torch.ones(1), v_scale=torch.ones(1))
@@ -105,6 +106,19 @@ def test_gluon_prefill_supported():
     wide = torch.zeros(6, 16, 2, 136, dtype=torch.bfloat16)[..., :128]  # a head stride of 136: not a multiple of 16
     assert "aligned" in gluon_prefill_supported(dataclasses.replace(a, k_cache=wide, v_cache=wide), 20)
     assert "Q tiles" in gluon_prefill_supported(a, 65536 * GLUON_PREFILL_CONFIG.block_m + 1)
+
+
+@needs_gluon
+def test_gluon_prefill_refuses_a_modifier_it_has_never_heard_of():
+    """A score modifier added to AttentionArgs later is refused without a change to the Gluon
+    launcher: every field that is not an input counts as a modifier."""
+    @dataclasses.dataclass
+    class WithTemperature(AttentionArgs):
+        temperature: float = 0.0
+
+    a = WithTemperature(**{f.name: getattr(_args(), f.name) for f in dataclasses.fields(AttentionArgs)})
+    assert gluon_prefill_supported(a, 20) is None
+    assert "temperature" in gluon_prefill_supported(dataclasses.replace(a, temperature=0.7), 20)
 
 
 def test_gluon_prefill_not_used_off_gpu(monkeypatch):

@@ -25,6 +25,7 @@ Bundles hold tensors, ints, floats and None only, one level deep: a recorded lau
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import NamedTuple, Optional
 
@@ -58,6 +59,23 @@ class AttentionArgs:
     k_scale: torch.Tensor | None  # [1] fp32 for an fp8 cache
     v_scale: torch.Tensor | None
     max_q_len_served: int = 2**31 - 1  # longer sequences go to the prefill kernel
+
+    def score_modifiers(self) -> list[str]:
+        """The fields that change the scores beyond ``scale * q.k`` and the causal mask and are on
+        (not None, 0 or False). Every field not in ``_INPUT_FIELDS`` counts, so a modifier added
+        here is seen by the kernels that serve none (the Gluon prefill) without touching them."""
+        return [f.name for f in dataclasses.fields(self)
+                if f.name not in _INPUT_FIELDS and _on(getattr(self, f.name))]
+
+
+# AttentionArgs' fields that are the call's tensors, its scale and mask and the fp8 scales, not
+# score modifiers
+_INPUT_FIELDS = frozenset({"q", "k_cache", "v_cache", "block_table", "seq_lens", "query_start_loc", "scale",
+                           "causal", "k_scale", "v_scale", "max_q_len_served"})
+
+
+def _on(value) -> bool:
+    return value is not None and not (isinstance(value, (bool, int, float)) and not value)
 
 
 class Queries(NamedTuple):

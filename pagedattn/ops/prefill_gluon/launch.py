@@ -97,10 +97,7 @@ def gluon_prefill_supported(a: AttentionArgs, max_query_len: int,
         return f"block_size {page_size}: the Gluon kernel takes a power of 2 >= {GLUON_MIN_PAGE}"
     if not a.causal:
         return "causal=False: the Gluon kernel is causal only"
-    mods = [name for name, on in (("sliding_window", a.sliding_window > 0), ("softcap", a.softcap > 0),
-                                  ("alibi_slopes", a.alibi_slopes is not None or a.alibi_mode != 0),
-                                  ("sinks", a.sinks is not None), ("prefix_ranges", a.prefix_ranges is not None))
-            if on]
+    mods = a.score_modifiers()
     if mods:
         return f"{', '.join(mods)}: the Gluon kernel takes no score modifier"
     if not a.scale > 0:
