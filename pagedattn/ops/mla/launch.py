@@ -87,6 +87,12 @@ def mla_grid_q_blocks(num_tokens: int, num_seqs: int, config: MLAConfig) -> int:
     return num_tokens // config.block_q + num_seqs
 
 
+def mla_strides(q_nope, q_pe, kv_cache, block_table, o_strides, l_strides) -> MLAStrides:
+    """The decode kernels' strides (``o_strides`` / ``l_strides`` from ``split_destination``)."""
+    return MLAStrides(q_nope.stride(0), q_nope.stride(1), q_pe.stride(0), q_pe.stride(1), *o_strides, *l_strides,
+                      kv_cache.stride(0), kv_cache.stride(1), block_table.stride(0))
+
+
 def split_destination(out, lse, partial_out, partial_lse, num_splits: int):
     """Where a decode kernel writes: ``(out, lse, out strides, lse strides)``, the strides by
     token, head and split. One split writes the final out / lse (split stride 0); several write
@@ -142,8 +148,7 @@ def launch_mla_decode(
            out_ptr=dst, lse_ptr=dst_lse, q_nope_ptr=q_nope, q_pe_ptr=q_pe, kv_cache_ptr=kv_cache,
            block_table_ptr=block_table, seq_lens_ptr=seq_lens, query_start_loc_ptr=query_start_loc,
            kv_scale_ptr=kv_scale,
-           st=MLAStrides(q_nope.stride(0), q_nope.stride(1), q_pe.stride(0), q_pe.stride(1), *o_strides, *l_strides,
-                         kv_cache.stride(0), kv_cache.stride(1), block_table.stride(0)),
+           st=mla_strides(q_nope, q_pe, kv_cache, block_table, o_strides, l_strides),
            scale=scale, num_heads=num_heads, num_seqs=num_seqs, num_tokens=num_tokens, num_blocks=kv_cache.shape[0],
            max_blocks_per_seq=block_table.shape[1], num_splits=num_splits, CFG=cfg,
            num_warps=config.num_warps, num_stages=config.num_stages)

@@ -19,7 +19,7 @@ import torch
 from pagedattn.ops.common.device import environ_is
 from pagedattn.ops.common.gluon import aligned, on_sm9x, triton_reason
 from pagedattn.ops.common.launching import launch
-from pagedattn.ops.mla.launch import MLAConfig, split_destination
+from pagedattn.ops.mla.launch import MLAConfig, mla_strides, split_destination
 from pagedattn.ops.split_kv.launch import launch_merge_splits
 
 GLUON_ENV = "PAGEDATTN_MLA_GLUON"
@@ -121,11 +121,7 @@ def launch_mla_decode_gluon(
     launch(kernel, (num_seqs * num_splits * head_groups,),
            out_ptr=dst, lse_ptr=dst_lse, q_nope_ptr=q_nope, q_pe_ptr=q_pe, kv_cache_ptr=kv_cache,
            block_table_ptr=block_table, seq_lens_ptr=seq_lens, query_start_loc_ptr=query_start_loc,
-           stride_qn_t=q_nope.stride(0), stride_qn_h=q_nope.stride(1),
-           stride_qp_t=q_pe.stride(0), stride_qp_h=q_pe.stride(1),
-           stride_o_t=o_strides[0], stride_o_h=o_strides[1], stride_o_s=o_strides[2],
-           stride_lse_t=l_strides[0], stride_lse_h=l_strides[1], stride_lse_s=l_strides[2],
-           stride_c_b=kv_cache.stride(0), stride_c_s=kv_cache.stride(1), stride_bt_s=block_table.stride(0),
+           st=mla_strides(q_nope, q_pe, kv_cache, block_table, o_strides, l_strides),
            scale=scale, num_heads=num_heads, num_seqs=num_seqs, num_tokens=num_tokens,
            num_blocks=kv_cache.shape[0], max_blocks_per_seq=block_table.shape[1], num_splits=num_splits,
            PAGE_SIZE=kv_cache.shape[1], TILE_N=config.tile_n, NUM_STAGES=config.num_stages,
