@@ -77,7 +77,10 @@ def mla_decode_gluon_kernel(
     q_nope_ptr, q_pe_ptr,  # [num_tokens, num_heads, 512], [num_tokens, num_heads, 64]
     kv_cache_ptr,  # [num_blocks, PAGE_SIZE, 576]
     block_table_ptr, seq_lens_ptr, query_start_loc_ptr,  # [num_seqs, max_blocks_per_seq], [num_seqs], [num_seqs + 1]
-    st,  # MLAStrides (pagedattn.ops.mla.launch), as the portable kernel takes them (stride_o_s 0: final output)
+    stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h,
+    stride_o_t, stride_o_h, stride_o_s,  # stride_o_s: 0 when the kernel writes the final output
+    stride_lse_t, stride_lse_h, stride_lse_s,
+    stride_c_b, stride_c_s, stride_bt_s,
     scale, num_heads, num_seqs, num_tokens, num_blocks, max_blocks_per_seq, num_splits,
     PAGE_SIZE: gl.constexpr, TILE_N: gl.constexpr, NUM_STAGES: gl.constexpr,
 ):
@@ -133,18 +136,18 @@ def mla_decode_gluon_kernel(
     offs_cr = gl.arange(0, ROPE_DIM, layout=col_cp)
     head = (head_group * BLOCK_M + offs_m).to(gl.int64)
     head_ok = (head < num_heads)[:, None]
-    qn_rows = token * st.stride_qn_t + head * st.stride_qn_h
-    qp_rows = token * st.stride_qp_t + head * st.stride_qp_h
+    qn_rows = token * stride_qn_t + head * stride_qn_h
+    qp_rows = token * stride_qp_t + head * stride_qp_h
     cp.async_copy_global_to_shared(q_n_smem, q_nope_ptr + qn_rows[:, None] + offs_cn[None, :], mask=head_ok)
     cp.async_copy_global_to_shared(q_r_smem, q_pe_ptr + qp_rows[:, None] + offs_cr[None, :], mask=head_ok)
 
     # prologue: tiles 0 .. NUM_STAGES - 2 (the queries join tile 0's group)
     offs_n = gl.arange(0, TILE_N, layout=row_cp)
-    bt_row_ptr = block_table_ptr + seq.to(gl.int64) * st.stride_bt_s
+    bt_row_ptr = block_table_ptr + seq.to(gl.int64) * stride_bt_s
     for t in gl.static_range(NUM_STAGES - 1):
         if t < n_tiles:
             _issue_tile(kn_bufs.index(t), kr_bufs.index(t), kv_cache_ptr, bt_row_ptr, seg_lo + t * TILE_N, seg_hi,
-                        num_blocks, max_blocks_per_seq, st.stride_c_b, st.stride_c_s, offs_n, offs_cn, offs_cr, PAGE_SIZE)
+                        num_blocks, max_blocks_per_seq, stride_c_b, stride_c_s, offs_n, offs_cn, offs_cr, PAGE_SIZE)
         cp.commit_group()
 
     qk_scale = scale * LOG2E
@@ -161,7 +164,7 @@ def mla_decode_gluon_kernel(
         nxt = i + NUM_STAGES - 1
         if nxt < n_tiles:  # refill the slot step i - 1 read
             _issue_tile(kn_bufs.index(nxt % NUM_STAGES), kr_bufs.index(nxt % NUM_STAGES), kv_cache_ptr, bt_row_ptr,
-                        seg_lo + nxt * TILE_N, seg_hi, num_blocks, max_blocks_per_seq, st.stride_c_b, st.stride_c_s,
+                        seg_lo + nxt * TILE_N, seg_hi, num_blocks, max_blocks_per_seq, stride_c_b, stride_c_s,
                         offs_n, offs_cn, offs_cr, PAGE_SIZE)
         cp.commit_group()
 
@@ -204,10 +207,10 @@ def mla_decode_gluon_kernel(
     split64 = split.to(gl.int64)
     o_head = (head_group * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, o_l))).to(gl.int64)
     o_cols = gl.arange(0, LATENT_DIM, layout=gl.SliceLayout(0, o_l))
-    o_rows = token * st.stride_o_t + o_head * st.stride_o_h + split64 * st.stride_o_s
+    o_rows = token * stride_o_t + o_head * stride_o_h + split64 * stride_o_s
     gl.store(out_ptr + o_rows[:, None] + o_cols[None, :], out.to(out_ptr.dtype.element_ty),
              mask=(o_head < num_heads)[:, None])
     if lse_ptr is not None:
         l_head = (head_group * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_l))).to(gl.int64)
-        gl.store(lse_ptr + token * st.stride_lse_t + l_head * st.stride_lse_h + split64 * st.stride_lse_s, lse,
+        gl.store(lse_ptr + token * stride_lse_t + l_head * stride_lse_h + split64 * stride_lse_s, lse,
                  mask=l_head < num_heads)

@@ -121,7 +121,9 @@ def launch_mla_decode_gluon(
     launch(kernel, (num_seqs * num_splits * head_groups,),
            out_ptr=dst, lse_ptr=dst_lse, q_nope_ptr=q_nope, q_pe_ptr=q_pe, kv_cache_ptr=kv_cache,
            block_table_ptr=block_table, seq_lens_ptr=seq_lens, query_start_loc_ptr=query_start_loc,
-           st=mla_strides(q_nope, q_pe, kv_cache, block_table, o_strides, l_strides),
+           # the portable kernel's strides, one parameter each: Gluon 3.6 fails to compile a bundle whose
+           # member Triton specializes to 1 (the split partials' last stride)
+           **mla_strides(q_nope, q_pe, kv_cache, block_table, o_strides, l_strides)._asdict(),
            scale=scale, num_heads=num_heads, num_seqs=num_seqs, num_tokens=num_tokens,
            num_blocks=kv_cache.shape[0], max_blocks_per_seq=block_table.shape[1], num_splits=num_splits,
            PAGE_SIZE=kv_cache.shape[1], TILE_N=config.tile_n, NUM_STAGES=config.num_stages,
