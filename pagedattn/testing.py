@@ -252,3 +252,22 @@ def make_mla_batch(cases, *, num_heads: int = 128, latent: int = 512, rope: int 
     batch = dict(q_nope=q_nope, q_pe=q_pe, kv_cache=kv_cache, block_table=block_table.to(device),
                  seq_lens=seq_lens.to(device), query_start_loc=qsl.to(device))
     return batch, max(q_lens), max(kv for _, kv in cases)
+
+
+def runs_within(code: str, timeout: float, env: dict | None = None) -> str | None:
+    """Run ``code`` in a fresh Python process: None when it exits 0 within ``timeout`` seconds,
+    else what went wrong (its exit status and output's end, or that it was killed). A GPU kernel
+    that never finishes (a barrier waiting forever) hangs its process, and a test that ran it
+    in-process would hang the suite; from outside, the test fails instead."""
+    import os
+    import subprocess
+    import sys
+
+    try:
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout,
+                              env={**os.environ, **(env or {})})
+    except subprocess.TimeoutExpired:
+        return f"did not finish within {timeout:.0f} s (killed)"
+    if proc.returncode != 0:
+        return f"exit status {proc.returncode}: {(proc.stdout + proc.stderr)[-2000:]}"
+    return None

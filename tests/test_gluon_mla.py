@@ -14,7 +14,7 @@ from pagedattn import mla_decode
 from pagedattn.ops.mla.launch import MLAConfig
 from pagedattn.ops.mla_gluon.launch import GLUON_ENV, GLUON_MLA_CONFIG, gluon_kernel, gluon_mla_supported, use_gluon_mla
 from pagedattn.reference import mla_decode_ref
-from pagedattn.testing import assert_matches_reference, captured, make_mla_batch
+from pagedattn.testing import assert_matches_reference, captured, make_mla_batch, runs_within
 
 LATENT, ROPE = 512, 64
 SCALE = 192 ** -0.5  # DeepSeek-V3: 1 / sqrt(qk_nope_head_dim + qk_rope_head_dim)
@@ -97,8 +97,27 @@ def mixed_cases(num_seqs, seed):
     return [(1, chosen[i]) for i in torch.randperm(num_seqs, generator=g).tolist()]
 
 
+SMOKE = """
+import torch
+from pagedattn import mla_decode
+from pagedattn.testing import make_mla_batch
+batch, _, _ = make_mla_batch([(1, 300), (1, 17)], num_heads=128, block_size=64)
+mla_decode(**batch, scale=0.07, max_query_len=1, max_seq_len=300, num_splits=2)
+torch.cuda.synchronize()
+"""
+
+
+@pytest.fixture(scope="module")
+def gluon_finishes():
+    """One small Gluon call in a separate process first: if the kernel never finishes (a barrier
+    protocol that deadlocks), every GPU test of this file fails at once instead of hanging the suite."""
+    problem = runs_within(SMOKE, timeout=240, env={GLUON_ENV: "1"})
+    if problem:
+        pytest.fail(f"the Gluon MLA kernel's first call {problem}")
+
+
 @pytest.fixture
-def gluon_calls(monkeypatch):
+def gluon_calls(monkeypatch, gluon_finishes):
     """PAGEDATTN_MLA_GLUON=1; the Gluon launches are counted (their num_splits listed) and the
     split workspaces poisoned with NaN, so an unwritten partial fails."""
     monkeypatch.setenv(GLUON_ENV, "1")

@@ -24,7 +24,7 @@ from pagedattn.ops.prefill_gluon.launch import (
 )
 from pagedattn.plan import PREFILL_MIN_QUERY_LEN
 from pagedattn.reference import paged_attention_ref
-from pagedattn.testing import assert_matches_reference, captured, make_paged_batch
+from pagedattn.testing import assert_matches_reference, captured, make_paged_batch, runs_within
 
 needs_gluon = pytest.mark.skipif(gluon_kernel() is None, reason="triton.experimental.gluon is missing")
 needs_sm90 = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
@@ -160,8 +160,28 @@ class GluonCalls:
         self.config = GLUON_PREFILL_CONFIG
 
 
+SMOKE = """
+import torch
+import pagedattn
+from pagedattn.testing import make_paged_batch
+batch = make_paged_batch([(300, 300), (129, 700)], num_q_heads=8, num_kv_heads=2, head_size=128, block_size=16,
+                         dtype=torch.bfloat16, device="cuda")
+pagedattn.paged_attention(*batch.args(), max_query_len=300, max_seq_len=700)
+torch.cuda.synchronize()
+"""
+
+
+@pytest.fixture(scope="module")
+def gluon_finishes():
+    """One small Gluon call in a separate process first: if the kernel never finishes (a barrier
+    protocol that deadlocks), every GPU test of this file fails at once instead of hanging the suite."""
+    problem = runs_within(SMOKE, timeout=240, env={GLUON_PREFILL_ENV: "1"})
+    if problem:
+        pytest.fail(f"the Gluon prefill kernel's first call {problem}")
+
+
 @pytest.fixture
-def calls(monkeypatch):
+def calls(monkeypatch, gluon_finishes):
     """PAGEDATTN_PREFILL_GLUON=1; both prefill launchers are counted (tapes cleared: a replayed
     tape would bypass them)."""
     monkeypatch.setenv(GLUON_PREFILL_ENV, "1")
