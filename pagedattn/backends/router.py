@@ -44,6 +44,7 @@ import torch
 
 from pagedattn.backends.base import BackendConfig, BatchMetadata, features_of_call
 from pagedattn.backends.triton_backend import TritonBackend, plan_for_config
+from pagedattn.plan import host_list
 
 __all__ = ["DEFAULT_CHUNK_TOKENS", "KINDS", "RouteOrder", "RouterPlan", "RouterBackend", "route_order"]
 
@@ -101,10 +102,6 @@ class RouteOrder:
         return out
 
 
-def _host_list(x) -> list:
-    return [int(v) for v in (x.tolist() if isinstance(x, torch.Tensor) else x)]
-
-
 def route_order(query_start_loc, seq_lens, *, device="cpu") -> RouteOrder:
     """Order sequences as ``[decode | extend | prefill | empty]`` (stable within each kind).
 
@@ -120,8 +117,8 @@ def route_order(query_start_loc, seq_lens, *, device="cpu") -> RouteOrder:
     >>> order.seq_perm_host            # decode (seq 1), extend (seq 2), prefill (seq 0)
     [1, 2, 0]
     """
-    qsl = _host_list(query_start_loc)
-    lens = _host_list(seq_lens)
+    qsl = host_list(query_start_loc, "query_start_loc")
+    lens = host_list(seq_lens, "seq_lens")
     if len(qsl) != len(lens) + 1:
         raise ValueError(f"query_start_loc has {len(qsl)} entries; expected len(seq_lens) + 1 = {len(lens) + 1}")
     kinds = [_kind(b - a, n) for a, b, n in zip(qsl[:-1], qsl[1:], lens)]

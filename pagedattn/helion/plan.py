@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from pagedattn.plan import host_list
+
 __all__ = ["HelionPlan", "plan_attention", "PREFILL_MIN_QUERY_LEN", "PREFILL_CHUNK", "MIN_SEGMENT"]
 
 # Sequences with at least this many queries run the prefill kernel (one K/V read per query
@@ -56,15 +58,6 @@ class HelionPlan:
     stats: dict = field(default_factory=dict)
 
 
-def _host_list(x, name: str) -> list:
-    if isinstance(x, torch.Tensor):
-        return [int(v) for v in x.tolist()]
-    try:
-        return [int(v) for v in x]
-    except TypeError:
-        raise TypeError(f"{name} must be a tensor or a sequence of ints, got {type(x).__name__}") from None
-
-
 def _target_programs(device: torch.device) -> int:
     """Decode programs to aim for: four per SM keeps the memory pipes busy (and the tail short)
     on a GPU; on the CPU (reference mode) every program is Python work, so a few."""
@@ -103,8 +96,8 @@ def plan_attention(
     >>> plan = plan_attention(qsl_host, seq_lens_host, num_q_heads=32, num_kv_heads=8, head_size=128)
     >>> out = pagedattn.helion.paged_attention(q, k_cache, v_cache, block_table, seq_lens, qsl, plan=plan)
     """
-    qsl = _host_list(query_start_loc, "query_start_loc")
-    lens = _host_list(seq_lens, "seq_lens")
+    qsl = host_list(query_start_loc, "query_start_loc")
+    lens = host_list(seq_lens, "seq_lens")
     if len(qsl) != len(lens) + 1:
         raise ValueError(f"query_start_loc has {len(qsl)} entries; expected len(seq_lens) + 1 = {len(lens) + 1}")
     if sliding_window is not None and (isinstance(sliding_window, bool) or not isinstance(sliding_window, int)

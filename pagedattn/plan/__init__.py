@@ -21,7 +21,7 @@ patch the module that calls it (``pagedattn.plan.prefill.pick_prefill_tiles``), 
 """
 
 from pagedattn.ops.common.tiles import Tiles
-from pagedattn.plan.attention_plan import AttentionPlan, PlanSizes
+from pagedattn.plan.attention_plan import AttentionPlan, PlanSizes, host_list
 from pagedattn.plan.mla import (
     MLA_FILL_PER_SM,
     MLA_MAX_SPLITS,
@@ -75,7 +75,7 @@ __all__ = [
     "RESIDENT_PROGRAMS_PER_SM", "SCHEDULES", "SHORT_PREFILL_WAVES", "SPLIT_COST_TOKENS", "SPLIT_KV_MAX_QUERY_LEN",
     "UNEQUAL_MAX_REGISTERS", "UNEQUAL_RATIO", "UNEQUAL_WAVES",
     "AttentionPlan", "PlanSizes", "Tiles",
-    "auto_path", "balanced_segment", "choose_mla_splits", "choose_num_splits", "choose_path", "fitted",
+    "auto_path", "balanced_segment", "choose_mla_splits", "choose_num_splits", "choose_path", "fitted", "host_list",
     "mla_programs_per_sm", "num_sms", "persistent_takes_fewer_waves", "persistent_work_list", "pick_mla_config",
     "pick_prefill_tiles", "pick_tiles", "plan_attention", "plan_for_call", "resolve_mla_config", "short_prefill",
     "work_list_layout",

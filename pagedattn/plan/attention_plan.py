@@ -149,8 +149,12 @@ class AttentionPlan:
         self._staging = upload(dst, self._staging)
 
 
-def host_list(x) -> list[int]:
-    """``x`` (a list, or a tensor: one sync if it lives on the device) as a new list of Python ints."""
+def host_list(x, name: str = "x") -> list[int]:
+    """``x`` (a sequence of ints, or a tensor: one sync if it lives on the device) as a new list of
+    Python ints; TypeError naming ``name`` for anything else."""
     if isinstance(x, torch.Tensor):
         return x.tolist()  # Python ints (one sync if x lives on the device)
-    return [int(v) for v in x]
+    try:
+        return [int(v) for v in x]
+    except TypeError:
+        raise TypeError(f"{name} must be a tensor or a sequence of ints, got {type(x).__name__}") from None
