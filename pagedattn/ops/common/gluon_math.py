@@ -21,3 +21,19 @@ def max_combine(a, b):
 @gluon.jit
 def sum_combine(a, b):
     return a + b
+
+
+@gluon.jit
+def finalize_rows(acc, m_i, l_i, s_layout: gl.constexpr, o_layout: gl.constexpr):
+    """``(out, lse)`` of rows from the accumulator ``acc`` (layout ``o_layout``) and the running
+    max ``m_i`` (base 2) and sum ``l_i`` (both sliced from ``s_layout``), as
+    ``ops.common.attention_math.finalize_softmax``: l == 0 -> out 0 and lse -inf; an inf or NaN
+    in the accumulator -> NaN on the whole row. lse in natural log."""
+    empty = l_i == 0.0
+    l_safe = gl.where(empty, 1.0, l_i)
+    bad = gl.convert_layout(gl.reduce(acc * 0.0, 1, sum_combine), gl.SliceLayout(1, s_layout))
+    inv = gl.where(empty, 0.0, 1.0 / l_safe) + bad
+    lse = gl.where(empty, float("-inf"), (m_i + gl.log2(l_safe)) * LN2 + bad)
+    out = acc * gl.convert_layout(inv, gl.SliceLayout(1, o_layout))[:, None]
+    out = gl.where(gl.convert_layout(empty, gl.SliceLayout(1, o_layout))[:, None], 0.0, out)
+    return out, lse

@@ -45,7 +45,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
 
-from pagedattn.ops.common.gluon_math import LN2, LOG2E, max_combine, sum_combine
+from pagedattn.ops.common.gluon_math import LOG2E, finalize_rows, max_combine, sum_combine
 
 LATENT_DIM = gl.constexpr(512)
 ROPE_DIM = gl.constexpr(64)
@@ -193,16 +193,8 @@ def mla_decode_gluon_kernel(
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
     cp.wait_group(0)
 
-    # finalize (as ops.common.attention_math.finalize_softmax): l == 0 -> out 0, lse -inf;
-    # an inf or NaN in the accumulator -> NaN on the whole row
     l_i = gl.reduce(l_acc, 1, sum_combine)
-    empty = l_i == 0.0
-    l_safe = gl.where(empty, 1.0, l_i)
-    bad = gl.convert_layout(gl.reduce(acc * 0.0, 1, sum_combine), gl.SliceLayout(1, s_l))
-    inv = gl.where(empty, 0.0, 1.0 / l_safe) + bad
-    lse = gl.where(empty, float("-inf"), (m_i + gl.log2(l_safe)) * LN2 + bad)  # natural log
-    out = acc * gl.convert_layout(inv, gl.SliceLayout(1, o_l))[:, None]
-    out = gl.where(gl.convert_layout(empty, gl.SliceLayout(1, o_l))[:, None], 0.0, out)
+    out, lse = finalize_rows(acc, m_i, l_i, s_l, o_l)
 
     split64 = split.to(gl.int64)
     o_head = (head_group * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, o_l))).to(gl.int64)

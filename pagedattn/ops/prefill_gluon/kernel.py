@@ -59,7 +59,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from pagedattn.ops.common.gluon_math import LN2, LOG2E, max_combine, sum_combine
+from pagedattn.ops.common.gluon_math import LOG2E, finalize_rows, max_combine, sum_combine
 
 
 
@@ -165,15 +165,7 @@ def _consumer(q_smem, k_bufs, v_bufs, k_ready, v_ready, kv_empty, out_ptr, lse_p
     m_i, l_i, acc = _attend_tiles(n_free, n_tiles, q_smem, k_bufs, v_bufs, k_ready, v_ready, kv_empty, m_i, l_i,
                                   acc, q_pos, qk_scale, BLOCK_M, BLOCK_N, NUM_STAGES, NUM_WARPS, MASKED=True)
 
-    # finalize (as ops.common.attention_math.finalize_softmax): l == 0 -> out 0, lse -inf;
-    # an inf or NaN in the accumulator -> NaN on the whole row
-    empty = l_i == 0.0
-    l_safe = gl.where(empty, 1.0, l_i)
-    bad = gl.convert_layout(gl.reduce(acc * 0.0, 1, sum_combine), gl.SliceLayout(1, s_l))
-    inv = gl.where(empty, 0.0, 1.0 / l_safe) + bad
-    lse = gl.where(empty, float("-inf"), (m_i + gl.log2(l_safe)) * LN2 + bad)  # natural log
-    out = acc * gl.convert_layout(inv, gl.SliceLayout(1, o_l))[:, None]
-    out = gl.where(gl.convert_layout(empty, gl.SliceLayout(1, o_l))[:, None], 0.0, out)
+    out, lse = finalize_rows(acc, m_i, l_i, s_l, o_l)
 
     rows = row_lo + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, o_l))
     token = (q_start + rows).to(gl.int64)
