@@ -526,3 +526,33 @@ def test_warm_up_runs_each_distinct_layer_through_prefill_steps(monkeypatch):
     assert {impl for impl, _, _ in seen} == {plain, windowed}
     assert [q for impl, q, _ in seen if impl is plain] == [20, 18]
     assert all(shape == (2 + 1 + 3, NUM_KV_HEADS, 16, 2 * HEAD_SIZE) for _, _, shape in seen)
+
+
+@pytest.mark.parametrize("num_q_heads, num_kv_heads, head_size", [(32, 8, 128), (8, 2, 128), (32, 8, 64), (16, 16, 256)])
+def test_warm_up_steps_cover_the_prefill_tiles_of_real_batches(monkeypatch, num_q_heads, num_kv_heads, head_size):
+    """Planned for the H200 (the tiles the GPU compiles), the warm-up's steps reach every tile
+    choice of the prefill kernel that prompts, extends and mixed batches of real sizes take, so no
+    prefill variant is left to compile during a request."""
+    from pagedattn.integrations.vllm.backend import WARMUP_STEPS
+    from pagedattn.ops.common.target import props_for, targeting
+    from pagedattn.plan import plan_attention
+
+    monkeypatch.setenv("TRITON_INTERPRET", "0")  # the GPU's tiles, not the interpreter's
+
+    def prefill_tiles(step):
+        qsl = [0]
+        for q, _ in step:
+            qsl.append(qsl[-1] + q)
+        plan = plan_attention(qsl, [kv for _, kv in step], num_q_heads=num_q_heads, num_kv_heads=num_kv_heads,
+                              head_size=head_size, device="cpu", max_num_tokens=qsl[-1], dtype=torch.bfloat16)
+        return plan.prefill_tiles if plan.path == "prefill" else None
+
+    real = {"prompt 1k": [(1024, 1024)], "prompt 8k": [(8192, 8192)], "prompt 32k": [(32768, 32768)],
+            "8 prompts of 2k": [(2048, 2048)] * 8, "4 extends of 512 on 4k": [(512, 4096)] * 4,
+            "a 2k prompt among 63 decodes": [(2048, 2048)] + [(1, 4096)] * 63,
+            "an 8k chunk on 16k": [(8192, 16384)], "a chunk among decodes": [(1, 300)] * 8 + [(300, 900)]}
+    with targeting(props_for("sm90")):
+        warmed = {prefill_tiles(step) for step in WARMUP_STEPS} - {None}
+        for name, step in real.items():
+            tiles = prefill_tiles(step)
+            assert tiles is None or tiles in warmed, f"{name}: prefill tiles {tiles} are not warmed up"

@@ -344,3 +344,23 @@ def test_warm_up_runs_decode_steps_and_prefill_calls(monkeypatch):
     assert builder.warm_up(steps, prefill_tokens=24) == 2 + 3
     assert decodes == [1, 2]
     assert prefills == [(True, False), (True, True), (False, True)]
+
+
+def test_decode_over_an_fp8_cache_matches_reference():
+    """An fp8 latent cache arrives as vLLM allocates it (uint8) and is read through the layer's
+    k_scale; the queries stay 16-bit (the impl asks vLLM not to quantize them)."""
+    g = torch.Generator().manual_seed(9)
+    config = make_config(cache_dtype="fp8", speculative_tokens=1)  # 2-token steps are decodes
+    builder = make_builder(config)
+    batch = Batch([(1, 50), (2, 21)], g=g, cache_dtype=torch.float8_e4m3fn)
+    md = builder.build(0, batch.common)
+    assert md.num_decodes == 2 and md.num_prefills == 0
+    impl = make_impl(config, kv_cache_dtype="fp8")
+    assert impl.supports_quant_query_input is False
+    layer = make_layer(config, k_scale=0.5)
+    q_nope = torch.randn(batch.num_tokens, HEADS, LATENT, generator=g).half()
+    q_pe = torch.randn(batch.num_tokens, HEADS, ROPE, generator=g).half()
+    out, _ = impl.forward_mqa((q_nope, q_pe), batch.cache.view(torch.uint8), md, layer)
+    ref, _ = mla_decode_ref(q_nope, q_pe, batch.cache, batch.block_table, batch.seq_lens, batch.qsl, scale=SCALE,
+                            kv_scale=0.5)
+    assert_matches_reference(out, None, ref, None)
