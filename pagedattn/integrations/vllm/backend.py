@@ -65,7 +65,7 @@ SUPPORTED_HEAD_SIZES = tuple(range(8, 257, 8))
 # fp8 means e4m3 here (vLLM's "fp8" on CUDA); e5m2 and the per-token-head / fp4 formats have no
 # kernel in pagedattn.
 SUPPORTED_KV_CACHE_DTYPES = ("auto", "float16", "bfloat16", "fp8", "fp8_e4m3")
-_FP8_KV_CACHE_DTYPES = ("fp8", "fp8_e4m3")
+FP8_KV_CACHE_DTYPES = ("fp8", "fp8_e4m3")
 _UNQUANTIZED_KV_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 _ATTN_TYPES = (AttentionType.DECODER, AttentionType.ENCODER, AttentionType.ENCODER_ONLY,
                AttentionType.ENCODER_DECODER)
@@ -83,6 +83,32 @@ WARMUP_STEPS = (
     ((1, 300), (300, 300)),  # a decode beside a prompt: the prefill kernel and a unified launch for the rest
     ((1, 100), (64, 200)),  # a decode beside a short chunk: the unified kernel's extend tiles
 )
+
+
+def full_graph_limits(vllm_config, batch_invariant: bool) -> tuple[int, int]:
+    """``(tokens, query length)`` of the largest step a full CUDA graph may replay: the largest
+    capture size and the widest uniform decode query; ``(0, 0)`` without full graphs (none
+    captured, or batch-invariant mode, whose split positions a graph cannot follow)."""
+    compilation = vllm_config.compilation_config
+    mode, sizes = compilation.cudagraph_mode, compilation.cudagraph_capture_sizes or []
+    if batch_invariant or mode is None or not mode.has_full_cudagraphs() or not sizes:
+        return 0, 0
+    return max(sizes), max_decode_query_len(vllm_config)
+
+
+def warm_up_wanted(device: torch.device) -> bool:
+    """Whether a builder warms its kernels up when vLLM makes it: on a GPU, unless
+    ``PAGEDATTN_VLLM_WARMUP=0``."""
+    return device.type == "cuda" and os.environ.get("PAGEDATTN_VLLM_WARMUP", "1") != "0"
+
+
+def fp8_view(kv_cache: torch.Tensor) -> torch.Tensor:
+    """An fp8 layer's cache as float8_e4m3fn (vLLM allocates it as uint8)."""
+    if kv_cache.dtype == torch.float8_e4m3fn:
+        return kv_cache
+    if kv_cache.element_size() != 1:
+        raise TypeError(f"kv_cache of an fp8 layer must hold 1-byte elements, got {kv_cache.dtype}")
+    return kv_cache.view(torch.float8_e4m3fn)
 
 
 def _batch_invariant() -> bool:
@@ -217,18 +243,14 @@ class PagedAttnMetadataBuilder(AttentionMetadataBuilder[PagedAttnMetadata]):
 
         # full CUDA graphs: one persistent plan for every step a captured graph could replay
         self.persistent_plan: AttentionPlan | None = None
-        self.graph_max_tokens = 0
-        self.graph_max_query_len = 0
-        compilation = vllm_config.compilation_config
-        mode = compilation.cudagraph_mode
-        sizes = compilation.cudagraph_capture_sizes or []
-        if self.has_cache and not self.batch_invariant and mode is not None and mode.has_full_cudagraphs() and sizes:
-            self.graph_max_tokens = max(sizes)
-            self.graph_max_query_len = max_decode_query_len(vllm_config)
+        self.graph_max_tokens, self.graph_max_query_len = (
+            full_graph_limits(vllm_config, self.batch_invariant) if self.has_cache else (0, 0))
+        if self.graph_max_tokens:
             self.persistent_plan = self._make_persistent_plan(model_config.max_model_len)
+        context = vllm_config.compilation_config.static_forward_context
         self.layers = [layer for name in layer_names
-                       if (layer := compilation.static_forward_context.get(name)) is not None and hasattr(layer, "impl")]
-        if self.has_cache and self.device.type == "cuda" and os.environ.get("PAGEDATTN_VLLM_WARMUP", "1") != "0":
+                       if (layer := context.get(name)) is not None and hasattr(layer, "impl")]
+        if self.has_cache and warm_up_wanted(self.device):
             self.warm_up()
 
     def warm_up(self, steps=WARMUP_STEPS) -> int:
@@ -259,10 +281,11 @@ class PagedAttnMetadataBuilder(AttentionMetadataBuilder[PagedAttnMetadata]):
             common = _scratch_step(step, page, self.device)
             md = self.build(0, common)
             n = common.num_actual_tokens
+            q = torch.zeros(n, self.num_q_heads, self.head_size, dtype=self.dtype, device=self.device)
+            kv = torch.zeros(n, self.num_kv_heads, self.head_size, dtype=self.dtype, device=self.device)
+            out = torch.empty_like(q)
             for layer in distinct.values():
-                q = torch.zeros(n, self.num_q_heads, self.head_size, dtype=self.dtype, device=self.device)
-                kv = torch.zeros(n, self.num_kv_heads, self.head_size, dtype=self.dtype, device=self.device)
-                layer.impl.forward(layer, q, kv, kv, cache, md, torch.empty_like(q))
+                layer.impl.forward(layer, q, kv, kv, cache, md, out)
                 runs += 1
         return runs
 
@@ -451,7 +474,7 @@ class PagedAttnImpl(AttentionImpl[PagedAttnMetadata]):
         self.attn_type = attn_type
         self.kv_sharing_target_layer_name = kv_sharing_target_layer_name
         self.sinks = sinks
-        self._fp8 = kv_cache_dtype in _FP8_KV_CACHE_DTYPES
+        self._fp8 = kv_cache_dtype in FP8_KV_CACHE_DTYPES
         self._sinks32: torch.Tensor | None = None
         self._slopes_on: torch.Tensor | None = None
         self._views: tuple | None = None  # (kv_cache, k_cache, v_cache) of the last call
@@ -487,11 +510,7 @@ class PagedAttnImpl(AttentionImpl[PagedAttnMetadata]):
                 f"2 * head_size={2 * self.head_size}] layer view, got shape {list(kv_cache.shape)}")
         if kv_cache.stride(3) != 1:
             raise ValueError(f"kv_cache must be contiguous in its last dimension (stride {kv_cache.stride(3)})")
-        cache = kv_cache
-        if self._fp8 and cache.dtype != torch.float8_e4m3fn:
-            if cache.element_size() != 1:
-                raise TypeError(f"kv_cache of an fp8 layer must hold 1-byte elements, got {cache.dtype}")
-            cache = cache.view(torch.float8_e4m3fn)
+        cache = fp8_view(kv_cache) if self._fp8 else kv_cache
         nhd = cache.transpose(1, 2)
         k_cache, v_cache = nhd[..., : self.head_size], nhd[..., self.head_size:]
         self._views = (kv_cache, k_cache, v_cache)

@@ -24,7 +24,6 @@ rounded up to a power of two so that the launches recorded per layout stay few.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -44,8 +43,15 @@ from vllm.model_executor.layers.attention.mla_attention import (
 from vllm.v1.attention.backend import AttentionCGSupport, AttentionType, MultipleOf
 from vllm.v1.attention.backends.mla.prefill.base import MLAPrefillBackend
 
-from pagedattn.integrations.vllm.backend import _batch_invariant, _scratch_step
-from pagedattn.integrations.vllm.compat import max_decode_query_len
+from pagedattn.integrations.vllm.backend import (
+    FP8_KV_CACHE_DTYPES,
+    SUPPORTED_KV_CACHE_DTYPES,
+    _batch_invariant,
+    _scratch_step,
+    fp8_view,
+    full_graph_limits,
+    warm_up_wanted,
+)
 
 __all__ = [
     "PagedAttnMLABackend",
@@ -59,8 +65,6 @@ __all__ = [
 # rope part of 16 to 128 (576 = DeepSeek's 512 + 64, 320 = 256 + 64); a cache without a rope part
 # (512 alone) has no kernel. The impl checks the two widths themselves.
 SUPPORTED_HEAD_SIZES = (320, 576)
-SUPPORTED_KV_CACHE_DTYPES = ("auto", "float16", "bfloat16", "fp8", "fp8_e4m3")
-_FP8_KV_CACHE_DTYPES = ("fp8", "fp8_e4m3")
 # What the builder runs once on a GPU (``warm_up``) so that no request waits for Triton to compile:
 # decode steps ``((query_len, seq_len), ...)`` (one split, several splits, a speculative step), and
 # a prompt of PREFILL_WARMUP_TOKENS queries with and without lse plus one unmasked context chunk.
@@ -152,19 +156,15 @@ class PagedAttnMLAMetadataBuilder(MLACommonMetadataBuilder[MLACommonMetadata]):
                 f"pagedattn's MLA decode takes at most {MLA_MAX_QUERY_LEN} (lower num_speculative_tokens)")
         self.batch_invariant = _batch_invariant()
         self.max_model_len = vllm_config.model_config.max_model_len
-        compilation = vllm_config.compilation_config
-        mode, sizes = compilation.cudagraph_mode, compilation.cudagraph_capture_sizes or []
-        full_graphs = mode is not None and mode.has_full_cudagraphs() and sizes and not self.batch_invariant
-        self.graph_max_tokens = max(sizes) if full_graphs else 0
-        self.graph_max_query_len = max_decode_query_len(vllm_config) if full_graphs else 0
+        self.graph_max_tokens, self.graph_max_query_len = full_graph_limits(vllm_config, self.batch_invariant)
         attention_config = getattr(vllm_config, "attention_config", None)
         if getattr(attention_config, "mla_prefill_backend", None) is None:
             self._prefill_backend = PagedAttnMLAPrefill(
                 num_heads=self.num_heads, scale=self._prefill_backend.scale, kv_lora_rank=self.mla_dims.kv_lora_rank,
                 qk_nope_head_dim=self.mla_dims.qk_nope_head_dim, qk_rope_head_dim=self.mla_dims.qk_rope_head_dim,
                 v_head_dim=self.mla_dims.v_head_dim, vllm_config=vllm_config)
-        self.layer = compilation.static_forward_context[layer_names[0]]
-        if self.device.type == "cuda" and os.environ.get("PAGEDATTN_VLLM_WARMUP", "1") != "0":
+        self.layer = vllm_config.compilation_config.static_forward_context[layer_names[0]]
+        if warm_up_wanted(self.device):
             self.warm_up()
 
     def warm_up(self, decode_steps=DECODE_WARMUP_STEPS, prefill_tokens: int = PREFILL_WARMUP_TOKENS) -> int:
@@ -207,8 +207,10 @@ class PagedAttnMLAMetadataBuilder(MLACommonMetadataBuilder[MLACommonMetadata]):
         return runs
 
     def _build_decode(self, block_table_tensor, seq_lens_device, max_seq_len, query_start_loc_cpu,
-                      query_start_loc_device, num_decode_tokens, dcp_tot_seq_lens_device=None, max_query_len=None,
+                      query_start_loc_device, num_decode_tokens, dcp_tot_seq_lens_device=None,
                       **kwargs) -> PagedAttnMLADecodeMetadata:
+        # 0.33 also passes max_query_len (in kwargs): min(the batch's, the decode threshold), an
+        # upper bound; the decodes' own widest query is read from the host offsets instead
         qsl = query_start_loc_cpu.tolist()  # host copy: no synchronization
         widest = max((b - a for a, b in zip(qsl, qsl[1:])), default=1)
         num_splits = 1 if self.batch_invariant else None
@@ -243,14 +245,12 @@ class PagedAttnMLAImpl(MLACommonImpl[MLACommonMetadata]):
         super().__init__(num_heads, head_size, scale, num_kv_heads, alibi_slopes, sliding_window, kv_cache_dtype,
                          logits_soft_cap, attn_type, kv_sharing_target_layer_name, **mla_args)
         check_mla_dims("kv_lora_rank", self.kv_lora_rank, "qk_rope_head_dim", self.qk_rope_head_dim)
-        self._fp8 = kv_cache_dtype in _FP8_KV_CACHE_DTYPES
+        self._fp8 = kv_cache_dtype in FP8_KV_CACHE_DTYPES
         if self._fp8:
             self.supports_quant_query_input = False  # the kernel takes bf16/fp16 queries over an fp8 cache
 
     def _cache(self, kv_cache: torch.Tensor) -> torch.Tensor:
-        if self._fp8 and kv_cache.dtype != torch.float8_e4m3fn:
-            return kv_cache.view(torch.float8_e4m3fn)
-        return kv_cache
+        return fp8_view(kv_cache) if self._fp8 else kv_cache
 
     def do_kv_cache_update(self, kv_c_normed: torch.Tensor, k_pe: torch.Tensor, kv_cache: torch.Tensor,
                            slot_mapping: torch.Tensor, kv_cache_dtype: str, k_scale: torch.Tensor,
