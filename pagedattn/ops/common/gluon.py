@@ -4,11 +4,39 @@ release the kernels are written for, the GPUs they run on, the layouts their cop
 from __future__ import annotations
 
 import functools
+import importlib
 
 import torch
 import triton
 
 GLUON_TRITON = "3.6"  # Gluon's API changes between releases; the kernels are written against this one
+GLUON_DTYPES = (torch.bfloat16, torch.float16)  # the 16-bit inputs wgmma takes from shared memory
+NO_GLUON = "triton.experimental.gluon is not available in this Triton"
+
+
+@functools.lru_cache(maxsize=None)
+def load_kernel(module: str, name: str):
+    """The ``@gluon.jit`` kernel ``name`` of ``module``, imported at first use (importing it
+    imports Gluon), or None where this Triton has no usable Gluon."""
+    try:
+        return getattr(importlib.import_module(module), name)
+    except ImportError:
+        return None
+
+
+def unavailable_reason(kernel) -> str | None:
+    """None when ``kernel`` (from ``load_kernel``) can be compiled by the installed Triton, else why not."""
+    if kernel is None:
+        return NO_GLUON
+    return triton_reason()
+
+
+def required(kernel):
+    """``kernel`` for a launch: RuntimeError where Gluon is missing (callers ask
+    ``unavailable_reason`` first)."""
+    if kernel is None:
+        raise RuntimeError(NO_GLUON)
+    return kernel
 
 
 def triton_reason() -> str | None:

@@ -12,12 +12,11 @@ that pagedattn imports where it is missing.
 
 from __future__ import annotations
 
-import functools
 
 import torch
 
 from pagedattn.ops.common.device import environ_is
-from pagedattn.ops.common.gluon import aligned, on_sm9x, triton_reason
+from pagedattn.ops.common.gluon import GLUON_DTYPES, aligned, load_kernel, on_sm9x, required, unavailable_reason
 from pagedattn.ops.common.launching import launch
 from pagedattn.ops.mla.launch import MLAConfig, mla_strides, split_destination
 from pagedattn.ops.split_kv.launch import launch_merge_splits
@@ -29,17 +28,11 @@ GLUON_BLOCK_H = 64  # heads a CTA (the M of a warpgroup's wgmma); fewer heads ar
 # 64 keys a step, 2 stages: 229,888 B of shared memory and 217 registers a thread, no spills
 # (ptxas for sm_90a, bf16); 32 keys at 4 stages: 225,792 B (tests/test_gluon_mla.py compiles both)
 GLUON_MLA_CONFIG = MLAConfig(block_h=GLUON_BLOCK_H, block_q=1, tile_n=64, value_split=1, num_warps=8, num_stages=2)
-_DTYPES = (torch.bfloat16, torch.float16)
 
 
-@functools.lru_cache(maxsize=None)
 def gluon_kernel():
     """The ``@gluon.jit`` kernel, or None where this Triton has no usable Gluon."""
-    try:
-        from pagedattn.ops.mla_gluon.kernel import mla_decode_gluon_kernel
-    except ImportError:
-        return None
-    return mla_decode_gluon_kernel
+    return load_kernel("pagedattn.ops.mla_gluon.kernel", "mla_decode_gluon_kernel")
 
 
 def gluon_mla_requested() -> bool:
@@ -55,13 +48,12 @@ def gluon_mla_supported(q_nope: torch.Tensor, q_pe: torch.Tensor, kv_cache: torc
     columns, pages of a power-of-2 size, any number of heads (64 a CTA), 16-byte aligned rows.
     Inputs are assumed to have passed ``mla_decode``'s checks.
     """
-    if gluon_kernel() is None:
-        return "triton.experimental.gluon is not available in this Triton"
-    if triton_reason() is not None:
-        return triton_reason()
+    reason = unavailable_reason(gluon_kernel())
+    if reason is not None:
+        return reason
     if max_query_len != 1:
         return f"max_query_len {max_query_len}: the Gluon kernel takes one query token a sequence"
-    if q_nope.dtype not in _DTYPES:
+    if q_nope.dtype not in GLUON_DTYPES:
         return f"q_nope dtype {q_nope.dtype}: the Gluon kernel takes bfloat16 or float16"
     if kv_cache.dtype != q_nope.dtype:
         return f"kv_cache dtype {kv_cache.dtype}: the Gluon kernel takes a cache of q's dtype (no fp8)"
@@ -109,9 +101,7 @@ def launch_mla_decode_gluon(
     """
     if kv_scale is not None:
         raise ValueError("kv_scale: the Gluon MLA kernel takes no fp8 cache")
-    kernel = gluon_kernel()
-    if kernel is None:
-        raise RuntimeError("triton.experimental.gluon is not available in this Triton")
+    kernel = required(gluon_kernel())
     num_tokens, num_heads, _ = q_nope.shape
     num_seqs = seq_lens.shape[0]
     if num_tokens == 0 or num_seqs == 0:

@@ -12,14 +12,13 @@ that pagedattn imports where it is missing.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import torch
 
 from pagedattn.ops.common.bundles import AttentionArgs
 from pagedattn.ops.common.device import environ_is
-from pagedattn.ops.common.gluon import aligned, on_sm9x, triton_reason
+from pagedattn.ops.common.gluon import GLUON_DTYPES, aligned, load_kernel, on_sm9x, required, unavailable_reason
 from pagedattn.ops.common.host_math import cdiv
 from pagedattn.ops.common.launching import launch
 from pagedattn.ops.prefill.launch import q_tiles_fit
@@ -27,7 +26,6 @@ from pagedattn.ops.prefill.launch import q_tiles_fit
 GLUON_PREFILL_ENV = "PAGEDATTN_PREFILL_GLUON"
 GLUON_HEAD_SIZES = (64, 128)
 GLUON_MIN_PAGE = 16
-_DTYPES = (torch.bfloat16, torch.float16)
 
 
 @dataclass(frozen=True)
@@ -52,14 +50,9 @@ class GluonPrefillConfig:
 GLUON_PREFILL_CONFIG = GluonPrefillConfig()
 
 
-@functools.lru_cache(maxsize=None)
 def gluon_kernel():
     """The ``@gluon.jit`` kernel, or None where this Triton has no usable Gluon."""
-    try:
-        from pagedattn.ops.prefill_gluon.kernel import prefill_gluon_kernel
-    except ImportError:
-        return None
-    return prefill_gluon_kernel
+    return load_kernel("pagedattn.ops.prefill_gluon.kernel", "prefill_gluon_kernel")
 
 
 def gluon_prefill_requested() -> bool:
@@ -78,14 +71,13 @@ def gluon_prefill_supported(a: AttentionArgs, max_query_len: int,
     of one layout with 16-byte aligned rows. Inputs are assumed to have passed
     ``paged_attention``'s checks.
     """
-    if gluon_kernel() is None:
-        return "triton.experimental.gluon is not available in this Triton"
-    if triton_reason() is not None:
-        return triton_reason()
+    reason = unavailable_reason(gluon_kernel())
+    if reason is not None:
+        return reason
     q, k, v = a.q, a.k_cache, a.v_cache
     if a.block_table is None or k.dim() != 4:
         return "contiguous K/V: the Gluon kernel reads a paged cache"
-    if q.dtype not in _DTYPES:
+    if q.dtype not in GLUON_DTYPES:
         return f"q dtype {q.dtype}: the Gluon kernel takes bfloat16 or float16"
     if k.dtype != q.dtype or v.dtype != q.dtype or a.k_scale is not None:
         return f"kv_cache dtype {k.dtype}: the Gluon kernel takes a cache of q's dtype (no fp8)"
@@ -134,9 +126,7 @@ def launch_prefill_gluon(
     num_q_heads]`` float32 or None: the rows of sequences ``seqs = (first, end)`` (default: all)
     with at least ``min_q_len`` queries are written.
     """
-    kernel = gluon_kernel()
-    if kernel is None:
-        raise RuntimeError("triton.experimental.gluon is not available in this Triton")
+    kernel = required(gluon_kernel())
     q, k, v = a.q, a.k_cache, a.v_cache
     num_seqs = a.seq_lens.shape[0]
     first, end = (0, num_seqs) if seqs is None else seqs
