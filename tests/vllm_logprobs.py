@@ -17,6 +17,7 @@ doubled: the comparison in the test must tell it apart.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 
@@ -45,8 +46,10 @@ def make(model_dir: str, kind: str) -> None:
     model.to(torch.bfloat16).save_pretrained(model_dir, safe_serialization=True)
 
 
+@functools.lru_cache(maxsize=None)
 def _broken_backends():
-    """pagedattn's backends with the softmax scale doubled (a wrong result the check must catch)."""
+    """pagedattn's backends with the softmax scale doubled (a wrong result the check must catch);
+    made once, so that every lookup of CUSTOM gets the same classes."""
     from pagedattn.integrations.vllm.backend import PagedAttnBackend, PagedAttnImpl
     from pagedattn.integrations.vllm.mla import (PagedAttnMLABackend, PagedAttnMLAImpl,
                                                  PagedAttnMLAMetadataBuilder)
