@@ -34,6 +34,23 @@ class PagedBatch:
         return (self.q, self.k_cache, self.v_cache, self.block_table, self.seq_lens, self.query_start_loc)
 
 
+def fill_block_table(block_table: torch.Tensor, pages, physical: torch.Tensor) -> torch.Tensor:
+    """Write sequence s's ``pages[s]`` block ids, taken in order from ``physical``, into the start
+    of its row of ``block_table`` (in place; returned)."""
+    offset = 0
+    for s, n in enumerate(pages):
+        block_table[s, :n] = physical[offset:offset + n].to(torch.int32)
+        offset += n
+    return block_table
+
+
+def query_start_loc_of(cases) -> torch.Tensor:
+    """``[num_seqs + 1]`` int32 offsets of ``(query_len, seq_len)`` cases' queries."""
+    qsl = torch.zeros(len(cases) + 1, dtype=torch.int32)
+    qsl[1:] = torch.cumsum(torch.tensor([q for q, _ in cases], dtype=torch.int64), 0).to(torch.int32)
+    return qsl
+
+
 def make_paged_batch(
     cases,
     *,
@@ -75,14 +92,9 @@ def make_paged_batch(
     k_cache = k_cache.to(cache_dtype or dtype)
     v_cache = v_cache.to(cache_dtype or dtype)
 
-    block_table = torch.randint(0, num_blocks, (len(cases), max_pages), generator=g, dtype=torch.int32)
-    offset = 0
-    for s, n in enumerate(pages):
-        block_table[s, :n] = physical[offset : offset + n].to(torch.int32)
-        offset += n
-    q_lens = torch.tensor([ql for ql, _ in cases], dtype=torch.int64)
-    query_start_loc = torch.zeros(len(cases) + 1, dtype=torch.int32)
-    query_start_loc[1:] = torch.cumsum(q_lens, 0).to(torch.int32)
+    block_table = fill_block_table(
+        torch.randint(0, num_blocks, (len(cases), max_pages), generator=g, dtype=torch.int32), pages, physical)
+    query_start_loc = query_start_loc_of(cases)
     num_tokens = int(query_start_loc[-1])
     q = torch.randn(num_tokens, num_q_heads, head_size, generator=g, dtype=torch.float32).to(device, dtype)
     return PagedBatch(
@@ -234,13 +246,8 @@ def make_mla_batch(cases, *, num_heads: int = 128, latent: int = 512, rope: int 
         kv_cache[physical.to(device)] = torch.randn(needed, block_size, width, generator=g).to(device, cache_dtype)
     block_table = torch.full((len(cases), max(pages + [1]) + 2), -1, dtype=torch.int32)
     block_table[1::2] = num_blocks + 1000
-    offset = 0
-    for s, n in enumerate(pages):
-        block_table[s, :n] = physical[offset:offset + n].to(torch.int32)
-        offset += n
-    q_lens = [q for q, _ in cases]
-    qsl = torch.zeros(len(cases) + 1, dtype=torch.int32)
-    qsl[1:] = torch.cumsum(torch.tensor(q_lens), 0)
+    fill_block_table(block_table, pages, physical)
+    qsl = query_start_loc_of(cases)
     tokens = int(qsl[-1])
     if split_q:
         q = torch.randn(tokens, num_heads, width, generator=g).to(device, dtype)
@@ -251,7 +258,7 @@ def make_mla_batch(cases, *, num_heads: int = 128, latent: int = 512, rope: int 
     seq_lens = torch.tensor([kv for _, kv in cases], dtype=torch.int32)
     batch = dict(q_nope=q_nope, q_pe=q_pe, kv_cache=kv_cache, block_table=block_table.to(device),
                  seq_lens=seq_lens.to(device), query_start_loc=qsl.to(device))
-    return batch, max(q_lens), max(kv for _, kv in cases)
+    return batch, max(q for q, _ in cases), max(kv for _, kv in cases)
 
 
 def runs_within(code: str, timeout: float, env: dict | None = None) -> str | None:

@@ -9,6 +9,8 @@ import dataclasses
 import pytest
 import torch
 
+from pagedattn.testing import fill_block_table, query_start_loc_of
+
 
 def require_vllm() -> None:
     """Skip the calling test module where vLLM is not installed (the default environment: vLLM
@@ -29,17 +31,11 @@ def paged_layout(cases, block_size: int, num_blocks: int, g: torch.Generator):
     pages = [-(-kv // block_size) for _, kv in cases]
     assert sum(pages) <= num_blocks
     physical = torch.randperm(num_blocks, generator=g)
-    block_table = torch.randint(0, num_blocks, (len(cases), max(pages + [1])), generator=g, dtype=torch.int32)
-    offset = 0
-    for s, n in enumerate(pages):
-        block_table[s, :n] = physical[offset:offset + n].to(torch.int32)
-        offset += n
-    qsl = [0]
-    for q, _ in cases:
-        qsl.append(qsl[-1] + q)
+    block_table = fill_block_table(
+        torch.randint(0, num_blocks, (len(cases), max(pages + [1])), generator=g, dtype=torch.int32), pages, physical)
     slots = [int(block_table[s, p // block_size]) * block_size + p % block_size
              for s, (q, kv) in enumerate(cases) for p in range(kv - q, kv)]
-    return block_table, torch.tensor(qsl, dtype=torch.int32), slots
+    return block_table, query_start_loc_of(cases), slots
 
 
 def assert_stand_in_matches(stand_in, parts: dict) -> None:
