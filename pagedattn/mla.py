@@ -120,7 +120,7 @@ def mla_decode(
 
     Notes
     -----
-    ``PAGEDATTN_MLA_GLUON=1`` (opt-in, not yet run on a GPU) sends the calls it can serve (one
+    ``PAGEDATTN_MLA_GLUON=1`` (opt-in, sm90) sends the calls it can serve (one
     query token a sequence, a bf16 / fp16 cache, 512 + 64 columns; on a GPU of compute capability
     9.x) to the Gluon kernel of :mod:`pagedattn.ops.mla_gluon`, with the same split and merge.
 

@@ -92,9 +92,10 @@ def test_logprobs_match_vllms_backends_and_a_broken_backend_is_caught(case):
     d_ref = _difference(ref, ref2)[0] if ref2 is not None else 0.0
     bound = max(2 * d_ref, FLOOR)
     d_custom, steps = _difference(ref, _logprobs(model_dir, "CUSTOM"))
-    d_broken, _ = _difference(ref, _logprobs(model_dir, "CUSTOM", broken=True))
     print(f"{kind}: |{ref2_name} - {ref_name}| {d_ref:.4f}, |CUSTOM - {ref_name}| {d_custom:.4f} over {steps} "
-          f"decode steps, |broken - {ref_name}| {d_broken:.4f}, bound {bound:.4f}")
+          f"decode steps, bound {bound:.4f}", flush=True)
     assert steps >= MIN_DECODE_STEPS, f"only {steps} decode steps compared (the greedy paths parted early)"
     assert d_custom <= bound, f"pagedattn differs from {ref_name} by {d_custom:.4f} > {bound:.4f}"
+    d_broken, _ = _difference(ref, _logprobs(model_dir, "CUSTOM", broken=True))
+    print(f"{kind}: |broken - {ref_name}| {d_broken:.4f}", flush=True)
     assert d_broken > bound, f"a doubled softmax scale differs by only {d_broken:.4f}: the check cannot tell"

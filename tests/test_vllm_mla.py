@@ -155,6 +155,21 @@ def test_custom_resolves_to_the_mla_backend_for_an_mla_model(monkeypatch):
     assert custom.get_class() is PagedAttnBackend
 
 
+def test_backend_classes_resolve_from_the_names_vllm_makes_of_them():
+    """vLLM's platform names a backend class f"{__module__}.{__qualname__}" and imports it again
+    from that name: pagedattn's classes, and the broken ones of the GPU logprob check, must
+    come back as themselves."""
+    from vllm.utils.import_utils import resolve_obj_by_qualname
+
+    from tests.vllm_logprobs import _broken_backends
+
+    for cls in (PagedAttnBackend, PagedAttnMLABackend, PagedAttnMLAImpl, PagedAttnMLAMetadataBuilder,
+                *_broken_backends()):
+        module, qualname = cls.full_cls_name() if hasattr(cls, "full_cls_name") else (cls.__module__,
+                                                                                      cls.__qualname__)
+        assert resolve_obj_by_qualname(f"{module}.{qualname}") is cls, (module, qualname)
+
+
 @pytest.mark.parametrize("block_size", [16, 64])
 def test_mla_backend_passes_vllms_selection(block_size):
     common = dict(dtype=torch.bfloat16, kv_cache_dtype="auto", block_size=block_size, has_sink=False,

@@ -83,16 +83,25 @@ def _broken_backends():
         def get_builder_cls():
             return BrokenMLABuilder
 
-    return BrokenBackend, BrokenMLABackend
+    classes = (BrokenBackend, BrokenMLABackend, BrokenImpl, BrokenMLAImpl, BrokenMLABuilder)
+    for cls in classes:
+        # vLLM names a backend's classes by f"{__module__}.{__qualname__}" and imports them again
+        # from that name: a class local to this function must read as one of this module's
+        cls.__qualname__ = cls.__name__
+    return classes
 
 
 def __getattr__(name: str):
-    # ``BrokenCustom``: what CUSTOM resolves to under --broken, by the model being built
+    # ``BrokenCustom``: what CUSTOM resolves to under --broken, by the model being built; the
+    # broken classes themselves by name (how vLLM finds them again)
     if name == "BrokenCustom":
         from pagedattn.integrations.vllm.compat import current_model_uses_mla
 
-        mha, mla = _broken_backends()
+        mha, mla = _broken_backends()[:2]
         return mla if current_model_uses_mla() else mha
+    for cls in _broken_backends():
+        if cls.__name__ == name:
+            return cls
     raise AttributeError(name)
 
 

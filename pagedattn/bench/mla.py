@@ -7,6 +7,9 @@ same process and are timed by :func:`pagedattn.bench.timing.bench` (CUDA-graph r
 rotating over input copies for short calls, ``do_bench`` otherwise):
 
 * ``pagedattn``: :func:`pagedattn.mla_decode` over the paged cache (host maxima given: no sync);
+* ``pagedattn-gluon`` (on compute capability 9.x with Triton's Gluon, unless ``--config`` is
+  given): the same call through the opt-in sm90 Gluon kernel (``PAGEDATTN_MLA_GLUON=1``, set
+  for this row only); its split count is the rule's, so the splits column may differ;
 * ``torch``: ``einsum`` scores + fp32 softmax + ``einsum`` output over a contiguous
   ``[B, L, 576]`` copy of the same latents;
 * ``flashinfer`` (when installed, on a GPU): ``flashinfer.mla.BatchMLAPagedAttentionWrapper``
@@ -30,6 +33,8 @@ show that the script runs. ``--config`` and ``--num-splits`` fix the kernel's ch
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import sys
 import time
 
@@ -118,6 +123,20 @@ def _paged_inputs(batch, seq_len, query_len, heads, block_size, dtype, cache_dty
     return q, kv.to(cache_dtype), block_table, seq_lens, qsl, latent
 
 
+@contextlib.contextmanager
+def environ_set(name: str, value: str):
+    """``os.environ[name] = value`` inside the block, the old value (or none) after it."""
+    old = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = old
+
+
 def torch_mla(q, latent, scale, query_len):
     """Composed torch decode over a contiguous latent [B, L, 576]; causal within the new tokens."""
     batch, seq_len = latent.shape[:2]
@@ -187,6 +206,30 @@ class Workload:
                            tiles=[config.block_h, config.block_q, config.tile_n, config.value_split,
                                   config.num_warps, config.num_stages])
 
+    def time_gluon(self, num_splits):
+        """Record of pagedattn's Gluon kernel (``PAGEDATTN_MLA_GLUON=1``, its own config), or None
+        where it does not serve this case (not sm9x, no Gluon, fp8, more than one query token)."""
+        from pagedattn.bench.timing import bench
+        from pagedattn.mla import _mla_decode
+        from pagedattn.ops.mla_gluon.launch import GLUON_ENV, GLUON_MLA_CONFIG, use_gluon_mla
+
+        q, kv = self.sets[0][0], self.sets[0][1]
+        with environ_set(GLUON_ENV, "1"):
+            if not use_gluon_mla(q[..., :LATENT], q[..., LATENT:], kv, self.ql):
+                return None
+
+            def gluon_fn(i):
+                q, kv, bt, lens, qsl, _ = self.sets[i]
+                return lambda: _mla_decode(q[..., :LATENT], q[..., LATENT:], kv, bt, lens, qsl, scale=SCALE,
+                                           max_query_len=self.ql, max_seq_len=self.seq_len, num_splits=num_splits,
+                                           out=self.outs[i])
+
+            fns = [gluon_fn(i) for i in range(self.copies)]
+            err = float((fns[0]().float() - self.check).abs().max())
+            timing = bench(fns, self.device)
+        return self.record("pagedattn-gluon", timing, err, config=f"gluon-{GLUON_MLA_CONFIG.label}",
+                           num_splits=num_splits, tiles=None)
+
     def time_flashinfer(self):
         """(record or None, message): FlashInfer's MLA wrapper on the same paged latents.
 
@@ -238,6 +281,10 @@ def run_plain(args, device, dtype, g) -> list[dict]:
     for batch, seq_len in _cases(args):
         w = Workload(batch, seq_len, args, device, dtype, g)
         records.append(w.time_paged(config, args.num_splits))
+        if config is None:
+            gluon = w.time_gluon(args.num_splits)
+            if gluon is not None:
+                records.append(gluon)
         if not args.no_baseline:
             records.append(w.time_torch())
         if not args.no_peers:

@@ -1,7 +1,7 @@
 """Launcher of the Gluon MLA decode kernel (sm90): which calls it serves, grid, keyword arguments.
 
-Opt-in (``PAGEDATTN_MLA_GLUON=1``) and compiled for sm90 only: the kernel has not yet run on a
-GPU (Gluon has no interpreter), so the portable ``tl`` kernel stays the default. The contract
+Opt-in (``PAGEDATTN_MLA_GLUON=1``) and compiled for sm90 only: correct on the H200, not yet
+timed against the portable ``tl`` kernel, which stays the default. The contract
 is ``launch_mla_decode``'s: one split writes out / lse, several write the same
 ``[num_tokens, num_heads, num_splits, 512]`` fp32 partials (and lse) that
 ``launch_merge_splits`` merges.

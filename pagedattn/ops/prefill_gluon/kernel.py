@@ -74,8 +74,11 @@ def _producer(k_cache_ptr, v_cache_ptr, bt_row_ptr, k_bufs, v_bufs, k_ready, v_r
     cp_l: gl.constexpr = gl.BlockedLayout([1, 8], [32 // COL_THREADS, COL_THREADS], [PRODUCER_WARPS, 1], [1, 0])
     offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, cp_l))
     offs_d = gl.arange(0, HEAD, layout=gl.SliceLayout(0, cp_l))
-    # a key's slot in its page is the same in every tile (tiles start at multiples of BLOCK_N);
-    # offsets inside a page fit in int32, the page's own offset may not
+    # offsets inside a page fit in int32, the page's own offset may not. When pages divide
+    # BLOCK_N, a key's slot in its page is the same in every tile (tiles start at multiples of
+    # BLOCK_N) and is computed once; a page longer than a tile puts tile i at slot
+    # (i * BLOCK_N) % PAGE_SIZE of its page, so the slot is taken per tile.
+    SLOT_FIXED: gl.constexpr = BLOCK_N % PAGE_SIZE == 0
     in_page = (offs_n % PAGE_SIZE) * stride_c_s + kv_head * stride_c_h
     for i in range(n_tiles):
         slot = i % NUM_STAGES
@@ -87,6 +90,8 @@ def _producer(k_cache_ptr, v_cache_ptr, bt_row_ptr, k_bufs, v_bufs, k_ready, v_r
         # one block id per key row (the rows of a page read the same id: L1 hits)
         page = gl.load(bt_row_ptr + page_idx, mask=in_range & (page_idx < max_blocks_per_seq), other=-1)
         ok = in_range & (page >= 0) & (page < num_blocks)
+        if not SLOT_FIXED:
+            in_page = (k_pos % PAGE_SIZE) * stride_c_s + kv_head * stride_c_h
         row = gl.where(ok, page.to(gl.int64) * stride_c_b + in_page, 0)
         offs = row[:, None] + offs_d[None, :]  # [BLOCK_N, HEAD]
         cp.async_copy_global_to_shared(k_bufs.index(slot), k_cache_ptr + offs, mask=ok[:, None])

@@ -1,7 +1,7 @@
 """Launcher of the Gluon prefill kernel (sm90): which calls it serves, grid, keyword arguments.
 
-Opt-in (``PAGEDATTN_PREFILL_GLUON=1``) and compiled for sm90 only: the kernel has not yet run on
-a GPU (Gluon has no interpreter), so the portable ``tl`` prefill kernel stays the default. The
+Opt-in (``PAGEDATTN_PREFILL_GLUON=1``) and compiled for sm90 only: correct on the H200, but
+slower there than the portable ``tl`` prefill kernel (docs/perf-notes.md), which stays the default. The
 contract is ``launch_prefill``'s for a paged cache: the same ``AttentionArgs``, the sequences
 ``seqs = (first, end)`` of the grid, ``min_q_len`` (shorter sequences are left to the Q-block
 kernels), out and lse rows of the sequences' queries written and no other.
