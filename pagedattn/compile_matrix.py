@@ -83,12 +83,15 @@ def variants(full: bool = True) -> list[Variant]:
     of 2), 128 and 256 and pages of 16 and 64; each score modifier on the decode and prefill
     kernels, and all at once; an fp8 cache on every attention path; fp16 and fp32; the
     contiguous prefill; the KV writes, the merge and MLA. The CI subset keeps one of each kernel
-    and mode: every path at head 128, head 256 on decode and prefill, head 96 on decode and
-    (with every modifier and 64-token pages) on prefill, all modifiers at once on decode too,
-    ALiBi's sqrt form, fp8 and fp32 once.
+    and mode: every path at head 128, head 256 on every path, head 96 on decode and (with every
+    modifier and 64-token pages) on prefill, all modifiers at once on decode too, ALiBi in both
+    forms, fp8 and fp32 once, and the shapes where a target's compiler spilled at sm90's choices
+    before the planner fitted them (head 256 on the decode-family kernels, the persistent kernel
+    on 64-token pages, linear ALiBi on decode).
     """
     out: list[Variant] = []
-    ci_shapes = {("decode", 96, 16), ("decode", 256, 64), ("prefill", 256, 16),
+    ci_shapes = {("decode", 96, 16), ("decode", 256, 16), ("prefill", 256, 16), ("split_kv", 256, 64),
+                 ("persistent", 256, 64), ("persistent", 128, 64),
                  ("split_kv", 128, 16), ("persistent", 128, 16), ("decode", 128, 16), ("prefill", 128, 16)}
     for family in ("decode", "split_kv", "persistent", "prefill"):
         for head in (64, 96, 128, 256):
@@ -97,7 +100,7 @@ def variants(full: bool = True) -> list[Variant]:
     every = "+".join(m for m in MODIFIERS if m != "alibi_sqrt")
     for family in ("decode", "prefill"):
         for mod in MODIFIERS:
-            out.append(Variant(family, feature=mod, ci=mod == "alibi_sqrt"))
+            out.append(Variant(family, feature=mod, ci=mod == "alibi_sqrt" or (family, mod) == ("decode", "alibi")))
         out.append(Variant(family, feature=every, ci=family == "decode"))
     # every modifier at once on the prefill kernel at a head that is not a power of 2, on 64-token pages
     out.append(Variant("prefill", 96, 64, feature=every, ci=True))
@@ -406,12 +409,14 @@ def usage(compiled, target: str, ptxas_log: str | None = None) -> dict:
 
 
 def _tiles_of(kwargs: dict) -> str:
-    """The tile shape a launch carries: rows x keys, warps, stages (the attention kernels)."""
+    """The tile shape a launch carries: rows x keys, warps, stages and ptxas's register budget
+    where the planner gives one (the attention kernels)."""
     cfg = kwargs.get("CFG")
     m = getattr(cfg, "BLOCK_M", None)
     n = getattr(cfg, "TILE_N", None)
     shape = f"{m}x{n} " if m and n else ""
-    return f"{shape}w{kwargs.get('num_warps', 4)} s{kwargs.get('num_stages', 3)}"
+    budget = f" r{kwargs['maxnreg']}" if kwargs.get("maxnreg") else ""
+    return f"{shape}w{kwargs.get('num_warps', 4)} s{kwargs.get('num_stages', 3)}{budget}"
 
 
 def _dump(compiled, folder: str, stem: str) -> None:

@@ -172,7 +172,7 @@ def _plan_persistent(qsl, lens, sizes: PlanSizes, *, tiles, num_q_heads, num_kv_
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
     # the target's compiler spills the persistent kernel's wider or deeper tiles
-    tiles = persistent_tiles(tiles, target_props(device))
+    tiles = persistent_tiles(tiles, target_props(device), head_size)
     wave = RESIDENT_PROGRAMS_PER_SM * num_sms(device)
     num_programs = num_programs or PERSISTENT_PROGRAMS_PER_SM * num_sms(device)
     split_programs = min(num_programs, wave)

@@ -63,11 +63,14 @@ def batch_tiles(max_query_len: int, num_q_heads: int, num_kv_heads: int, head_si
                   head_size, dtype)
 
 
-def persistent_tiles(tiles: Tiles, target: TargetProps) -> Tiles:
+def persistent_tiles(tiles: Tiles, target: TargetProps, head_size: int) -> Tiles:
     """``tiles`` for the persistent kernel: no wider or deeper than the target's compiler keeps
-    without spills (``persistent_tile_n``, ``persistent_stages``; 0: any)."""
+    without spills (``persistent_tile_n``, ``persistent_stages``; 0: any), on the warps it needs
+    past head 128 (``wide_persistent_warps``)."""
     if target.persistent_tile_n and tiles.tile_n > target.persistent_tile_n:
         tiles = replace(tiles, tile_n=target.persistent_tile_n)
     if target.persistent_stages and tiles.num_stages > target.persistent_stages:
         tiles = replace(tiles, num_stages=target.persistent_stages)
+    if target.wide_persistent_warps and head_size > 128 and tiles.block_m < 64:
+        tiles = replace(tiles, num_warps=target.wide_persistent_warps)
     return tiles

@@ -237,5 +237,6 @@ def kernel_args(a: AttentionArgs, tiles: Tiles, *, contiguous_kv: torch.Tensor |
         LARGE_CACHE=needs_int64_offsets(k, v),
         POSITIVE_SCALE=a.scale > 0,
     )
+    budget = {"maxnreg": tiles.max_registers} if tiles.max_registers else {}
     return dict(queries=queries, kv=kv, mods=score_mods_of(a), **sizes._asdict(), CFG=cfg,
-                num_warps=tiles.num_warps, num_stages=tiles.num_stages)
+                num_warps=tiles.num_warps, num_stages=tiles.num_stages, **budget)

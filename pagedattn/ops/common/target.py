@@ -63,6 +63,13 @@ class TargetProps:
     qblock_max_tile_n: int | None = None  # keys per tile of the Q-block kernels' decode tiles (< 64 rows)
     persistent_tile_n: int | None = None  # keys per tile of the persistent kernel
     persistent_stages: int | None = None
+    # decode tiles (fewer than 64 rows) of the unified, split-KV and persistent kernels: ptxas's
+    # register budget up to head 128 and past it (NVIDIA), warps past head 128 (the persistent
+    # kernel's own count, it holds more state a lane)
+    decode_registers: int | None = None
+    wide_decode_registers: int | None = None
+    wide_decode_warps: int | None = None
+    wide_persistent_warps: int | None = None
     # shared memory the compiler adds beyond the tiles (barriers, reduction scratch, layout
     # conversions): the 128 x 128 prefill tiles at head 128 and 3 stages take 225 KB on sm90 and
     # 229 KB on sm100
@@ -100,21 +107,30 @@ KNOWN_TARGETS: dict[str, TargetProps] = {
         # at 64 or 128 keys, 64 x 64 on 4 warps none; the decode tiles of the split-KV and 2D
         # kernels spill 4-28 B at 16 x 64 (ptxas holds them to 168 registers, 3 programs per
         # SM), none at 16 x 32
+        # ptxas aims the decode kernels at 4 programs an SM where their shared memory allows it
+        # (128 registers) and spills 16 B with linear ALiBi; given 168 it keeps 3 (as it picks
+        # for the other modifiers) and none
         TargetProps("sm80", "cuda", 80, "A100", num_sms=108, max_shared=163 * KB, shared_per_sm=164 * KB,
-                    max_block_m=64, max_tile_n=64, qblock_max_tile_n=32),
+                    max_block_m=64, max_tile_n=64, qblock_max_tile_n=32, decode_registers=168),
         TargetProps("sm90", "cuda", 90, "H100/H200", num_sms=132, max_shared=227 * KB, shared_per_sm=228 * KB,
                     tuned=True),
         # sm100: the prefill kernel's 128 x 128 tiles spill 12-36 B, 128 x 64 at 3 stages none; the
         # persistent kernel at 16 x 64 is compiled to 168 registers and 4-12 B of spill (3
         # programs per SM), at 16 x 32 and 2 stages to 116-144 and none; the MLA kernel's 64-row configs take 230-370 KB of
-        # shared memory and 1 KB of spills (sm90: 148-222 KB), 32 rows compile as on sm90 (76 KB)
+        # shared memory and 1 KB of spills (sm90: 148-222 KB), 32 rows compile as on sm90 (76 KB).
+        # At head 256 ptxas holds the decode kernels to 168 registers and spills 16-32 B; given
+        # 255 they take 188-198, 2 programs an SM, as sm90 compiles them
         TargetProps("sm100", "cuda", 100, "B200", num_sms=148, max_shared=227 * KB, shared_per_sm=228 * KB,
-                    shared_overhead=6 * KB, max_tile_n=64, persistent_tile_n=32, persistent_stages=2, mla_max_rows=32),
+                    shared_overhead=6 * KB, max_tile_n=64, persistent_tile_n=32, persistent_stages=2, mla_max_rows=32,
+                    wide_decode_registers=255),
         # sm120 (99 KB): prefill tiles of 64 keys spill 32-580 B (64 or 128 rows, 4 or 8 warps),
         # 32 keys none (with an fp8 cache 12-472 B, at 128 x 16 none); decode at 16 x 64 with an
-        # fp8 cache spills 4 B, 16 x 32 none; the persistent kernel at 3 stages 8-16 B
+        # fp8 cache spills 4 B, 16 x 32 none; the persistent kernel at 3 stages 8-16 B, and at 2
+        # stages on 64-token pages 8 B at ptxas's 128 registers (none given 168, 3 programs an
+        # SM); at head 256 the decode kernels 16-32 B at 168 (none given 255: 185-193)
         TargetProps("sm120", "cuda", 120, "RTX 50", num_sms=170, max_shared=99 * KB, shared_per_sm=100 * KB,
-                    max_threads_per_sm=1536, max_tile_n=32, fp8_max_tile_n=16, persistent_stages=2),
+                    max_threads_per_sm=1536, max_tile_n=32, fp8_max_tile_n=16, persistent_stages=2,
+                    decode_registers=168, wide_decode_registers=255),
         # CDNA: the prefill kernel's 128 x 128 tiles on 8 warps spill 217-613 VGPRs; 128 x 64 on
         # 4 warps compile without on gfx950 (422-432 VGPRs, AGPRs included), with ALiBi's sqrt
         # form to 476 and a spill on gfx942; 128 x 32 there to 360-388 and none
@@ -125,10 +141,12 @@ KNOWN_TARGETS: dict[str, TargetProps] = {
         # RDNA3 (wave32, 256 VGPRs a lane, no direct-to-LDS copies: a pipeline stage is held in
         # VGPRs): decode tiles of 16 x 64 spill, 16 x 32 on 4 warps at one stage do not; its WMMA
         # takes 16-bit operands only, and fp32 dots on FMAs spill 145 VGPRs at 16 x 16 on 4
-        # warps, none on 8
+        # warps, none on 8. At head 256 (16 x 16 tiles) the Q-block kernels spill 1-5 VGPRs on 4
+        # warps, none on 8; the persistent kernel 94-124 on 4, 27-85 on 8, none on 16
         TargetProps("gfx1100", "hip", "gfx1100", "RX 7900 XTX", num_sms=96, max_shared=64 * KB,
                     shared_per_sm=128 * KB, regs_per_sm=1536, max_threads_per_sm=2048, warp_size=32,
-                    max_tile_elems=16 * 32, max_warps=4, max_stages=1, fp32_warps=8, q_in_shared=False, buffers_below_stages=1),
+                    max_tile_elems=16 * 32, max_warps=4, max_stages=1, fp32_warps=8, q_in_shared=False, buffers_below_stages=1,
+                    wide_decode_warps=8, wide_persistent_warps=16),
     )
 }
 # Triton's interpreter on the CPU: no limits that matter, and a few programs are plenty.
@@ -269,6 +287,13 @@ def fit_tiles(tiles, target: TargetProps, head_size_pad: int, q_bytes: int, kv_b
         tiles = replace(tiles, num_warps=target.fp32_warps)
     if target.max_stages and tiles.num_stages > target.max_stages:
         tiles = replace(tiles, num_stages=target.max_stages)
+    if tiles.block_m < 64 and q_bytes < 4:  # 16-bit decode tiles: the target's register budget and warps
+        wide = head_size_pad > 128
+        budget = target.wide_decode_registers if wide else target.decode_registers
+        if budget:
+            tiles = replace(tiles, max_registers=budget)
+        if wide and target.wide_decode_warps:
+            tiles = replace(tiles, num_warps=target.wide_decode_warps)
     # registers a lane grow with the head and the element width as with the tile's area
     weight = max(head_size_pad, 128) * max(q_bytes, 2) // 256
     while target.max_tile_elems and tiles.block_m * tiles.tile_n * weight > target.max_tile_elems:

@@ -12,3 +12,4 @@ class Tiles:
     tile_n: int  # keys per step of the inner loop
     num_warps: int
     num_stages: int = 2
+    max_registers: int | None = None  # ptxas's register budget (maxnreg), NVIDIA only; None: ptxas's choice

@@ -18,11 +18,12 @@ def launch_persistent(out: torch.Tensor, lse: torch.Tensor | None, a: AttentionA
     max_splits = plan.partial_out.shape[2]
     shared = dict(work=WorkList(plan.work_items, plan.work_counts, plan.work_counter, plan.reduce_rows),
                   dst=output_rows(out, lse), part=partial_rows(plan.partial_out, plan.partial_lse), max_splits=max_splits, USE_PDL=pdl)
-    regs = plan.max_registers
-    # maxnreg is a ptxas option: NVIDIA targets only (the ROCm build of torch also says "cuda")
-    extra = {"maxnreg": regs} if regs and target_props(a.q.device).is_cuda else {}
-    launch(persistent_attention_kernel, (plan.num_programs,), **shared, **kernel_args(a, plan.tiles),
-           num_kv_heads=a.k_cache.shape[2], **extra)
+    args = kernel_args(a, plan.tiles)
+    # the plan's cap (unequal batches) over the tiles' budget; maxnreg is a ptxas option: NVIDIA
+    # targets only (the ROCm build of torch also says "cuda")
+    if plan.max_registers and target_props(a.q.device).is_cuda:
+        args["maxnreg"] = plan.max_registers
+    launch(persistent_attention_kernel, (plan.num_programs,), **shared, **args, num_kv_heads=a.k_cache.shape[2])
     if max_splits == 1 and plan.schedule == "static":
         # nothing to merge and no counter to reset, for every batch update() can give this plan
         # (its partials hold one split): one launch less (~7 us of host time a call)
