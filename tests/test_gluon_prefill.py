@@ -31,6 +31,7 @@ needs_sm90 = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_
                                 reason="the Gluon prefill kernel runs on compute capability 9.x only")
 
 BLOCK_M64 = GluonPrefillConfig(block_m=64)  # one consumer warpgroup
+SERIAL = GluonPrefillConfig(pipelined=False)  # each tile's wgmma and softmax one after the other
 
 
 # ---------------------------------------------------------------------------------------------
@@ -48,6 +49,7 @@ BLOCK_M64 = GluonPrefillConfig(block_m=64)  # one consumer warpgroup
         pytest.param(256, torch.bfloat16, True, GLUON_PREFILL_CONFIG, 128, id="page256-bf16-lse"),
         pytest.param(16, torch.bfloat16, True, GLUON_PREFILL_CONFIG, 64, id="page16-bf16-lse-head64"),
         pytest.param(64, torch.bfloat16, True, BLOCK_M64, 128, id="page64-bf16-lse-m64"),
+        pytest.param(16, torch.bfloat16, True, SERIAL, 128, id="page16-bf16-lse-serial"),
     ],
 )
 def test_gluon_prefill_compiles_for_sm90(page_size, dtype, return_lse, config, head_size):
@@ -241,11 +243,11 @@ def test_gluon_prefill_single_sequence_gpu(calls, seq_len, heads, block_size, dt
 @pytest.mark.gpu
 @needs_gluon
 @needs_sm90
-@pytest.mark.parametrize("config", [GLUON_PREFILL_CONFIG, BLOCK_M64], ids=["m128", "m64"])
+@pytest.mark.parametrize("config", [GLUON_PREFILL_CONFIG, BLOCK_M64, SERIAL], ids=["m128", "m64", "serial"])
 @pytest.mark.parametrize("block_size", [16, 64, 256], ids=lambda n: f"page{n}")
 def test_gluon_prefill_extend_gpu(calls, block_size, config):
     """Extends: 128 and 300 queries over 2000 keys, queries that start mid-page, a Q tile that
-    ends mid-tile; 64- and 128-row tiles."""
+    ends mid-tile; 64- and 128-row tiles, the pipelined loop and the serial one."""
     calls.config = config
     batch = make_batch([(128, 2000), (300, 2000), (129, 777)], block_size=block_size, seed=block_size)
     run_and_compare(batch, path="prefill")

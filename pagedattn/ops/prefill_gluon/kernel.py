@@ -11,7 +11,8 @@ Q tile of every head and sequence first). Two partitions (``gl.warp_specialize``
 * the default partition, NUM_WARPS warps (BLOCK_M = 16 * NUM_WARPS rows, a warpgroup per 64):
   per key tile ``S = Q K^T`` (wgmma, Q and K from shared memory), the online softmax in base 2
   in registers, ``P`` converted in registers to the A operand of ``O += P V`` (wgmma, V from
-  shared memory, O in registers). Tiles that every row sees in full (below the causal
+  shared memory, O in registers); PIPELINED issues the next tile's ``S`` before this tile's
+  softmax. Tiles that every row sees in full (below the causal
   diagonal) run without a mask; the diagonal tiles mask ``k_pos > q_pos``. At the end it
   normalizes and stores out (q's dtype) and lse;
 * the producer, PRODUCER_WARPS warps with few registers: for each key tile, the block ids of its
@@ -101,51 +102,96 @@ def _producer(k_cache_ptr, v_cache_ptr, bt_row_ptr, k_bufs, v_bufs, k_ready, v_r
 
 
 @gluon.jit
-def _attend_tiles(i_lo, i_hi, q_smem, k_bufs, v_bufs, k_ready, v_ready, kv_empty, m_i, l_i, acc, q_pos, qk_scale,
-                  BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, NUM_WARPS: gl.constexpr,
-                  MASKED: gl.constexpr):
-    """Online softmax over key tiles i_lo .. i_hi - 1 (MASKED: the causal rule k_pos <= q_pos;
-    else every key is visible to every row)."""
-    dtype: gl.constexpr = q_smem.dtype
-    HEAD: gl.constexpr = q_smem.shape[1]
+def _probabilities(qk, i, m_i, l_i, acc, q_pos, qk_scale, DTYPE: gl.constexpr, BLOCK_N: gl.constexpr,
+                   NUM_WARPS: gl.constexpr, MASKED: gl.constexpr):
+    """One key tile's step of the online softmax: from the scores ``qk`` of tile i, P as the
+    register A operand of ``O += P V``, the new row maxima and sums, and ``acc`` rescaled."""
+    HEAD: gl.constexpr = acc.shape[1]
     s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
                                                   instr_shape=[16, BLOCK_N, 16])
     o_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
                                                   instr_shape=[16, HEAD, 16])
     p_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_l, k_width=2)
+    x = qk + qk * 0.0  # an inf dot product becomes NaN (never read as a masked key)
+    if MASKED:
+        k_pos = i * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_l))
+        x = gl.where(k_pos[None, :] <= q_pos[:, None], x, float("-inf"))
+        m_new = gl.maximum(m_i, gl.reduce(x, 1, max_combine) * qk_scale)
+        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)  # rows that have seen no key yet
+    else:
+        m_new = gl.maximum(m_i, gl.reduce(x, 1, max_combine) * qk_scale)
+        m_use = m_new
+    p = gl.exp2(x * qk_scale - m_use[:, None])
+    alpha = gl.exp2(m_i - m_use)
+    l_i = l_i * alpha + gl.reduce(p, 1, sum_combine)
+    acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_l))[:, None]
+    p_op = gl.convert_layout(p.to(DTYPE), p_l)  # registers: the A operand of the second wgmma
+    return p_op, m_new, l_i, acc
+
+
+@gluon.jit
+def _attend_tiles(i_lo, i_hi, q_smem, k_bufs, v_bufs, k_ready, v_ready, kv_empty, m_i, l_i, acc, q_pos, qk_scale,
+                  BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, NUM_WARPS: gl.constexpr,
+                  MASKED: gl.constexpr, PIPELINED: gl.constexpr):
+    """Online softmax over key tiles i_lo .. i_hi - 1 (MASKED: the causal rule k_pos <= q_pos;
+    else every key is visible to every row).
+
+    PIPELINED: software-pipelined by one tile: tile i + 1's ``S = Q K^T`` is issued before tile
+    i's softmax, so the tensor cores run it while the warps compute exponentials; both wgmma in
+    flight are waited for together, then slot i is released. Else each tile's two wgmma and its
+    softmax run one after the other."""
+    s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
+                                                  instr_shape=[16, BLOCK_N, 16])
     s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_l)
-    offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_l))
-    for i in range(i_lo, i_hi):
-        slot = i % NUM_STAGES
-        ph = (i // NUM_STAGES) & 1
-        k_tile = k_bufs.index(slot)  # [BLOCK_N, HEAD]
-        v_tile = v_bufs.index(slot)
-        mbarrier.wait(k_ready.index(slot), ph)
+    if not PIPELINED:
+        for i in range(i_lo, i_hi):
+            slot = i % NUM_STAGES
+            ph = (i // NUM_STAGES) & 1
+            k_tile = k_bufs.index(slot)  # [BLOCK_N, HEAD]
+            v_tile = v_bufs.index(slot)
+            mbarrier.wait(k_ready.index(slot), ph)
+            fence_async_shared()  # cp.async wrote through the generic proxy; wgmma reads through the async one
+            qk = warpgroup_mma(q_smem, k_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            qk, _ = warpgroup_mma_wait(num_outstanding=0, deps=(qk, k_tile))  # [BLOCK_M, BLOCK_N] fp32
+            p_op, m_i, l_i, acc = _probabilities(qk, i, m_i, l_i, acc, q_pos, qk_scale, q_smem.dtype, BLOCK_N,
+                                                  NUM_WARPS, MASKED)
+            mbarrier.wait(v_ready.index(slot), ph)
+            fence_async_shared()
+            acc = warpgroup_mma(p_op, v_tile, acc, is_async=True)
+            acc, _, _ = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_op, v_tile))  # [BLOCK_M, HEAD] fp32
+            mbarrier.arrive(kv_empty.index(slot), count=1)  # slot free: both wgmma of the tile are done
+    elif i_lo < i_hi:
+        slot = i_lo % NUM_STAGES
+        mbarrier.wait(k_ready.index(slot), (i_lo // NUM_STAGES) & 1)
         fence_async_shared()  # cp.async wrote through the generic proxy; wgmma reads through the async one
+        k_tile = k_bufs.index(slot)
         qk = warpgroup_mma(q_smem, k_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
         qk, _ = warpgroup_mma_wait(num_outstanding=0, deps=(qk, k_tile))  # [BLOCK_M, BLOCK_N] fp32
-
-        x = qk + qk * 0.0  # an inf dot product becomes NaN (never read as a masked key)
-        if MASKED:
-            k_pos = i * BLOCK_N + offs_n
-            x = gl.where(k_pos[None, :] <= q_pos[:, None], x, float("-inf"))
-            m_new = gl.maximum(m_i, gl.reduce(x, 1, max_combine) * qk_scale)
-            m_use = gl.where(m_new == float("-inf"), 0.0, m_new)  # rows that have seen no key yet
-        else:
-            m_new = gl.maximum(m_i, gl.reduce(x, 1, max_combine) * qk_scale)
-            m_use = m_new
-        p = gl.exp2(x * qk_scale - m_use[:, None])
-        alpha = gl.exp2(m_i - m_use)
-        l_i = l_i * alpha + gl.reduce(p, 1, sum_combine)
-        m_i = m_new
-
-        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_l))[:, None]
-        p_op = gl.convert_layout(p.to(dtype), p_l)  # registers: the A operand of the second wgmma
-        mbarrier.wait(v_ready.index(slot), ph)
+        for i in range(i_lo, i_hi - 1):
+            slot = i % NUM_STAGES
+            nxt = (i + 1) % NUM_STAGES
+            k_next = k_bufs.index(nxt)
+            mbarrier.wait(k_ready.index(nxt), ((i + 1) // NUM_STAGES) & 1)
+            fence_async_shared()
+            qk_next = warpgroup_mma(q_smem, k_next.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            p_op, m_i, l_i, acc = _probabilities(qk, i, m_i, l_i, acc, q_pos, qk_scale, q_smem.dtype, BLOCK_N, NUM_WARPS,
+                                                  MASKED)
+            v_tile = v_bufs.index(slot)
+            mbarrier.wait(v_ready.index(slot), (i // NUM_STAGES) & 1)
+            fence_async_shared()
+            acc = warpgroup_mma(p_op, v_tile, acc, is_async=True)
+            qk, acc, _, _, _ = warpgroup_mma_wait(num_outstanding=0, deps=(qk_next, acc, p_op, v_tile, k_next))
+            mbarrier.arrive(kv_empty.index(slot), count=1)  # slot i free: both its wgmma are done
+        last = i_hi - 1
+        slot = last % NUM_STAGES
+        p_op, m_i, l_i, acc = _probabilities(qk, last, m_i, l_i, acc, q_pos, qk_scale, q_smem.dtype, BLOCK_N, NUM_WARPS,
+                                              MASKED)
+        v_tile = v_bufs.index(slot)
+        mbarrier.wait(v_ready.index(slot), (last // NUM_STAGES) & 1)
         fence_async_shared()
         acc = warpgroup_mma(p_op, v_tile, acc, is_async=True)
         acc, _, _ = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_op, v_tile))  # [BLOCK_M, HEAD] fp32
-        mbarrier.arrive(kv_empty.index(slot), count=1)  # slot free: both wgmma of the tile are done
+        mbarrier.arrive(kv_empty.index(slot), count=1)
     return m_i, l_i, acc
 
 
@@ -153,7 +199,7 @@ def _attend_tiles(i_lo, i_hi, q_smem, k_bufs, v_bufs, k_ready, v_ready, kv_empty
 def _consumer(q_smem, k_bufs, v_bufs, k_ready, v_ready, kv_empty, out_ptr, lse_ptr, stride_o_t, stride_o_h,
               stride_lse_t, stride_lse_h, head, q_start, q_len, row_lo, context_len, num_tokens, n_free, n_tiles,
               scale, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
-              NUM_WARPS: gl.constexpr):
+              NUM_WARPS: gl.constexpr, PIPELINED: gl.constexpr):
     """Attend over the key tiles (the mask-free ones, then the diagonal ones) and store out and lse."""
     HEAD: gl.constexpr = q_smem.shape[1]
     s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
@@ -166,9 +212,11 @@ def _consumer(q_smem, k_bufs, v_bufs, k_ready, v_ready, kv_empty, out_ptr, lse_p
     acc = gl.zeros([BLOCK_M, HEAD], gl.float32, layout=o_l)
     qk_scale = scale * LOG2E
     m_i, l_i, acc = _attend_tiles(0, n_free, q_smem, k_bufs, v_bufs, k_ready, v_ready, kv_empty, m_i, l_i, acc,
-                                  q_pos, qk_scale, BLOCK_M, BLOCK_N, NUM_STAGES, NUM_WARPS, MASKED=False)
+                                  q_pos, qk_scale, BLOCK_M, BLOCK_N, NUM_STAGES, NUM_WARPS, MASKED=False,
+                                  PIPELINED=PIPELINED)
     m_i, l_i, acc = _attend_tiles(n_free, n_tiles, q_smem, k_bufs, v_bufs, k_ready, v_ready, kv_empty, m_i, l_i,
-                                  acc, q_pos, qk_scale, BLOCK_M, BLOCK_N, NUM_STAGES, NUM_WARPS, MASKED=True)
+                                  acc, q_pos, qk_scale, BLOCK_M, BLOCK_N, NUM_STAGES, NUM_WARPS, MASKED=True,
+                                  PIPELINED=PIPELINED)
 
     out, lse = finalize_rows(acc, m_i, l_i, s_l, o_l)
 
@@ -196,7 +244,7 @@ def prefill_gluon_kernel(
     stride_c_b, stride_c_s, stride_c_h, stride_bt_s,
     scale, num_seqs, num_tokens, num_blocks, max_blocks_per_seq, min_q_len, first_seq,
     NUM_QUERIES_PER_KV: gl.constexpr, HEAD: gl.constexpr, PAGE_SIZE: gl.constexpr, BLOCK_N: gl.constexpr,
-    NUM_STAGES: gl.constexpr, PRODUCER_WARPS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+    NUM_STAGES: gl.constexpr, PRODUCER_WARPS: gl.constexpr, PRODUCER_REGS: gl.constexpr, PIPELINED: gl.constexpr,
 ):
     """out = softmax(scale * q k^T + causal mask) v for one Q tile of one head (see the module docstring).
 
@@ -258,7 +306,7 @@ def prefill_gluon_kernel(
     gl.warp_specialize([
         (_consumer, (q_smem, k_bufs, v_bufs, k_ready, v_ready, kv_empty, out_ptr, lse_ptr, stride_o_t, stride_o_h,
                      stride_lse_t, stride_lse_h, head, q_start, q_len, row_lo, context_len, num_tokens, n_free,
-                     n_tiles, scale, BLOCK_M, BLOCK_N, NUM_STAGES, NUM_WARPS)),
+                     n_tiles, scale, BLOCK_M, BLOCK_N, NUM_STAGES, NUM_WARPS, PIPELINED)),
         (_producer, (k_cache_ptr, v_cache_ptr, bt_row_ptr, k_bufs, v_bufs, k_ready, v_ready, kv_empty, kv_head,
                      n_tiles, kv_hi, num_blocks, max_blocks_per_seq, stride_c_b, stride_c_s, stride_c_h,
                      HEAD, PAGE_SIZE, BLOCK_N, NUM_STAGES, PRODUCER_WARPS)),

@@ -32,13 +32,16 @@ GLUON_MIN_PAGE = 16
 class GluonPrefillConfig:
     """A CTA: ``block_m`` query rows (16 per consumer warp: 64 = one warpgroup, 128 = two),
     ``block_n`` keys a step, a ring of ``num_stages`` K/V tile pairs, a producer partition of
-    ``producer_warps`` warps capped at ``producer_regs`` registers a thread."""
+    ``producer_warps`` warps capped at ``producer_regs`` registers a thread; ``pipelined``: the
+    consumer's loop software-pipelined by one tile (``False``: the loop measured first on the
+    H200, kept for the comparison)."""
 
     block_m: int = 128
     block_n: int = 64
     num_stages: int = 3
     producer_warps: int = 4  # one warp's 64 rows of 64-bit addresses spill at any register cap up to 96
     producer_regs: int = 64  # 56 spills 12 B at pages of 64 or more
+    pipelined: bool = True  # the next tile's S = Q K^T issued before this tile's softmax
 
     @property
     def num_warps(self) -> int:
@@ -145,4 +148,4 @@ def launch_prefill_gluon(
            max_blocks_per_seq=a.block_table.shape[1], min_q_len=min_q_len, first_seq=first,
            NUM_QUERIES_PER_KV=num_q_heads // k.shape[2], HEAD=q.shape[2], PAGE_SIZE=k.shape[1],
            BLOCK_N=config.block_n, NUM_STAGES=config.num_stages, PRODUCER_WARPS=config.producer_warps,
-           PRODUCER_REGS=config.producer_regs, num_warps=config.num_warps)
+           PRODUCER_REGS=config.producer_regs, PIPELINED=config.pipelined, num_warps=config.num_warps)
