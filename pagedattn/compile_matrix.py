@@ -474,7 +474,10 @@ def compile_launches(launched: list, variant: str, target: str, dump: str | None
             compiled, log = _compile_with_ptxas_log(kernel, kwargs, target)
             row.update(usage(compiled, target, log))
             if "PRODUCER_REGS" in kwargs and "cubin" in compiled.asm:
-                row["partition_regs"] = partition_registers(compiled, kwargs["PRODUCER_REGS"])
+                caps = {"producer": kwargs["PRODUCER_REGS"]}
+                if kwargs.get("NUM_CONSUMERS", 1) > 1:
+                    caps["consumer"] = kwargs["CONSUMER_REGS"]
+                row["partition_regs"] = partition_registers(compiled, caps)
             if dump:
                 _dump(compiled, os.path.join(dump, target), f"{variant.replace(' ', '_').replace('/', '-')}_{name}")
         except Exception as e:  # noqa: BLE001 - a compile error is the finding
@@ -485,10 +488,11 @@ def compile_launches(launched: list, variant: str, target: str, dump: str | None
     return rows
 
 
-def partition_registers(compiled, producer_regs: int) -> dict:
-    """Registers of a warp-specialized kernel's partitions: ``{"default": (cap, used), "producer":
-    (cap, used)}``. The SASS is cut at its ``USETMAXREG`` instructions; a stretch belongs to the
-    producer when the cap set before it is ``producer_regs``, else to the default partition
+def partition_registers(compiled, caps: dict[str, int]) -> dict:
+    """Registers of a warp-specialized kernel's partitions: ``{"default": (cap, used), name:
+    (cap, used) for each worker partition named in caps}``. The SASS is cut at its
+    ``USETMAXREG`` instructions; a stretch belongs to the worker whose cap (``caps[name]``, the
+    caps the kernel was given, all different) was set before it, else to the default partition
     (its code before and after the fork included). ``used``: the highest register a stretch
     names, plus one (a lower bound: a 64-bit operand also takes the register after it); ``cap``:
     the ``setmaxnreg`` cap of the stretch that uses the most (0 where none is set: the kernel's
@@ -497,7 +501,8 @@ def partition_registers(compiled, producer_regs: int) -> dict:
         f.write(compiled.asm["cubin"])
         f.flush()
         sass = subprocess.run([_cuobjdump(), "-sass", f.name], capture_output=True, text=True).stdout
-    parts = {"default": (0, 0), "producer": (0, 0)}
+    parts = {"default": (0, 0), **{name: (0, 0) for name in caps}}
+    owner = {c: name for name, c in caps.items()}
     cap = 0
     for line in sass.splitlines():
         m = re.search(r"USETMAXREG\.\w+\.CTAPOOL (?:UP\d, )?0x([0-9a-f]+)", line)
@@ -505,7 +510,7 @@ def partition_registers(compiled, producer_regs: int) -> dict:
             cap = int(m.group(1), 16)
             continue
         regs = [int(r) for r in re.findall(r"\bR(\d+)\b", line.split(";")[0])]
-        name = "producer" if cap == producer_regs else "default"
+        name = owner.get(cap, "default")
         if regs and max(regs) + 1 > parts[name][1]:
             parts[name] = (cap, max(regs) + 1)
     return parts

@@ -32,6 +32,7 @@ needs_sm90 = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_
 
 BLOCK_M64 = GluonPrefillConfig(block_m=64)  # one consumer warpgroup
 SERIAL = GluonPrefillConfig(pipelined=False)  # each tile's wgmma and softmax one after the other
+SPLIT = GluonPrefillConfig(split_consumers=True)  # the two 64-row halves in two consumer partitions
 
 
 # ---------------------------------------------------------------------------------------------
@@ -50,6 +51,8 @@ SERIAL = GluonPrefillConfig(pipelined=False)  # each tile's wgmma and softmax on
         pytest.param(16, torch.bfloat16, True, GLUON_PREFILL_CONFIG, 64, id="page16-bf16-lse-head64"),
         pytest.param(64, torch.bfloat16, True, BLOCK_M64, 128, id="page64-bf16-lse-m64"),
         pytest.param(16, torch.bfloat16, True, SERIAL, 128, id="page16-bf16-lse-serial"),
+        pytest.param(16, torch.bfloat16, True, SPLIT, 128, id="page16-bf16-lse-split"),
+        pytest.param(64, torch.float16, False, SPLIT, 64, id="page64-fp16-head64-split"),
     ],
 )
 def test_gluon_prefill_compiles_for_sm90(page_size, dtype, return_lse, config, head_size):
@@ -61,11 +64,14 @@ def test_gluon_prefill_compiles_for_sm90(page_size, dtype, return_lse, config, h
     assert row["problems"] == [], row
     assert row["spill_bytes"] == 0 and row["local"] == 0 and row["stack"] == 0, row
     assert 0 < row["shared"] <= props_for("sm90").max_shared, row
-    # the consumer warps plus the producer's, a whole warpgroup
-    assert row["num_warps"] == config.num_warps + 4, row
+    # the consumer warps (one partition or two) plus the producer's, a whole warpgroup
+    assert row["num_warps"] == config.num_warps * config.num_consumers + 4, row
     (d_cap, d_used), (p_cap, p_used) = row["partition_regs"]["default"], row["partition_regs"]["producer"]
     assert p_cap == config.producer_regs and 0 < p_used <= p_cap, row
     assert 0 < d_used <= d_cap, row
+    if config.split_consumers:
+        c_cap, c_used = row["partition_regs"]["consumer"]
+        assert c_cap == config.consumer_regs and 0 < c_used <= c_cap, row
 
 
 def _args(dtype=torch.bfloat16, cache_dtype=None, head_size=128, page_size=16, num_q_heads=8, num_kv_heads=2,
@@ -243,11 +249,12 @@ def test_gluon_prefill_single_sequence_gpu(calls, seq_len, heads, block_size, dt
 @pytest.mark.gpu
 @needs_gluon
 @needs_sm90
-@pytest.mark.parametrize("config", [GLUON_PREFILL_CONFIG, BLOCK_M64, SERIAL], ids=["m128", "m64", "serial"])
+@pytest.mark.parametrize("config", [GLUON_PREFILL_CONFIG, BLOCK_M64, SERIAL, SPLIT], ids=["m128", "m64", "serial", "split"])
 @pytest.mark.parametrize("block_size", [16, 64, 256], ids=lambda n: f"page{n}")
 def test_gluon_prefill_extend_gpu(calls, block_size, config):
     """Extends: 128 and 300 queries over 2000 keys, queries that start mid-page, a Q tile that
-    ends mid-tile; 64- and 128-row tiles, the pipelined loop and the serial one."""
+    ends mid-tile; 64- and 128-row tiles, the pipelined loop and the serial one, one consumer
+    partition and two."""
     calls.config = config
     batch = make_batch([(128, 2000), (300, 2000), (129, 777)], block_size=block_size, seed=block_size)
     run_and_compare(batch, path="prefill")

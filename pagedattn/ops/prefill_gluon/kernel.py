@@ -245,15 +245,19 @@ def prefill_gluon_kernel(
     scale, num_seqs, num_tokens, num_blocks, max_blocks_per_seq, min_q_len, first_seq,
     NUM_QUERIES_PER_KV: gl.constexpr, HEAD: gl.constexpr, PAGE_SIZE: gl.constexpr, BLOCK_N: gl.constexpr,
     NUM_STAGES: gl.constexpr, PRODUCER_WARPS: gl.constexpr, PRODUCER_REGS: gl.constexpr, PIPELINED: gl.constexpr,
+    NUM_CONSUMERS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
 ):
     """out = softmax(scale * q k^T + causal mask) v for one Q tile of one head (see the module docstring).
 
-    BLOCK_M = 16 * num_warps rows (one warpgroup per 64). The grid's sequences are
-    ``first_seq, first_seq + 1, ...``; sequences with fewer than ``min_q_len`` queries are left
-    to the Q-block kernels.
+    BLOCK_M = 16 * num_warps * NUM_CONSUMERS rows (one warpgroup per 64). NUM_CONSUMERS = 2: the
+    tile's two halves run in two consumer partitions of num_warps warps (the second capped at
+    CONSUMER_REGS registers), which sync only through the ring's barriers, so one half's softmax
+    can run while the other's wgmma do. The grid's sequences are ``first_seq, first_seq + 1,
+    ...``; sequences with fewer than ``min_q_len`` queries are left to the Q-block kernels.
     """
     NUM_WARPS: gl.constexpr = gl.num_warps()
-    BLOCK_M: gl.constexpr = 16 * NUM_WARPS
+    WG_ROWS: gl.constexpr = 16 * NUM_WARPS  # the rows of one consumer partition
+    BLOCK_M: gl.constexpr = WG_ROWS * NUM_CONSUMERS
     gl.static_assert(NUM_WARPS % 4 == 0, "the default partition is whole warpgroups")
     gl.static_assert(NUM_STAGES >= 2, "the ring needs two slots")
     gl.static_assert(BLOCK_N % (32 * PRODUCER_WARPS // (HEAD // 8)) == 0, "BLOCK_N: whole rows of the copy layout")
@@ -299,18 +303,37 @@ def prefill_gluon_kernel(
     for s in gl.static_range(NUM_STAGES):
         mbarrier.init(k_ready.index(s), count=32 * PRODUCER_WARPS)
         mbarrier.init(v_ready.index(s), count=32 * PRODUCER_WARPS)
-        mbarrier.init(kv_empty.index(s), count=1)
+        mbarrier.init(kv_empty.index(s), count=NUM_CONSUMERS)
     fence_async_shared()  # the queries and the barriers' initialization, before any async-proxy use
 
     bt_row_ptr = block_table_ptr + seq.to(gl.int64) * stride_bt_s
-    gl.warp_specialize([
-        (_consumer, (q_smem, k_bufs, v_bufs, k_ready, v_ready, kv_empty, out_ptr, lse_ptr, stride_o_t, stride_o_h,
-                     stride_lse_t, stride_lse_h, head, q_start, q_len, row_lo, context_len, num_tokens, n_free,
-                     n_tiles, scale, BLOCK_M, BLOCK_N, NUM_STAGES, NUM_WARPS, PIPELINED)),
-        (_producer, (k_cache_ptr, v_cache_ptr, bt_row_ptr, k_bufs, v_bufs, k_ready, v_ready, kv_empty, kv_head,
-                     n_tiles, kv_hi, num_blocks, max_blocks_per_seq, stride_c_b, stride_c_s, stride_c_h,
-                     HEAD, PAGE_SIZE, BLOCK_N, NUM_STAGES, PRODUCER_WARPS)),
-    ], [PRODUCER_WARPS], [PRODUCER_REGS])
+    # (the partitions' (function, arguments) pairs are written out in each branch: the JIT takes
+    # no function as a value)
+    if NUM_CONSUMERS == 1:
+        gl.warp_specialize([
+            (_consumer, (q_smem, k_bufs, v_bufs, k_ready, v_ready, kv_empty, out_ptr, lse_ptr, stride_o_t, stride_o_h,
+                         stride_lse_t, stride_lse_h, head, q_start, q_len, row_lo, context_len, num_tokens, n_free,
+                         n_tiles, scale, WG_ROWS, BLOCK_N, NUM_STAGES, NUM_WARPS, PIPELINED)),
+            (_producer, (k_cache_ptr, v_cache_ptr, bt_row_ptr, k_bufs, v_bufs, k_ready, v_ready, kv_empty, kv_head,
+                         n_tiles, kv_hi, num_blocks, max_blocks_per_seq, stride_c_b, stride_c_s, stride_c_h,
+                         HEAD, PAGE_SIZE, BLOCK_N, NUM_STAGES, PRODUCER_WARPS)),
+        ], [PRODUCER_WARPS], [PRODUCER_REGS])
+    else:
+        # both halves walk every tile of the whole tile's range (the ring's protocol), the mask
+        # and the row maxima keep each half's rows right
+        gl.warp_specialize([
+            (_consumer, (q_smem.slice(0, WG_ROWS), k_bufs, v_bufs, k_ready, v_ready, kv_empty, out_ptr, lse_ptr,
+                         stride_o_t, stride_o_h, stride_lse_t, stride_lse_h, head, q_start, q_len, row_lo,
+                         context_len, num_tokens, n_free, n_tiles, scale, WG_ROWS, BLOCK_N, NUM_STAGES, NUM_WARPS,
+                         PIPELINED)),
+            (_producer, (k_cache_ptr, v_cache_ptr, bt_row_ptr, k_bufs, v_bufs, k_ready, v_ready, kv_empty, kv_head,
+                         n_tiles, kv_hi, num_blocks, max_blocks_per_seq, stride_c_b, stride_c_s, stride_c_h,
+                         HEAD, PAGE_SIZE, BLOCK_N, NUM_STAGES, PRODUCER_WARPS)),
+            (_consumer, (q_smem.slice(WG_ROWS, WG_ROWS), k_bufs, v_bufs, k_ready, v_ready, kv_empty, out_ptr,
+                         lse_ptr, stride_o_t, stride_o_h, stride_lse_t, stride_lse_h, head, q_start, q_len,
+                         row_lo + WG_ROWS, context_len, num_tokens, n_free, n_tiles, scale, WG_ROWS, BLOCK_N,
+                         NUM_STAGES, NUM_WARPS, PIPELINED)),
+        ], [PRODUCER_WARPS, NUM_WARPS], [PRODUCER_REGS, CONSUMER_REGS])
 
     for s in gl.static_range(NUM_STAGES):
         mbarrier.invalidate(k_ready.index(s))

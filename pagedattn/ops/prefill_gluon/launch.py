@@ -42,10 +42,17 @@ class GluonPrefillConfig:
     producer_warps: int = 4  # one warp's 64 rows of 64-bit addresses spill at any register cap up to 96
     producer_regs: int = 64  # 56 spills 12 B at pages of 64 or more
     pipelined: bool = True  # the next tile's S = Q K^T issued before this tile's softmax
+    split_consumers: bool = False  # the two 64-row halves in two partitions (block_m 128 only)
+    consumer_regs: int = 208  # the second consumer partition's register cap (split_consumers)
+
+    @property
+    def num_consumers(self) -> int:
+        return 2 if self.split_consumers else 1
 
     @property
     def num_warps(self) -> int:
-        return self.block_m // 16
+        """The default partition's warps (the launch's num_warps)."""
+        return self.block_m // 16 // self.num_consumers
 
 
 # two consumer warpgroups of 64 rows, 64 keys a step, 3 stages (see docs/perf-notes.md, the Gluon
@@ -148,4 +155,5 @@ def launch_prefill_gluon(
            max_blocks_per_seq=a.block_table.shape[1], min_q_len=min_q_len, first_seq=first,
            NUM_QUERIES_PER_KV=num_q_heads // k.shape[2], HEAD=q.shape[2], PAGE_SIZE=k.shape[1],
            BLOCK_N=config.block_n, NUM_STAGES=config.num_stages, PRODUCER_WARPS=config.producer_warps,
-           PRODUCER_REGS=config.producer_regs, PIPELINED=config.pipelined, num_warps=config.num_warps)
+           PRODUCER_REGS=config.producer_regs, PIPELINED=config.pipelined, NUM_CONSUMERS=config.num_consumers,
+           CONSUMER_REGS=config.consumer_regs, num_warps=config.num_warps)
