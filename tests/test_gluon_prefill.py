@@ -19,6 +19,7 @@ from pagedattn.ops.prefill_gluon.launch import (
     GLUON_PREFILL_ENV,
     GluonPrefillConfig,
     gluon_kernel,
+    gluon_prefill_requested,
     gluon_prefill_supported,
     use_gluon_prefill,
 )
@@ -85,6 +86,17 @@ def _args(dtype=torch.bfloat16, cache_dtype=None, head_size=128, page_size=16, n
                   k_scale=None, v_scale=None)
     fields.update(changes)
     return AttentionArgs(**fields)
+
+
+def test_gluon_prefill_variable_picks_the_config(monkeypatch):
+    """PAGEDATTN_PREFILL_GLUON: 1 the default config, serial / split the kept variants, anything
+    else (or unset) none; read at each call."""
+    monkeypatch.delenv(GLUON_PREFILL_ENV, raising=False)
+    assert gluon_prefill_requested() is None
+    for value, config in (("1", GLUON_PREFILL_CONFIG), ("serial", SERIAL), ("split", SPLIT), ("0", None),
+                          ("yes", None)):
+        monkeypatch.setenv(GLUON_PREFILL_ENV, value)
+        assert gluon_prefill_requested() == config, value
 
 
 @needs_gluon

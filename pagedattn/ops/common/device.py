@@ -42,11 +42,20 @@ def environ_is(name: str, value: str) -> bool:
     return _ENVIRON_DATA.get(_encode_key(name)) == _encode_value(value)
 
 
+def environ_value(name: str, choices: dict):
+    """``choices.get(os.environ.get(name))``, read as cheaply as :func:`environ_is`."""
+    if _ENVIRON_DATA is None:
+        return choices.get(os.environ.get(name))
+    raw = _ENVIRON_DATA.get(_encode_key(name))
+    return None if raw is None else choices.get(_decode_value(raw))
+
+
 _ENVIRON_DATA = getattr(os.environ, "_data", None)
 if not isinstance(_ENVIRON_DATA, dict):
     _ENVIRON_DATA = None
 _encode_key = functools.lru_cache(maxsize=None)(getattr(os.environ, "encodekey", str))
 _encode_value = functools.lru_cache(maxsize=None)(getattr(os.environ, "encodevalue", str))
+_decode_value = functools.lru_cache(maxsize=64)(getattr(os.environ, "decodevalue", str))
 
 
 def interpreter_on() -> bool:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from pagedattn.ops.common.bundles import AttentionArgs
-from pagedattn.ops.common.device import environ_is
+from pagedattn.ops.common.device import environ_value
 from pagedattn.ops.common.gluon import GLUON_DTYPES, aligned, load_kernel, on_sm9x, required, unavailable_reason
 from pagedattn.ops.common.host_math import cdiv
 from pagedattn.ops.common.launching import launch
@@ -58,6 +58,10 @@ class GluonPrefillConfig:
 # two consumer warpgroups of 64 rows, 64 keys a step, 3 stages (see docs/perf-notes.md, the Gluon
 # prefill entry, for the registers and shared memory of each variant compiled for sm90)
 GLUON_PREFILL_CONFIG = GluonPrefillConfig()
+# what PAGEDATTN_PREFILL_GLUON may ask for: the default, or one of the variants kept for a
+# same-run comparison on the GPU
+GLUON_PREFILL_CONFIGS = {"1": GLUON_PREFILL_CONFIG, "serial": GluonPrefillConfig(pipelined=False),
+                         "split": GluonPrefillConfig(split_consumers=True)}
 
 
 def gluon_kernel():
@@ -65,9 +69,10 @@ def gluon_kernel():
     return load_kernel("pagedattn.ops.prefill_gluon.kernel", "prefill_gluon_kernel")
 
 
-def gluon_prefill_requested() -> bool:
-    """Whether ``PAGEDATTN_PREFILL_GLUON=1`` asks for the Gluon kernel (read at each call, cheaply)."""
-    return environ_is(GLUON_PREFILL_ENV, "1")
+def gluon_prefill_requested() -> GluonPrefillConfig | None:
+    """The config ``PAGEDATTN_PREFILL_GLUON`` asks for (``1``: the default; ``serial``,
+    ``split``: the variants of GLUON_PREFILL_CONFIGS), or None (read at each call, cheaply)."""
+    return environ_value(GLUON_PREFILL_ENV, GLUON_PREFILL_CONFIGS)
 
 
 def gluon_prefill_supported(a: AttentionArgs, max_query_len: int,
@@ -116,7 +121,8 @@ def gluon_prefill_supported(a: AttentionArgs, max_query_len: int,
 
 def use_gluon_prefill(a: AttentionArgs, max_query_len: int) -> bool:
     """``PAGEDATTN_PREFILL_GLUON=1``, a CUDA GPU of compute capability 9.x and a call the kernel serves."""
-    return gluon_prefill_requested() and on_sm9x(a.q) and gluon_prefill_supported(a, max_query_len) is None
+    return (gluon_prefill_requested() is not None and on_sm9x(a.q)
+            and gluon_prefill_supported(a, max_query_len) is None)
 
 
 def launch_prefill_gluon(
@@ -127,7 +133,7 @@ def launch_prefill_gluon(
     max_query_len: int,
     min_q_len: int = 0,
     seqs: tuple[int, int] | None = None,
-    config: GluonPrefillConfig = GLUON_PREFILL_CONFIG,
+    config: GluonPrefillConfig | None = None,
 ) -> None:
     """``launch_prefill`` over the paged cache for the Gluon kernel (``gluon_prefill_supported``
     must have said None).
@@ -137,6 +143,7 @@ def launch_prefill_gluon(
     with at least ``min_q_len`` queries are written.
     """
     kernel = required(gluon_kernel())
+    config = config or gluon_prefill_requested() or GLUON_PREFILL_CONFIG
     q, k, v = a.q, a.k_cache, a.v_cache
     num_seqs = a.seq_lens.shape[0]
     first, end = (0, num_seqs) if seqs is None else seqs
