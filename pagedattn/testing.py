@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 from dataclasses import dataclass, field
 
 import torch
@@ -278,3 +280,17 @@ def runs_within(code: str, timeout: float, env: dict | None = None) -> str | Non
     if proc.returncode != 0:
         return f"exit status {proc.returncode}: {(proc.stdout + proc.stderr)[-2000:]}"
     return None
+
+
+@contextlib.contextmanager
+def environ_set(name: str, value: str):
+    """``os.environ[name] = value`` inside the block, the old value (or none) after it."""
+    old = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = old

@@ -214,3 +214,19 @@ def test_bench_host_quick(tmp_path, capsys):
     table = md.read_text()
     assert "interpreter numbers" in table and "| paged_attention | decode B=2 L=64 | no plan | PASS |" in table
     assert "correctness run" in capsys.readouterr().err
+
+
+def test_gluon_providers_only_when_named(capsys):
+    """The Gluon prefill variants are columns only when --provider names them; --list shows them
+    apart, with why they are unavailable off an sm90 GPU."""
+    from pagedattn.bench.providers import PROVIDERS
+
+    gluon = [n for n in PROVIDERS if n.startswith("pagedattn-gluon")]
+    assert gluon == ["pagedattn-gluon", "pagedattn-gluon-serial", "pagedattn-gluon-split"]
+    assert not any(PROVIDERS[n].by_default for n in gluon)
+    assert main(["--quick", "--list"]) == 0
+    listed = capsys.readouterr().out
+    for n in gluon:
+        assert f"provider {n} (only when named):" in listed
+        if not torch.cuda.is_available():
+            assert "compute capability 9.x only" in listed

@@ -174,7 +174,7 @@ def main(argv=None) -> int:
     unknown = [w for w in workloads if w not in ALL_WORKLOADS]
     if unknown:
         build_parser().error(f"unknown workload(s) {unknown}; choose from {', '.join(ALL_WORKLOADS)}")
-    names = _split(args.provider, PROVIDERS)
+    names = _split(args.provider, [n for n, p in PROVIDERS.items() if p.by_default])
     unknown = [n for n in names if n not in PROVIDERS]
     if unknown:
         build_parser().error(f"unknown provider(s) {unknown}; choose from {', '.join(PROVIDERS)}")
@@ -189,6 +189,10 @@ def main(argv=None) -> int:
             print(f"{c.workload:8s} {c.name}")
         for n, (ok, why) in availability.items():
             print(f"provider {n}: {'available' if ok else 'unavailable: ' + why}")
+        for n in PROVIDERS:
+            if n not in availability:
+                ok, why = PROVIDERS[n].available()
+                print(f"provider {n} (only when named): {'available' if ok else 'unavailable: ' + why}")
         return 0
     for n, (ok, why) in availability.items():
         if not ok and args.provider:

@@ -33,8 +33,6 @@ show that the script runs. ``--config`` and ``--num-splits`` fix the kernel's ch
 from __future__ import annotations
 
 import argparse
-import contextlib
-import os
 import sys
 import time
 
@@ -123,20 +121,6 @@ def _paged_inputs(batch, seq_len, query_len, heads, block_size, dtype, cache_dty
     return q, kv.to(cache_dtype), block_table, seq_lens, qsl, latent
 
 
-@contextlib.contextmanager
-def environ_set(name: str, value: str):
-    """``os.environ[name] = value`` inside the block, the old value (or none) after it."""
-    old = os.environ.get(name)
-    os.environ[name] = value
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = old
-
-
 def torch_mla(q, latent, scale, query_len):
     """Composed torch decode over a contiguous latent [B, L, 576]; causal within the new tokens."""
     batch, seq_len = latent.shape[:2]
@@ -212,6 +196,7 @@ class Workload:
         from pagedattn.bench.timing import bench
         from pagedattn.mla import _mla_decode
         from pagedattn.ops.mla_gluon.launch import GLUON_ENV, GLUON_MLA_CONFIG, use_gluon_mla
+        from pagedattn.testing import environ_set
 
         q, kv = self.sets[0][0], self.sets[0][1]
         with environ_set(GLUON_ENV, "1"):

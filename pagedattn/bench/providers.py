@@ -51,6 +51,7 @@ class Provider:
     name: str
     anchor: bool = False  # a reference implementation: counts toward a case's "best anchor"
     description: str = ""
+    by_default: bool = True  # timed when no --provider is given
 
     def available(self) -> tuple[bool, str]:
         return True, ""
@@ -79,12 +80,22 @@ class PagedAttnProvider(Provider):
     """
 
     path: str = "auto"
+    gluon: str | None = None  # PAGEDATTN_PREFILL_GLUON's value while the call runs (sm9x only)
 
     def available(self):
         if importlib.util.find_spec("triton") is None:
             return False, "triton is not installed"
         if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0") != "1":
             return False, "no GPU and TRITON_INTERPRET is not 1"
+        if self.gluon is not None:
+            from pagedattn.ops.common.gluon import unavailable_reason
+            from pagedattn.ops.prefill_gluon.launch import gluon_kernel
+
+            reason = unavailable_reason(gluon_kernel())
+            if reason is None and not (_has_gpu() and torch.cuda.get_device_capability()[0] == 9):
+                reason = "the Gluon prefill kernel runs on compute capability 9.x only"
+            if reason is not None:
+                return False, reason
         return True, ""
 
     def prepare(self, inputs):
@@ -100,7 +111,16 @@ class PagedAttnProvider(Provider):
         )
         kwargs = dict(inputs.paged_kwargs(), plan=plan)
         out = torch.empty_like(q)
-        return Prepared(lambda: paged_attention(*args, out=out, **kwargs))
+        if self.gluon is None:
+            return Prepared(lambda: paged_attention(*args, out=out, **kwargs))
+        from pagedattn.ops.prefill_gluon.launch import GLUON_PREFILL_ENV
+        from pagedattn.testing import environ_set
+
+        def run():
+            with environ_set(GLUON_PREFILL_ENV, self.gluon):
+                return paged_attention(*args, out=out, **kwargs)
+
+        return Prepared(run)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -471,6 +491,12 @@ PROVIDERS: dict[str, Provider] = {
         PagedAttnProvider("pagedattn-split", path="split_kv", description="split-KV path (forced)"),
         PagedAttnProvider("pagedattn-persistent", path="persistent", description="persistent path (forced)"),
         PagedAttnProvider("pagedattn-prefill", path="prefill", description="large-tile prefill kernel (forced)"),
+        PagedAttnProvider("pagedattn-gluon", gluon="1", by_default=False,
+                          description="automatic path, prefill launches on the Gluon sm90 kernel (pipelined)"),
+        PagedAttnProvider("pagedattn-gluon-serial", gluon="serial", by_default=False,
+                          description="automatic path, Gluon sm90 prefill kernel, serial loop"),
+        PagedAttnProvider("pagedattn-gluon-split", gluon="split", by_default=False,
+                          description="automatic path, Gluon sm90 prefill kernel, two consumer partitions"),
         RouterProvider("router", description="three-path router backend, batch in routed order (engine reorders per step)"),
         RouterProvider("router-gather", reorder=False,
                        description="three-path router backend, caller's order (q / out gathers inside the call)"),
