@@ -130,6 +130,26 @@ def _probabilities(qk, i, m_i, l_i, acc, q_pos, qk_scale, DTYPE: gl.constexpr, B
 
 
 @gluon.jit
+def _issue_scores(q_smem, k_bufs, k_ready, i, s_zero, NUM_STAGES: gl.constexpr):
+    """Wait for key tile i in its ring slot and issue ``S = Q K^T`` (async): (S, the K tile)."""
+    slot = i % NUM_STAGES
+    k_tile = k_bufs.index(slot)  # [BLOCK_N, HEAD]
+    mbarrier.wait(k_ready.index(slot), (i // NUM_STAGES) & 1)
+    fence_async_shared()  # cp.async wrote through the generic proxy; wgmma reads through the async one
+    return warpgroup_mma(q_smem, k_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True), k_tile
+
+
+@gluon.jit
+def _issue_values(p_op, v_bufs, v_ready, i, acc, NUM_STAGES: gl.constexpr):
+    """Wait for value tile i in its ring slot and issue ``O += P V`` (async): (O, the V tile)."""
+    slot = i % NUM_STAGES
+    v_tile = v_bufs.index(slot)
+    mbarrier.wait(v_ready.index(slot), (i // NUM_STAGES) & 1)
+    fence_async_shared()
+    return warpgroup_mma(p_op, v_tile, acc, is_async=True), v_tile
+
+
+@gluon.jit
 def _attend_tiles(i_lo, i_hi, q_smem, k_bufs, v_bufs, k_ready, v_ready, kv_empty, m_i, l_i, acc, q_pos, qk_scale,
                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, NUM_WARPS: gl.constexpr,
                   MASKED: gl.constexpr, PIPELINED: gl.constexpr):
@@ -145,53 +165,29 @@ def _attend_tiles(i_lo, i_hi, q_smem, k_bufs, v_bufs, k_ready, v_ready, kv_empty
     s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_l)
     if not PIPELINED:
         for i in range(i_lo, i_hi):
-            slot = i % NUM_STAGES
-            ph = (i // NUM_STAGES) & 1
-            k_tile = k_bufs.index(slot)  # [BLOCK_N, HEAD]
-            v_tile = v_bufs.index(slot)
-            mbarrier.wait(k_ready.index(slot), ph)
-            fence_async_shared()  # cp.async wrote through the generic proxy; wgmma reads through the async one
-            qk = warpgroup_mma(q_smem, k_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            qk, k_tile = _issue_scores(q_smem, k_bufs, k_ready, i, s_zero, NUM_STAGES)
             qk, _ = warpgroup_mma_wait(num_outstanding=0, deps=(qk, k_tile))  # [BLOCK_M, BLOCK_N] fp32
             p_op, m_i, l_i, acc = _probabilities(qk, i, m_i, l_i, acc, q_pos, qk_scale, q_smem.dtype, BLOCK_N,
                                                   NUM_WARPS, MASKED)
-            mbarrier.wait(v_ready.index(slot), ph)
-            fence_async_shared()
-            acc = warpgroup_mma(p_op, v_tile, acc, is_async=True)
+            acc, v_tile = _issue_values(p_op, v_bufs, v_ready, i, acc, NUM_STAGES)
             acc, _, _ = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_op, v_tile))  # [BLOCK_M, HEAD] fp32
-            mbarrier.arrive(kv_empty.index(slot), count=1)  # slot free: both wgmma of the tile are done
+            mbarrier.arrive(kv_empty.index(i % NUM_STAGES), count=1)  # slot free: both wgmma of the tile are done
     elif i_lo < i_hi:
-        slot = i_lo % NUM_STAGES
-        mbarrier.wait(k_ready.index(slot), (i_lo // NUM_STAGES) & 1)
-        fence_async_shared()  # cp.async wrote through the generic proxy; wgmma reads through the async one
-        k_tile = k_bufs.index(slot)
-        qk = warpgroup_mma(q_smem, k_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-        qk, _ = warpgroup_mma_wait(num_outstanding=0, deps=(qk, k_tile))  # [BLOCK_M, BLOCK_N] fp32
+        qk, k_tile = _issue_scores(q_smem, k_bufs, k_ready, i_lo, s_zero, NUM_STAGES)
+        qk, _ = warpgroup_mma_wait(num_outstanding=0, deps=(qk, k_tile))
         for i in range(i_lo, i_hi - 1):
-            slot = i % NUM_STAGES
-            nxt = (i + 1) % NUM_STAGES
-            k_next = k_bufs.index(nxt)
-            mbarrier.wait(k_ready.index(nxt), ((i + 1) // NUM_STAGES) & 1)
-            fence_async_shared()
-            qk_next = warpgroup_mma(q_smem, k_next.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-            p_op, m_i, l_i, acc = _probabilities(qk, i, m_i, l_i, acc, q_pos, qk_scale, q_smem.dtype, BLOCK_N, NUM_WARPS,
-                                                  MASKED)
-            v_tile = v_bufs.index(slot)
-            mbarrier.wait(v_ready.index(slot), (i // NUM_STAGES) & 1)
-            fence_async_shared()
-            acc = warpgroup_mma(p_op, v_tile, acc, is_async=True)
+            qk_next, k_next = _issue_scores(q_smem, k_bufs, k_ready, i + 1, s_zero, NUM_STAGES)
+            p_op, m_i, l_i, acc = _probabilities(qk, i, m_i, l_i, acc, q_pos, qk_scale, q_smem.dtype, BLOCK_N,
+                                                  NUM_WARPS, MASKED)
+            acc, v_tile = _issue_values(p_op, v_bufs, v_ready, i, acc, NUM_STAGES)
             qk, acc, _, _, _ = warpgroup_mma_wait(num_outstanding=0, deps=(qk_next, acc, p_op, v_tile, k_next))
-            mbarrier.arrive(kv_empty.index(slot), count=1)  # slot i free: both its wgmma are done
+            mbarrier.arrive(kv_empty.index(i % NUM_STAGES), count=1)  # slot i free: both its wgmma are done
         last = i_hi - 1
-        slot = last % NUM_STAGES
-        p_op, m_i, l_i, acc = _probabilities(qk, last, m_i, l_i, acc, q_pos, qk_scale, q_smem.dtype, BLOCK_N, NUM_WARPS,
-                                              MASKED)
-        v_tile = v_bufs.index(slot)
-        mbarrier.wait(v_ready.index(slot), (last // NUM_STAGES) & 1)
-        fence_async_shared()
-        acc = warpgroup_mma(p_op, v_tile, acc, is_async=True)
-        acc, _, _ = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_op, v_tile))  # [BLOCK_M, HEAD] fp32
-        mbarrier.arrive(kv_empty.index(slot), count=1)
+        p_op, m_i, l_i, acc = _probabilities(qk, last, m_i, l_i, acc, q_pos, qk_scale, q_smem.dtype, BLOCK_N,
+                                              NUM_WARPS, MASKED)
+        acc, v_tile = _issue_values(p_op, v_bufs, v_ready, last, acc, NUM_STAGES)
+        acc, _, _ = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_op, v_tile))
+        mbarrier.arrive(kv_empty.index(last % NUM_STAGES), count=1)
     return m_i, l_i, acc
 
 
