@@ -56,6 +56,30 @@ def device():
     return DEVICE
 
 
+# Triton 3.6's interpreter patches triton.language's builtins and tensor methods for each
+# interpreted kernel, and when a kernel calls a @triton.jit helper it patches them again without
+# undoing it (InterpretedFunction.__call__ drops its patch scope). A later compile in the same
+# process (the Gluon kernels' compile tests compile for sm90 in-process) then meets the
+# interpreter's methods: "'ir.value' object has no attribute 'dtype'". The state below is taken
+# before any test runs a kernel and put back before each test.
+import triton.language as _tl  # noqa: E402
+
+_LANG_OBJECTS = (_tl, _tl.core, _tl.math, _tl.core.tensor, _tl.core.dtype, _tl.core.tensor_descriptor_base)
+_PRISTINE = [(obj, dict(vars(obj))) for obj in _LANG_OBJECTS]
+
+
+@pytest.fixture(autouse=True)
+def _pristine_triton_language():
+    for obj, saved in _PRISTINE:
+        current = vars(obj)
+        for name in [n for n in current if n not in saved]:
+            delattr(obj, name)
+        for name, value in saved.items():
+            if current.get(name) is not value:
+                setattr(obj, name, value)
+    yield
+
+
 def skip_reason(report) -> str:
     """The reason of a skipped test's report, short and without the per-test details."""
     longrepr = report.longrepr
