@@ -1,1 +1,1 @@
-"""Causal paged prefill in Gluon for Hopper (sm90): opt-in (PAGEDATTN_PREFILL_GLUON=1), correct on the H200, not yet faster than the tl kernel."""
+"""Causal paged prefill in Gluon for Hopper (sm90): opt-in (PAGEDATTN_PREFILL_GLUON=1), its serial loop correct on the H200 but slower than the tl kernel; the pipelined default compiled, not yet run."""

@@ -1,7 +1,9 @@
 """Launcher of the Gluon prefill kernel (sm90): which calls it serves, grid, keyword arguments.
 
-Opt-in (``PAGEDATTN_PREFILL_GLUON=1``) and compiled for sm90 only: correct on the H200, but
-slower there than the portable ``tl`` prefill kernel (docs/perf-notes.md), which stays the default. The
+Opt-in (``PAGEDATTN_PREFILL_GLUON=1``) and compiled for sm90 only: the serial loop was correct
+on the H200 but slower there than the portable ``tl`` prefill kernel (docs/perf-notes.md), which
+stays the default; the pipelined loop (the default config) and the split consumers are compiled,
+not yet run. The
 contract is ``launch_prefill``'s for a paged cache: the same ``AttentionArgs``, the sequences
 ``seqs = (first, end)`` of the grid, ``min_q_len`` (shorter sequences are left to the Q-block
 kernels), out and lse rows of the sequences' queries written and no other.
