@@ -200,6 +200,22 @@ class FakeMLA:
         return out
 
 
+class FakeMLA06(FakeMLA):
+    """FlashInfer up to 0.6's MLA wrapper (vLLM 0.26 ships 0.6.14): no MLAPlanMetadata, the
+    indptrs and the four tensors as arguments."""
+
+    def plan(self, qo_indptr, kv_indptr, kv_indices, kv_len_arr, num_heads, head_dim_ckv, head_dim_kpe, page_size,
+             causal, sm_scale, q_data_type, kv_data_type):
+        metadata = types.SimpleNamespace(qo_indptr=qo_indptr, kv_indptr=kv_indptr, kv_indices=kv_indices,
+                                         kv_len_arr=kv_len_arr)
+        super().plan(metadata=metadata, num_heads=num_heads, head_dim_ckv=head_dim_ckv, head_dim_kpe=head_dim_kpe,
+                     page_size=page_size, causal=causal, sm_scale=sm_scale, q_data_type=q_data_type,
+                     kv_data_type=kv_data_type, query_layout="split", kv_cache_layout="split")
+
+    def run(self, q_nope, q_pe, ckv_cache, kpe_cache, out=None):
+        return super().run(query=(q_nope, q_pe), kv_cache=(ckv_cache, kpe_cache), out=out)
+
+
 @pytest.fixture
 def fake_flashinfer(monkeypatch):
     from pagedattn.adapters import flashinfer as adapter
@@ -273,8 +289,14 @@ def test_flashinfer_backend_runs_the_wrappers(fake_flashinfer, segments, feature
         backend.forward(inputs.q, inputs.k_cache, inputs.v_cache, md, sinks=torch.zeros(inputs.q.shape[1]))
 
 
+@pytest.mark.parametrize("api", ["0.7", "0.6"])
 @pytest.mark.parametrize("seq_lens,query_len", [([70, 5, 33], 1), ([40, 19], 3)])
-def test_flashinfer_mla_adapter_splits_the_latent_cache(fake_flashinfer, seq_lens, query_len):
+def test_flashinfer_mla_adapter_splits_the_latent_cache(fake_flashinfer, monkeypatch, seq_lens, query_len, api):
+    """Both MLA APIs: 0.7's plan metadata and split layouts by name, and up to 0.6's arguments."""
+    if api == "0.6":
+        mla = sys.modules["flashinfer.mla"]
+        monkeypatch.delattr(mla, "MLAPlanMetadata")
+        monkeypatch.setattr(mla, "BatchMLAPagedAttentionWrapper", FakeMLA06)
     g = torch.Generator().manual_seed(2)
     heads, block_size, latent, rope = 4, 16, 64, 16
     pages = [-(-n // block_size) for n in seq_lens]

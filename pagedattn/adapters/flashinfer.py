@@ -291,6 +291,8 @@ def mla_call(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
     two views FlashInfer's split layout takes: latent ``[..., :latent_dim]`` and rope
     ``[..., latent_dim:]`` (strided, no copy). The call writes ``out`` ``[num_tokens,
     num_heads, latent_dim]``. Queries of a sequence with more than one token are causal.
+    FlashInfer 0.7's API (plan metadata, split layouts by name) and the one before it (0.6.14,
+    which vLLM 0.26 ships: the indptrs and the four tensors as arguments) are both served.
     """
     load()
     import flashinfer.mla as fmla
@@ -307,20 +309,23 @@ def mla_call(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
     csr = paged_csr(block_table, seq_lens, block_size)
     qsl = query_start_loc.tolist()
     causal = max(b - a for a, b in zip(qsl[:-1], qsl[1:])) > 1
-    metadata = fmla.MLAPlanMetadata.csr(
-        qo_indptr=query_start_loc.to(device=device, dtype=torch.int32),
-        kv_indptr=csr.indptr.to(device), kv_indices=csr.indices.to(device), kv_len_arr=csr.seq_lens.to(device),
-    )
+    indptrs = dict(qo_indptr=query_start_loc.to(device=device, dtype=torch.int32), kv_indptr=csr.indptr.to(device),
+                   kv_indices=csr.indices.to(device), kv_len_arr=csr.seq_lens.to(device))
+    dims = dict(num_heads=num_heads, head_dim_ckv=latent_dim, head_dim_kpe=rope_dim, page_size=block_size,
+                causal=causal, sm_scale=float(scale), q_data_type=q.dtype, kv_data_type=kv_cache.dtype)
     wrapper = fmla.BatchMLAPagedAttentionWrapper(workspace(device), backend="auto")
-    wrapper.plan(
-        metadata=metadata, num_heads=num_heads, head_dim_ckv=latent_dim, head_dim_kpe=rope_dim,
-        page_size=block_size, causal=causal, sm_scale=float(scale), q_data_type=q.dtype,
-        kv_data_type=kv_cache.dtype, query_layout="split", kv_cache_layout="split",
-    )
-    query = (q[..., :latent_dim], q[..., latent_dim:])
-    cache = (kv_cache[..., :latent_dim], kv_cache[..., latent_dim:])
+    q_nope, q_pe = q[..., :latent_dim], q[..., latent_dim:]
+    ckv, kpe = kv_cache[..., :latent_dim], kv_cache[..., latent_dim:]
+    if hasattr(fmla, "MLAPlanMetadata"):  # 0.7: plan metadata and split layouts by name
+        wrapper.plan(metadata=fmla.MLAPlanMetadata.csr(**indptrs), query_layout="split", kv_cache_layout="split",
+                     **dims)
 
-    def run():
-        return wrapper.run(query=query, kv_cache=cache, out=out)
+        def run():
+            return wrapper.run(query=(q_nope, q_pe), kv_cache=(ckv, kpe), out=out)
+    else:  # up to 0.6 (vLLM 0.26 ships 0.6.14): the indptrs and the four tensors as arguments
+        wrapper.plan(**indptrs, **dims)
 
-    return run, f"MLA wrapper ({backend_name(wrapper)})"
+        def run():
+            return wrapper.run(q_nope, q_pe, ckv, kpe, out=out)
+
+    return run, f"MLA wrapper ({backend_name(wrapper)}, FlashInfer {version()})"
