@@ -64,7 +64,7 @@ class TargetProps:
     persistent_tile_n: int | None = None  # keys per tile of the persistent kernel
     persistent_stages: int | None = None
     # decode tiles (fewer than 64 rows) of the unified, split-KV and persistent kernels: ptxas's
-    # register budget up to head 128 and past it (NVIDIA), warps past head 128 (the persistent
+    # register budget at heads 65-128 and past 128 (NVIDIA), warps past head 128 (the persistent
     # kernel's own count, it holds more state a lane)
     decode_registers: int | None = None
     wide_decode_registers: int | None = None
@@ -289,7 +289,9 @@ def fit_tiles(tiles, target: TargetProps, head_size_pad: int, q_bytes: int, kv_b
         tiles = replace(tiles, num_stages=target.max_stages)
     if tiles.block_m < 64 and q_bytes < 4:  # 16-bit decode tiles: the target's register budget and warps
         wide = head_size_pad > 128
-        budget = target.wide_decode_registers if wide else target.decode_registers
+        # head 64 keeps ptxas's choice: nothing spilled there, and a budget only moved it from 4-5
+        # programs an SM to 3-4
+        budget = target.wide_decode_registers if wide else target.decode_registers if head_size_pad == 128 else None
         if budget:
             tiles = replace(tiles, max_registers=budget)
         if wide and target.wide_decode_warps:
