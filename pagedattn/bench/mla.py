@@ -165,27 +165,30 @@ class Workload:
             "fp8": bool(self.args.fp8 and provider != "torch"), **extra,
         }
 
-    def time_paged(self, config, num_splits):
-        """Record of pagedattn with this config (num_splits None: the config's, else the rule's)."""
+    def _timed(self, **call):
+        """(timing, max error against the torch check) of ``_mla_decode`` over every input copy,
+        with ``call``'s keywords; the first call compiles, then the check."""
         from pagedattn.bench.timing import bench
         from pagedattn.mla import _mla_decode
+
+        def paged_fn(i):
+            q, kv, bt, lens, qsl, _ = self.sets[i]
+            return lambda: _mla_decode(q[..., :LATENT], q[..., LATENT:], kv, bt, lens, qsl, scale=SCALE,
+                                       max_query_len=self.ql, max_seq_len=self.seq_len, out=self.outs[i], **call)
+
+        fns = [paged_fn(i) for i in range(self.copies)]
+        err = float((fns[0]().float() - self.check).abs().max())
+        return bench(fns, self.device), err
+
+    def time_paged(self, config, num_splits):
+        """Record of pagedattn with this config (num_splits None: the config's, else the rule's)."""
         from pagedattn.plan import choose_mla_splits, num_sms, resolve_mla_config
 
         config = resolve_mla_config(config, self.heads, self.ql, fp8_cache=self.args.fp8, num_seqs=self.batch,
                                     sms=num_sms(self.device))
         splits = num_splits or config.num_splits or choose_mla_splits(
             self.batch, self.heads, self.ql, self.seq_len, config, num_sms(self.device))
-
-        def paged_fn(i):
-            q, kv, bt, lens, qsl, _ = self.sets[i]
-            return lambda: _mla_decode(q[..., :LATENT], q[..., LATENT:], kv, bt, lens, qsl, scale=SCALE,
-                                       max_query_len=self.ql, max_seq_len=self.seq_len, kv_scale=self.kv_scale,
-                                       num_splits=splits, out=self.outs[i], config=config)
-
-        fns = [paged_fn(i) for i in range(self.copies)]
-        result = fns[0]()  # compiles, then the check
-        err = float((result.float() - self.check).abs().max())
-        timing = bench(fns, self.device)
+        timing, err = self._timed(kv_scale=self.kv_scale, num_splits=splits, config=config)
         return self.record("pagedattn", timing, err, config=config.label, num_splits=splits,
                            tiles=[config.block_h, config.block_q, config.tile_n, config.value_split,
                                   config.num_warps, config.num_stages])
@@ -193,8 +196,6 @@ class Workload:
     def time_gluon(self, num_splits):
         """Record of pagedattn's Gluon kernel (``PAGEDATTN_MLA_GLUON=1``, its own config), or None
         where it does not serve this case (not sm9x, no Gluon, fp8, more than one query token)."""
-        from pagedattn.bench.timing import bench
-        from pagedattn.mla import _mla_decode
         from pagedattn.ops.mla_gluon.launch import GLUON_ENV, GLUON_MLA_CONFIG, use_gluon_mla
         from pagedattn.testing import environ_set
 
@@ -202,16 +203,7 @@ class Workload:
         with environ_set(GLUON_ENV, "1"):
             if not use_gluon_mla(q[..., :LATENT], q[..., LATENT:], kv, self.ql):
                 return None
-
-            def gluon_fn(i):
-                q, kv, bt, lens, qsl, _ = self.sets[i]
-                return lambda: _mla_decode(q[..., :LATENT], q[..., LATENT:], kv, bt, lens, qsl, scale=SCALE,
-                                           max_query_len=self.ql, max_seq_len=self.seq_len, num_splits=num_splits,
-                                           out=self.outs[i])
-
-            fns = [gluon_fn(i) for i in range(self.copies)]
-            err = float((fns[0]().float() - self.check).abs().max())
-            timing = bench(fns, self.device)
+            timing, err = self._timed(num_splits=num_splits)
         return self.record("pagedattn-gluon", timing, err, config=f"gluon-{GLUON_MLA_CONFIG.label}",
                            num_splits=num_splits, tiles=None)
 
