@@ -283,8 +283,9 @@ def _launch_prefill_and_rest(out, lse, args: AttentionArgs, prefill_tiles, max_q
     check_prefill_grid(max_query_len, end - first, prefill_tiles)
     prefill = functools.partial(launch_prefill, out, lse, args, prefill_tiles, max_query_len=max_query_len,
                                 min_q_len=min_q_len, seqs=(first, end))
-    if use_gluon_prefill(args, max_query_len):  # opt-in sm90 kernel (PAGEDATTN_PREFILL_GLUON=1)
-        prefill = functools.partial(launch_prefill_gluon, out, lse, args, max_query_len=max_query_len,
+    gluon = use_gluon_prefill(args, max_query_len)  # opt-in sm90 kernel (PAGEDATTN_PREFILL_GLUON)
+    if gluon is not None:
+        prefill = functools.partial(launch_prefill_gluon, out, lse, args, config=gluon, max_query_len=max_query_len,
                                     min_q_len=min_q_len, seqs=(first, end))
     rest_max_q_len = min_q_len - 1 if rest_max_q_len is None else min(rest_max_q_len, min_q_len - 1)
     if rest_max_q_len <= 0:

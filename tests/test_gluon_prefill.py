@@ -210,7 +210,7 @@ def calls(monkeypatch, gluon_finishes):
 
     def gluon(*args, **kwargs):
         state.gluon.append(kwargs)
-        return gluon_launcher(*args, config=state.config, **kwargs)
+        return gluon_launcher(*args, **{**kwargs, "config": state.config})
 
     def tl(*args, **kwargs):
         state.tl.append(kwargs)

@@ -121,10 +121,13 @@ def gluon_prefill_supported(a: AttentionArgs, max_query_len: int,
     return None
 
 
-def use_gluon_prefill(a: AttentionArgs, max_query_len: int) -> bool:
-    """``PAGEDATTN_PREFILL_GLUON=1``, a CUDA GPU of compute capability 9.x and a call the kernel serves."""
-    return (gluon_prefill_requested() is not None and on_sm9x(a.q)
-            and gluon_prefill_supported(a, max_query_len) is None)
+def use_gluon_prefill(a: AttentionArgs, max_query_len: int) -> GluonPrefillConfig | None:
+    """The config ``PAGEDATTN_PREFILL_GLUON`` asks for, on a CUDA GPU of compute capability 9.x
+    and for a call the kernel serves; else None."""
+    config = gluon_prefill_requested()
+    if config is None or not on_sm9x(a.q) or gluon_prefill_supported(a, max_query_len, config) is not None:
+        return None
+    return config
 
 
 def launch_prefill_gluon(
@@ -135,7 +138,7 @@ def launch_prefill_gluon(
     max_query_len: int,
     min_q_len: int = 0,
     seqs: tuple[int, int] | None = None,
-    config: GluonPrefillConfig | None = None,
+    config: GluonPrefillConfig = GLUON_PREFILL_CONFIG,
 ) -> None:
     """``launch_prefill`` over the paged cache for the Gluon kernel (``gluon_prefill_supported``
     must have said None).
@@ -145,7 +148,6 @@ def launch_prefill_gluon(
     with at least ``min_q_len`` queries are written.
     """
     kernel = required(gluon_kernel())
-    config = config or gluon_prefill_requested() or GLUON_PREFILL_CONFIG
     q, k, v = a.q, a.k_cache, a.v_cache
     num_seqs = a.seq_lens.shape[0]
     first, end = (0, num_seqs) if seqs is None else seqs
