@@ -35,7 +35,7 @@ from pagedattn.ops.common.device import interpreter_on
 from pagedattn.ops.common.launching import Tapes, call_context, scalar_or_tensor
 from pagedattn.ops.common.target import target_props
 from pagedattn.ops.mla.kernel import mla_decode_kernel
-from pagedattn.ops.mla_gluon.launch import GLUON_MLA_CONFIG, gluon_mla_requested, launch_mla_decode_gluon, use_gluon_mla
+from pagedattn.ops.mla_gluon.launch import gluon_mla_requested, launch_mla_decode_gluon, use_gluon_mla
 from pagedattn.plan import choose_mla_splits, num_sms, resolve_mla_config
 
 __all__ = ["mla_decode", "write_mla_kv"]
@@ -120,9 +120,10 @@ def mla_decode(
 
     Notes
     -----
-    ``PAGEDATTN_MLA_GLUON=1`` (opt-in, sm90) sends the calls it can serve (one
-    query token a sequence, a bf16 / fp16 cache, 512 + 64 columns; on a GPU of compute capability
-    9.x) to the Gluon kernel of :mod:`pagedattn.ops.mla_gluon`, with the same split and merge.
+    On a GPU of compute capability 9.x, the calls the Gluon kernel of
+    :mod:`pagedattn.ops.mla_gluon` serves (one query token a sequence, a bf16 / fp16 cache, 512
+    + 64 columns) and whose heads fill 64-row CTAs go to it, with the same split and merge;
+    ``PAGEDATTN_MLA_GLUON=0`` keeps the portable kernel, ``=1`` takes Gluon for fewer heads too.
 
     Examples
     --------
@@ -202,8 +203,8 @@ def _mla_decode(q_nope, q_pe, kv_cache, block_table, seq_lens, query_start_loc, 
                           kv_scale=kv_scale, num_splits=num_splits, return_lse=return_lse, config=config)
         return rounded_into(res, out, q_nope)
     target = target_props(device)
-    gluon = config is None and use_gluon_mla(q_nope, q_pe, kv_cache, max_query_len)  # opt-in sm90 kernel
-    config = resolve_mla_config(GLUON_MLA_CONFIG if gluon else config, num_heads, max_query_len,
+    gluon = use_gluon_mla(q_nope, q_pe, kv_cache, max_query_len) if config is None else None  # sm90 kernel
+    config = resolve_mla_config(gluon.mla_config() if gluon else config, num_heads, max_query_len,
                                 (latent_dim + rope_dim) * q_nope.element_size(), fp8, num_seqs=num_seqs,
                                 sms=num_sms(device), max_shared=target.max_shared, max_rows=target.mla_max_rows)
     if num_splits is None:
@@ -222,7 +223,7 @@ def _mla_decode(q_nope, q_pe, kv_cache, block_table, seq_lens, query_start_loc, 
     run = functools.partial(
         launch_mla_decode_gluon if gluon else launch_mla_decode, out, lse, q_nope, q_pe, kv_cache, block_table,
         seq_lens, query_start_loc,
-        scale=float(scale), kv_scale=scale_tensor(kv_scale, device) if fp8 else None, config=config,
+        scale=float(scale), kv_scale=scale_tensor(kv_scale, device) if fp8 else None, config=gluon or config,
         num_splits=num_splits, partial_out=partial_out, partial_lse=partial_lse,
     )
     if key is None:

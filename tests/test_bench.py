@@ -217,15 +217,16 @@ def test_bench_host_quick(tmp_path, capsys):
 
 
 def test_gluon_providers_only_when_named(capsys):
-    """The Gluon prefill variants are columns only when --provider names them; --list shows them
-    apart, with why they are unavailable off an sm90 GPU."""
+    """The Gluon prefill variants and the tl-only column are columns only when --provider names
+    them; --list shows them apart, the Gluon ones with why they are unavailable off an sm90 GPU."""
     from pagedattn.bench.providers import PROVIDERS
 
     gluon = [n for n in PROVIDERS if n.startswith("pagedattn-gluon")]
-    assert gluon == ["pagedattn-gluon", "pagedattn-gluon-serial", "pagedattn-gluon-split"]
-    assert not any(PROVIDERS[n].by_default for n in gluon)
+    assert gluon == ["pagedattn-gluon", "pagedattn-gluon-pipelined", "pagedattn-gluon-serial"]
+    assert not any(PROVIDERS[n].by_default for n in gluon + ["pagedattn-tl"])
     assert main(["--quick", "--list"]) == 0
     listed = capsys.readouterr().out
+    assert "provider pagedattn-tl (only when named): available" in listed
     for n in gluon:
         assert f"provider {n} (only when named):" in listed
         if not torch.cuda.is_available():

@@ -1,4 +1,4 @@
-"""The Gluon MLA decode kernel for sm90 (``pagedattn.ops.mla_gluon``, opt-in: PAGEDATTN_MLA_GLUON=1).
+"""The Gluon MLA decode kernel for sm90 (``pagedattn.ops.mla_gluon``; PAGEDATTN_MLA_GLUON picks or refuses it).
 
 Without a GPU: the kernel compiles for sm90 (no spills, shared memory within the limit) and the
 calls it does not serve are told apart. On an sm90 GPU (``pytest -m gpu``): mla_decode with the
@@ -11,8 +11,8 @@ import torch
 
 import pagedattn.mla as mla_module
 from pagedattn import mla_decode
-from pagedattn.ops.mla.launch import MLAConfig
-from pagedattn.ops.mla_gluon.launch import GLUON_ENV, GLUON_MLA_CONFIG, gluon_kernel, gluon_mla_supported, use_gluon_mla
+from pagedattn.ops.mla_gluon.launch import (GLUON_ENV, GLUON_MLA_CONFIG, GLUON_MLA_CONFIGS, gluon_kernel,
+                                            gluon_mla_supported, use_gluon_mla)
 from pagedattn.reference import mla_decode_ref
 from pagedattn.testing import assert_matches_reference, captured, make_mla_batch, runs_within
 
@@ -30,19 +30,20 @@ needs_sm90 = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_
 
 @needs_gluon
 @pytest.mark.parametrize(
-    "page_size, tile_n, num_stages, dtype, num_splits",
+    "page_size, config, dtype, num_splits",
     [
-        pytest.param(16, 64, 2, torch.bfloat16, 1, id="page16-tile64-bf16"),
-        pytest.param(64, 64, 2, torch.bfloat16, 1, id="page64-tile64-bf16"),
-        pytest.param(16, 32, 4, torch.bfloat16, 1, id="page16-tile32-bf16"),
-        pytest.param(64, 64, 2, torch.float16, 4, id="page64-tile64-fp16-split"),
+        pytest.param(16, GLUON_MLA_CONFIGS["1"], torch.bfloat16, 1, id="page16-tile64-bf16"),
+        pytest.param(64, GLUON_MLA_CONFIGS["1"], torch.bfloat16, 1, id="page64-tile64-bf16"),
+        pytest.param(16, GLUON_MLA_CONFIGS["n32"], torch.bfloat16, 1, id="page16-tile32-bf16"),
+        pytest.param(64, GLUON_MLA_CONFIGS["1"], torch.float16, 4, id="page64-tile64-fp16-split"),
+        pytest.param(16, GLUON_MLA_CONFIGS["overlap"], torch.bfloat16, 1, id="page16-overlap-bf16"),
+        pytest.param(64, GLUON_MLA_CONFIGS["overlap"], torch.float16, 4, id="page64-overlap-fp16-split"),
     ],
 )
-def test_gluon_mla_compiles_for_sm90(page_size, tile_n, num_stages, dtype, num_splits):
+def test_gluon_mla_compiles_for_sm90(page_size, config, dtype, num_splits):
     from pagedattn.compile_matrix import compile_gluon
     from pagedattn.ops.common.target import props_for
 
-    config = MLAConfig(block_h=GLUON_MLA_CONFIG.block_h, tile_n=tile_n, num_warps=8, num_stages=num_stages)
     row = compile_gluon("mla_gluon", page_size=page_size, dtype=dtype, config=config, num_splits=num_splits)
     assert row["problems"] == [], row
     assert row["spill_bytes"] == 0 and row["local"] == 0, row
@@ -74,11 +75,27 @@ def test_gluon_mla_supported():
 
 
 def test_gluon_mla_not_used_off_gpu(monkeypatch):
-    q_nope, q_pe, kv_cache = _inputs()
+    q_nope, q_pe, kv_cache = _inputs(num_heads=128)
+    for value in (None, "1", "overlap"):
+        if value is None:
+            monkeypatch.delenv(GLUON_ENV, raising=False)
+        else:
+            monkeypatch.setenv(GLUON_ENV, value)
+        assert use_gluon_mla(q_nope, q_pe, kv_cache, 1) is None  # CPU tensors
+
+
+def test_gluon_mla_variable_picks_the_config(monkeypatch):
+    """PAGEDATTN_MLA_GLUON: 1 the default config, n32 / overlap the kept variants, 0 off, unset
+    (or anything else) the automatic rule."""
+    from pagedattn.ops.mla_gluon.launch import GLUON_OFF, gluon_mla_requested
+
     monkeypatch.delenv(GLUON_ENV, raising=False)
-    assert not use_gluon_mla(q_nope, q_pe, kv_cache, 1)
-    monkeypatch.setenv(GLUON_ENV, "1")
-    assert not use_gluon_mla(q_nope, q_pe, kv_cache, 1)  # CPU tensors
+    assert gluon_mla_requested() is None
+    for value, expected in (("1", GLUON_MLA_CONFIG), ("overlap", GLUON_MLA_CONFIGS["overlap"]), ("0", GLUON_OFF),
+                            ("yes", None)):
+        monkeypatch.setenv(GLUON_ENV, value)
+        assert gluon_mla_requested() == expected, value
+    assert GLUON_MLA_CONFIGS["overlap"].overlap and GLUON_MLA_CONFIGS["overlap"].num_stages >= 3
 
 
 # ---------------------------------------------------------------------------------------------
@@ -156,7 +173,9 @@ def run_and_compare(batch, calls, *, num_splits=None, max_query_len=1):
 @pytest.mark.parametrize("num_seqs", [1, 7, 33], ids=lambda n: f"B{n}")
 @pytest.mark.parametrize("block_size", [16, 64], ids=lambda n: f"page{n}")
 @pytest.mark.parametrize("num_heads", [16, 64, 128], ids=lambda n: f"h{n}")
-def test_gluon_mla_decode_gpu(gluon_calls, num_heads, block_size, num_seqs, num_splits):
+@pytest.mark.parametrize("variant", ["1", "overlap"])
+def test_gluon_mla_decode_gpu(gluon_calls, monkeypatch, variant, num_heads, block_size, num_seqs, num_splits):
+    monkeypatch.setenv(GLUON_ENV, variant)
     cases = [(1, 4100)] if num_seqs == 1 else mixed_cases(num_seqs, seed=num_seqs)
     batch = make_batch(cases, num_heads=num_heads, block_size=block_size, seed=num_heads + block_size + num_seqs)
     run_and_compare(batch, gluon_calls, num_splits=num_splits)
@@ -168,9 +187,11 @@ def test_gluon_mla_decode_gpu(gluon_calls, num_heads, block_size, num_seqs, num_
 @needs_gluon
 @needs_sm90
 @pytest.mark.parametrize("num_splits", [1, 5, 200], ids=lambda n: f"splits{n}")
-def test_gluon_mla_edge_rows_gpu(gluon_calls, num_splits):
+@pytest.mark.parametrize("variant", ["1", "overlap"])
+def test_gluon_mla_edge_rows_gpu(gluon_calls, monkeypatch, variant, num_splits):
     """Sequences without a query token, an empty sequence, heads not a multiple of 64, fp16,
     separate q_nope / q_pe tensors; 200 splits leave most segments empty."""
+    monkeypatch.setenv(GLUON_ENV, variant)
     cases = [(1, 5000), (0, 9), (1, 0), (1, 1), (1, 64), (1, 65), (0, 3), (1, 130)]
     batch = make_batch(cases, num_heads=96, block_size=16, dtype=torch.float16, split_q=False, seed=num_splits)
     run_and_compare(batch, gluon_calls, num_splits=num_splits)
@@ -192,18 +213,24 @@ def test_gluon_mla_cache_past_int32_offsets_gpu(gluon_calls):
 @needs_gluon
 @needs_sm90
 def test_gluon_mla_path_taken_gpu(gluon_calls, monkeypatch):
-    """Only with the variable set, and only for calls the kernel serves: longer queries and an
-    fp8 cache stay on the tl kernel."""
+    """Unset, the kernel serves 128 heads and leaves 16 to the tl kernel; =1 takes 16 too; =0
+    takes none. Longer queries and an fp8 cache stay on the tl kernel whatever is asked."""
     batch = make_batch([(1, 300), (1, 17)], num_heads=128, block_size=16, seed=3)
+    few = make_batch([(1, 300), (1, 17)], num_heads=16, block_size=16, seed=4)
+    monkeypatch.delenv(GLUON_ENV)
     run_and_compare(batch, gluon_calls, num_splits=1)
     assert gluon_calls == [1]
+    mla_decode(**few, scale=SCALE, max_query_len=1, max_seq_len=300)  # tl: 16 heads pad a 64-row CTA
     mla_decode(**batch, scale=SCALE, max_query_len=2, max_seq_len=300)  # tl: more than one token
     fp8 = dict(batch, kv_cache=batch["kv_cache"].to(torch.float8_e4m3fn))
     mla_decode(**fp8, scale=SCALE, max_query_len=1, max_seq_len=300, kv_scale=0.5)  # tl: fp8 cache
-    monkeypatch.delenv(GLUON_ENV)
-    mla_decode(**batch, scale=SCALE, max_query_len=1, max_seq_len=300)  # tl: not asked for
+    monkeypatch.setenv(GLUON_ENV, "0")
+    mla_decode(**batch, scale=SCALE, max_query_len=1, max_seq_len=300)  # tl: turned off
     torch.cuda.synchronize()
     assert gluon_calls == [1]
+    monkeypatch.setenv(GLUON_ENV, "1")
+    run_and_compare(few, gluon_calls, num_splits=1)
+    assert gluon_calls == [1, 1]
 
 
 @pytest.mark.gpu

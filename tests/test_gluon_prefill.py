@@ -1,4 +1,4 @@
-"""The Gluon prefill kernel for sm90 (``pagedattn.ops.prefill_gluon``, opt-in: PAGEDATTN_PREFILL_GLUON=1).
+"""The Gluon prefill kernel for sm90 (``pagedattn.ops.prefill_gluon``; PAGEDATTN_PREFILL_GLUON picks or refuses it).
 
 Without a GPU: the kernel compiles for sm90 (no spills in either partition, shared memory within
 the limit) and the calls it does not serve are told apart. On an sm90 GPU (``pytest -m gpu``):
@@ -14,8 +14,13 @@ import torch
 import pagedattn.api as api_module
 from pagedattn import paged_attention, plan_attention
 from pagedattn.ops.common.bundles import AttentionArgs
+import pagedattn.ops.prefill_gluon.launch as launch_module
 from pagedattn.ops.prefill_gluon.launch import (
+    GLUON_MIN_QUERY_LEN,
+    GLUON_MIN_QUERY_TOKENS,
+    GLUON_OFF,
     GLUON_PREFILL_CONFIG,
+    GLUON_PREFILL_CONFIGS,
     GLUON_PREFILL_ENV,
     GluonPrefillConfig,
     gluon_kernel,
@@ -32,7 +37,8 @@ needs_sm90 = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_
                                 reason="the Gluon prefill kernel runs on compute capability 9.x only")
 
 BLOCK_M64 = GluonPrefillConfig(block_m=64)  # one consumer warpgroup
-SERIAL = GluonPrefillConfig(pipelined=False)  # each tile's wgmma and softmax one after the other
+SERIAL = GLUON_PREFILL_CONFIGS["serial"]  # each tile's wgmma and softmax one after the other
+PIPELINED = GLUON_PREFILL_CONFIGS["pipelined"]  # the two 64-row halves in one consumer partition
 SPLIT = GluonPrefillConfig(split_consumers=True)  # the two 64-row halves in two consumer partitions
 
 
@@ -52,8 +58,8 @@ SPLIT = GluonPrefillConfig(split_consumers=True)  # the two 64-row halves in two
         pytest.param(16, torch.bfloat16, True, GLUON_PREFILL_CONFIG, 64, id="page16-bf16-lse-head64"),
         pytest.param(64, torch.bfloat16, True, BLOCK_M64, 128, id="page64-bf16-lse-m64"),
         pytest.param(16, torch.bfloat16, True, SERIAL, 128, id="page16-bf16-lse-serial"),
-        pytest.param(16, torch.bfloat16, True, SPLIT, 128, id="page16-bf16-lse-split"),
-        pytest.param(64, torch.float16, False, SPLIT, 64, id="page64-fp16-head64-split"),
+        pytest.param(16, torch.bfloat16, True, PIPELINED, 128, id="page16-bf16-lse-pipelined"),
+        pytest.param(64, torch.float16, False, PIPELINED, 64, id="page64-fp16-head64-pipelined"),
     ],
 )
 def test_gluon_prefill_compiles_for_sm90(page_size, dtype, return_lse, config, head_size):
@@ -89,14 +95,36 @@ def _args(dtype=torch.bfloat16, cache_dtype=None, head_size=128, page_size=16, n
 
 
 def test_gluon_prefill_variable_picks_the_config(monkeypatch):
-    """PAGEDATTN_PREFILL_GLUON: 1 the default config, serial / split the kept variants, anything
-    else (or unset) none; read at each call."""
+    """PAGEDATTN_PREFILL_GLUON: 1 (or split) the default config, serial / pipelined the kept
+    variants, 0 off, anything else (or unset) the automatic rule; read at each call."""
     monkeypatch.delenv(GLUON_PREFILL_ENV, raising=False)
     assert gluon_prefill_requested() is None
-    for value, config in (("1", GLUON_PREFILL_CONFIG), ("serial", SERIAL), ("split", SPLIT), ("0", None),
-                          ("yes", None)):
+    assert GLUON_PREFILL_CONFIG == SPLIT
+    for value, config in (("1", SPLIT), ("serial", SERIAL), ("split", SPLIT), ("pipelined", PIPELINED),
+                          ("0", GLUON_OFF), ("yes", None)):
         monkeypatch.setenv(GLUON_PREFILL_ENV, value)
         assert gluon_prefill_requested() == config, value
+
+
+@needs_gluon
+def test_gluon_prefill_automatic_rule(monkeypatch):
+    """Unset, on sm9x (faked here), the default config serves calls of at least
+    GLUON_MIN_QUERY_TOKENS query tokens with a sequence of GLUON_MIN_QUERY_LEN or more, and only
+    calls the kernel serves; =1 serves the small ones too; =0 none."""
+    monkeypatch.setattr(launch_module, "on_sm9x", lambda t: True)
+    monkeypatch.delenv(GLUON_PREFILL_ENV, raising=False)
+    big = _args(q=torch.zeros(GLUON_MIN_QUERY_TOKENS, 8, 128, dtype=torch.bfloat16))
+    assert use_gluon_prefill(big, GLUON_MIN_QUERY_LEN) == GLUON_PREFILL_CONFIG
+    assert use_gluon_prefill(big, GLUON_MIN_QUERY_LEN - 1) is None  # many short sequences
+    small = _args(q=torch.zeros(GLUON_MIN_QUERY_TOKENS - 1, 8, 128, dtype=torch.bfloat16))
+    assert use_gluon_prefill(small, GLUON_MIN_QUERY_LEN) is None
+    assert use_gluon_prefill(dataclasses.replace(big, softcap=2.0), GLUON_MIN_QUERY_LEN) is None  # a modifier
+    monkeypatch.setenv(GLUON_PREFILL_ENV, "1")
+    assert use_gluon_prefill(small, 20) == GLUON_PREFILL_CONFIG
+    monkeypatch.setenv(GLUON_PREFILL_ENV, "serial")
+    assert use_gluon_prefill(small, 20) == SERIAL
+    monkeypatch.setenv(GLUON_PREFILL_ENV, "0")
+    assert use_gluon_prefill(big, GLUON_MIN_QUERY_LEN) is None
 
 
 @needs_gluon
@@ -142,10 +170,11 @@ def test_gluon_prefill_refuses_a_modifier_it_has_never_heard_of():
 
 
 def test_gluon_prefill_not_used_off_gpu(monkeypatch):
+    big = _args(q=torch.zeros(GLUON_MIN_QUERY_TOKENS, 8, 128, dtype=torch.bfloat16))
     monkeypatch.delenv(GLUON_PREFILL_ENV, raising=False)
-    assert not use_gluon_prefill(_args(), 20)
+    assert use_gluon_prefill(big, GLUON_MIN_QUERY_LEN) is None
     monkeypatch.setenv(GLUON_PREFILL_ENV, "1")
-    assert not use_gluon_prefill(_args(), 20)  # CPU tensors
+    assert use_gluon_prefill(big, GLUON_MIN_QUERY_LEN) is None  # CPU tensors
 
 
 # ---------------------------------------------------------------------------------------------
@@ -261,7 +290,8 @@ def test_gluon_prefill_single_sequence_gpu(calls, seq_len, heads, block_size, dt
 @pytest.mark.gpu
 @needs_gluon
 @needs_sm90
-@pytest.mark.parametrize("config", [GLUON_PREFILL_CONFIG, BLOCK_M64, SERIAL, SPLIT], ids=["m128", "m64", "serial", "split"])
+@pytest.mark.parametrize("config", [GLUON_PREFILL_CONFIG, PIPELINED, BLOCK_M64, SERIAL],
+                         ids=["split", "pipelined", "m64", "serial"])
 @pytest.mark.parametrize("block_size", [16, 64, 256], ids=lambda n: f"page{n}")
 def test_gluon_prefill_extend_gpu(calls, block_size, config):
     """Extends: 128 and 300 queries over 2000 keys, queries that start mid-page, a Q tile that
@@ -306,16 +336,23 @@ def test_gluon_prefill_cache_past_int32_offsets_gpu(calls):
 @needs_gluon
 @needs_sm90
 def test_gluon_prefill_path_taken_gpu(calls, monkeypatch):
-    """Only with the variable set: the same call with it unset runs the tl kernel (the thin
-    path's key holds the setting, so a recorded call is not replayed across it)."""
+    """=1 takes a small prefill, =0 or unset leaves it to the tl kernel (the thin path's key
+    holds the setting, so a recorded call is not replayed across it); unset, a prefill past the
+    automatic rule's floor takes the Gluon kernel."""
     batch = make_batch([(300, 300)], seed=5)
     run_and_compare(batch)
     assert len(calls.gluon) == 1 and not calls.tl
     run_and_compare(batch)  # replayed: the recorded Gluon launch again
     gluon_launches = len(calls.gluon)
-    monkeypatch.delenv(GLUON_PREFILL_ENV)
+    monkeypatch.setenv(GLUON_PREFILL_ENV, "0")
     run_and_compare(batch)
     assert len(calls.gluon) == gluon_launches and len(calls.tl) == 1
+    monkeypatch.delenv(GLUON_PREFILL_ENV)
+    run_and_compare(batch)
+    assert len(calls.gluon) == gluon_launches and len(calls.tl) == 2
+    big = make_batch([(GLUON_MIN_QUERY_TOKENS, GLUON_MIN_QUERY_TOKENS)], seed=6)
+    run_and_compare(big)
+    assert len(calls.gluon) == gluon_launches + 1 and len(calls.tl) == 2
 
 
 @pytest.mark.gpu

@@ -482,3 +482,250 @@ def test_bench_mla_runs_flashinfer(fake_flashinfer, monkeypatch, tmp_path):
     records = json.loads(out.read_text())["records"]
     peer = [r for r in records if r["provider"] == "flashinfer"]
     assert len(peer) == 1 and peer[0]["ok"] and peer[0]["max_err_vs_torch"] <= 3e-2
+
+
+# ---------------------------------------------------------------------------------------------
+# vLLM's compiled kernels (FA3, FlashMLA): gates, conversions, and the adapter against fakes
+
+
+def test_vllm_fa3_is_listed_and_unavailable_here():
+    from pagedattn.adapters import vllm_kernels
+
+    prov = PROVIDERS["vllm-fa3"]
+    assert prov.anchor and prov.by_default and "FlashAttention-3" in prov.description
+    ok, why = prov.available()
+    assert ok is False and ("vllm" in why.lower() or "GPU" in why or "sm90" in why), why
+    ok, why = vllm_kernels.flashmla_availability()
+    assert ok is False and ("vllm" in why.lower() or "GPU" in why or "sm90" in why), why
+
+
+@pytest.mark.parametrize("capability,expect", [((8, 0), "sm80"), ((10, 0), "sm100"), ((9, 0), "vllm")])
+def test_vllm_gates_check_hopper_before_importing_vllm(monkeypatch, capability, expect):
+    """With a GPU, the sm90 check comes first (importing vLLM changes inductor settings in this
+    process); on sm90 the next reason names vLLM (not installed here, or its extension)."""
+    from pagedattn.adapters import vllm_kernels
+
+    monkeypatch.setattr(vllm_kernels, "gpu_status", lambda: (True, ""))
+    monkeypatch.setattr(vllm_kernels.torch.cuda, "get_device_capability", lambda *a: capability)
+    asked = []
+
+    def module_status(name):  # stands in for the import, which a machine with vLLM would make
+        asked.append(name)
+        return False, f"{name} is not installed"
+
+    monkeypatch.setattr(vllm_kernels, "module_status", module_status)
+    for availability in (vllm_kernels.fa3_availability, vllm_kernels.flashmla_availability):
+        ok, why = availability()
+        assert ok is False and expect in why.lower(), why
+    assert asked == ([] if "vllm" not in expect else ["vllm", "vllm"])
+
+
+def test_fa_window_keeps_the_keys_left_of_the_query():
+    from pagedattn.adapters.vllm_kernels import fa_window
+
+    assert fa_window(None) == (-1, -1) and fa_window(0) == (-1, -1)
+    assert fa_window(1) == (0, 0)  # only the query's own key
+    assert fa_window(128) == (127, 0)  # vLLM's decoder mapping: (sliding_window - 1, 0)
+    assert fa_window(128, causal=False) == (127, 127)  # and its non-causal one
+    with pytest.raises(ValueError):
+        fa_window(-4)
+
+
+def test_vllm_fa3_declines_what_it_cannot_run():
+    prov = PROVIDERS["vllm-fa3"]
+    assert prov.supports(_case([(1, 32, 32), (3, 1, 33)]))[0]
+    assert prov.supports(_case([(2, 1, 64)], sliding_window=16, softcap=30.0, sinks=True))[0]
+    ok, why = prov.supports(_case([(2, 1, 64)], block_size=8))
+    assert not ok and "multiples of 16" in why
+    ok, why = prov.supports(_case([(2, 1, 64)], shape=dict(SMALL, head_size=36)))
+    assert not ok and "head size" in why
+    ok, why = prov.supports(_case([(2, 1, 64)], shape=dict(SMALL, head_size=320)))
+    assert not ok and "head size" in why
+    ok, why = prov.supports(_case([(2, 1, 64)], shape=dict(SMALL, num_q_heads=96, num_kv_heads=8), sinks=True))
+    assert not ok and "64 query heads" in why
+
+
+def test_flashmla_supports_64_token_pages_and_one_query_length():
+    from pagedattn.adapters.vllm_kernels import flashmla_supports
+
+    common = dict(dtype=torch.bfloat16, row_dim=576, latent_dim=512)
+    assert flashmla_supports(block_size=64, query_lens=[2, 2, 2], **common)[0]
+    ok, why = flashmla_supports(block_size=16, **common)
+    assert not ok and "64-token pages" in why
+    ok, why = flashmla_supports(block_size=64, query_lens=[1, 2], **common)
+    assert not ok and "one query length" in why
+    ok, why = flashmla_supports(block_size=64, dtype=torch.float32, row_dim=576, latent_dim=512)
+    assert not ok and "fp16/bf16" in why
+
+
+class _FakeFA3:
+    """``vllm.vllm_flash_attn`` as vLLM 0.26 defines it (the keywords of flash_attn_interface.py),
+    computed by the reference from the page table, lengths, window and s_aux it is handed."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def get_scheduler_metadata(self, batch_size, max_seqlen_q, max_seqlen_k, num_heads_q, num_heads_kv, headdim,
+                               cache_seqlens, qkv_dtype=torch.bfloat16, headdim_v=None, cu_seqlens_q=None,
+                               cu_seqlens_k_new=None, cache_leftpad=None, page_size=None, max_seqlen_k_new=0,
+                               causal=False, window_size=(-1, -1), has_softcap=False, num_splits=0, pack_gqa=None,
+                               sm_margin=0):
+        return types.SimpleNamespace(batch_size=batch_size, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
+                                     page_size=page_size, causal=causal, window_size=tuple(window_size),
+                                     has_softcap=has_softcap, qkv_dtype=qkv_dtype)
+
+    def flash_attn_varlen_func(self, q, k, v, max_seqlen_q, cu_seqlens_q, max_seqlen_k, cu_seqlens_k=None,
+                               seqused_k=None, q_v=None, dropout_p=0.0, softmax_scale=None, causal=False,
+                               window_size=None, softcap=0.0, alibi_slopes=None, deterministic=False,
+                               return_attn_probs=False, block_table=None, return_softmax_lse=False, out=None,
+                               scheduler_metadata=None, q_descale=None, k_descale=None, v_descale=None,
+                               num_splits=0, output_scale=None, fa_version=2, s_aux=None, cp_world_size=1,
+                               cp_rank=0, cp_tot_seqused_k=None, mask_mod=None, aux_tensors=None, dynamic_causal=None):
+        assert fa_version == 3 and cu_seqlens_k is None and out is not None and out.shape == q.shape
+        assert cu_seqlens_q.dtype == seqused_k.dtype == block_table.dtype == torch.int32
+        assert k.shape[1] % 16 == 0 and k.dim() == 4  # (num_pages, page_size, num_heads_k, head_size)
+        left, right = window_size
+        assert right == (0 if causal and left >= 0 else (left if left >= 0 else -1))
+        m = scheduler_metadata
+        assert m.causal == causal and m.window_size == (left, right) and m.page_size == k.shape[1]
+        assert m.has_softcap == (softcap > 0) and (m.max_seqlen_q, m.max_seqlen_k) == (max_seqlen_q, max_seqlen_k)
+        if s_aux is not None:
+            assert s_aux.dtype == torch.bfloat16 and s_aux.shape == (q.shape[1],)
+        qsl, lens = cu_seqlens_q.tolist(), seqused_k.tolist()
+        assert max(b - a for a, b in zip(qsl[:-1], qsl[1:])) <= max_seqlen_q and max(lens) <= max_seqlen_k
+        bs = k.shape[1]
+        for s, kv_len in enumerate(lens):
+            a, b = qsl[s], qsl[s + 1]
+            pages = block_table[s, : -(-kv_len // bs)].long()
+            ks = k[pages].reshape(-1, k.shape[2], k.shape[3])[:kv_len]
+            vs = v[pages].reshape(-1, v.shape[2], v.shape[3])[:kv_len]
+            res, _ = attention_ref(q[a:b], ks, vs, q_pos=torch.arange(b - a) + kv_len - (b - a), scale=softmax_scale,
+                                   causal=causal, sliding_window=left + 1 if left >= 0 else None,
+                                   softcap=softcap or None, sinks=None if s_aux is None else s_aux.float())
+            out[a:b] = res.to(out.dtype)
+        self.calls += 1
+        return out
+
+
+class _FakeSchedMeta:
+    def __init__(self):
+        self.have_initialized = False
+
+
+class _FakeFlashMLA:
+    """vLLM 0.26's copy of FlashMLA's wrappers (flash_mla_interface.py) with dense_decode.h's
+    checks on q, the cache and ``out``, computed by the reference."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def get_mla_metadata(self, *args, **kwargs):
+        return _FakeSchedMeta(), None
+
+    def flash_mla_with_kvcache(self, q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata,
+                               num_splits=None, softmax_scale=None, causal=False, is_fp8_kvcache=False, indices=None,
+                               attn_sink=None, extra_k_cache=None, extra_indices_in_kvcache=None, topk_length=None,
+                               extra_topk_length=None, out=None):
+        assert isinstance(tile_scheduler_metadata, _FakeSchedMeta) and num_splits is None and not is_fp8_kvcache
+        batch, s_q, h_q, d = q.shape
+        assert k_cache.shape[1] == 64 and k_cache.shape[2] == 1 and k_cache.shape[3] == d == 576
+        assert block_table.dtype == cache_seqlens.dtype == torch.int32 and head_dim_v == 512
+        assert out.shape == (batch, 1, s_q * h_q, head_dim_v) and out.is_contiguous()  # dense_decode.h's check
+        tile_scheduler_metadata.have_initialized = True
+        rows = out.view(batch, s_q, h_q, head_dim_v)
+        for b, kv_len in enumerate(cache_seqlens.tolist()):
+            pages = block_table[b, : -(-kv_len // 64)].long()
+            keys = k_cache[pages].reshape(-1, d)[:kv_len].double()
+            scores = torch.einsum("qhd,kd->qhk", q[b].double(), keys) * softmax_scale
+            if causal and s_q > 1:
+                q_pos = torch.arange(s_q) + kv_len - s_q
+                scores = scores.masked_fill(torch.arange(kv_len)[None, None, :] > q_pos[:, None, None], -math.inf)
+            rows[b] = torch.einsum("qhk,kd->qhd", scores.softmax(-1), keys[:, :head_dim_v]).to(out.dtype)
+        self.calls += 1
+        return out, None
+
+
+@pytest.fixture
+def fake_vllm(monkeypatch):
+    from pagedattn.adapters import vllm_kernels
+
+    fa3, mla = _FakeFA3(), _FakeFlashMLA()
+    vllm = types.ModuleType("vllm")
+    vllm.__version__ = "0.26.0+fake"
+    fa_mod = types.ModuleType(vllm_kernels.FA3_MODULE)
+    fa_mod.get_scheduler_metadata = fa3.get_scheduler_metadata
+    fa_mod.flash_attn_varlen_func = fa3.flash_attn_varlen_func
+    mla_mod = types.ModuleType(vllm_kernels.FLASHMLA_MODULE)
+    mla_mod.get_mla_metadata = mla.get_mla_metadata
+    mla_mod.flash_mla_with_kvcache = mla.flash_mla_with_kvcache
+    monkeypatch.setitem(sys.modules, "vllm", vllm)
+    monkeypatch.setitem(sys.modules, vllm_kernels.FA3_MODULE, fa_mod)
+    monkeypatch.setitem(sys.modules, vllm_kernels.FLASHMLA_MODULE, mla_mod)
+    return types.SimpleNamespace(adapter=vllm_kernels, fa3=fa3, mla=mla)
+
+
+@pytest.mark.parametrize("segments,features", BATCHES + [
+    pytest.param([(2, 1, 64), (1, 16, 48)], dict(sliding_window=32, sinks=True), id="window-sinks"),
+])
+def test_vllm_fa3_adapter_feeds_flash_attn_the_batch(fake_vllm, segments, features):
+    inputs = build_inputs(_case(segments, **features), torch.device("cpu"), torch.float16, seed=7)
+    prepared = PROVIDERS["vllm-fa3"].prepare(inputs)
+    assert fake_vllm.fa3.calls == 0  # prepare makes no attention call
+    _check(prepared, inputs)
+    assert fake_vllm.fa3.calls == 1 and "AOT scheduler metadata" in prepared.note
+    assert ("sinks" in prepared.note) is ("sinks" in features)
+
+
+def test_vllm_fa3_adapter_refuses_fp32(fake_vllm):
+    inputs = build_inputs(_case([(2, 1, 64)]), torch.device("cpu"), torch.float32)
+    with pytest.raises(NotApplicable, match="fp16/bf16"):
+        PROVIDERS["vllm-fa3"].prepare(inputs)
+
+
+@pytest.mark.parametrize("seq_lens,query_len", [([130, 5, 64], 1), ([70, 19], 3)])
+def test_flashmla_adapter_views_the_latent_cache(fake_vllm, seq_lens, query_len):
+    g = torch.Generator().manual_seed(3)
+    heads, block_size, latent, rope = 4, 64, 512, 64
+    pages = [-(-n // block_size) for n in seq_lens]
+    kv = torch.randn(sum(pages) + 2, block_size, latent + rope, generator=g).half()
+    perm = torch.randperm(kv.shape[0], generator=g).to(torch.int32)
+    table = torch.zeros(len(seq_lens), max(pages), dtype=torch.int32)
+    start = 0
+    for s, n in enumerate(pages):
+        table[s, :n] = perm[start:start + n]
+        start += n
+    q = torch.randn(len(seq_lens) * query_len, heads, latent + rope, generator=g).half()
+    lens = torch.tensor(seq_lens, dtype=torch.int32)
+    qsl = torch.arange(len(seq_lens) + 1, dtype=torch.int32) * query_len
+    out = torch.full((q.shape[0], heads, latent), float("nan"), dtype=q.dtype)
+    run, note = fake_vllm.adapter.flashmla_call(q, kv, table, lens, qsl, scale=0.05, latent_dim=latent, out=out)
+    assert fake_vllm.mla.calls == 1  # the scheduling call, made before any timing
+    out.fill_(float("nan"))
+    assert run() is out
+    ref, _ = mla_decode_ref(q[..., :latent], q[..., latent:], kv, table, lens, qsl, scale=0.05)
+    err = float((out.double() - ref).abs().max())
+    assert err <= 1e-2, (err, note)
+    with pytest.raises(NotApplicable, match="64-token pages"):
+        fake_vllm.adapter.flashmla_call(q, kv[:, :16].contiguous(), table, lens, qsl, scale=0.05, latent_dim=latent,
+                                        out=out)
+
+
+def test_bench_mla_runs_flashmla(fake_vllm, monkeypatch, tmp_path, capsys):
+    import json
+
+    from pagedattn.bench.mla import main
+
+    monkeypatch.setattr(fake_vllm.adapter, "flashmla_availability", lambda: (True, ""))
+    out = tmp_path / "mla.json"
+    argv = ["--quick", "--batch", "1", "--seq-len", "70", "--json", str(out)]
+    assert main(argv + ["--block-size", "64"]) == 0
+    records = json.loads(out.read_text())["records"]
+    peer = [r for r in records if r["provider"] == "flashmla"]
+    assert len(peer) == 1 and peer[0]["ok"] and peer[0]["max_err_vs_torch"] <= 3e-2
+    capsys.readouterr()
+    assert main(argv) == 0  # page 16: listed as skipped, with the page size FlashMLA reads
+    assert not [r for r in json.loads(out.read_text())["records"] if r["provider"] == "flashmla"]
+    assert "--block-size 64" in capsys.readouterr().err
+    assert main(argv + ["--block-size", "64", "--no-peers"]) == 0
+    assert not [r for r in json.loads(out.read_text())["records"] if r["provider"] == "flashmla"]
+    assert "flashmla" not in capsys.readouterr().err

@@ -8,14 +8,23 @@ rotating over input copies for short calls, ``do_bench`` otherwise):
 
 * ``pagedattn``: :func:`pagedattn.mla_decode` over the paged cache (host maxima given: no sync);
 * ``pagedattn-gluon`` (on compute capability 9.x with Triton's Gluon, unless ``--config`` is
-  given): the same call through the opt-in sm90 Gluon kernel (``PAGEDATTN_MLA_GLUON=1``, set
-  for this row only); its split count is the rule's, so the splits column may differ;
+  given): the same call through the sm90 Gluon kernel (``PAGEDATTN_MLA_GLUON=1``, set for this
+  row only; ``--gluon`` adds rows for the kept variants, ``pagedattn-gluon-overlap`` ...); its
+  split count is the rule's, so the splits column may differ. The ``pagedattn`` row is the
+  portable kernel in the config the planner picks for it;
 * ``torch``: ``einsum`` scores + fp32 softmax + ``einsum`` output over a contiguous
   ``[B, L, 576]`` copy of the same latents;
 * ``flashinfer`` (when installed, on a GPU): ``flashinfer.mla.BatchMLAPagedAttentionWrapper``
   over the same paged cache, latent and rope parts as two views of it, planned once per case
-  outside the timing (:mod:`pagedattn.adapters.flashinfer`). Checked against the fp32
-  torch result before it is timed; a case it cannot run is listed with the reason.
+  outside the timing (:mod:`pagedattn.adapters.flashinfer`);
+* ``flashmla`` (vLLM installed, on sm90): FlashMLA's dense decode as vLLM's wheel ships it
+  (``flash_mla_with_kvcache``, AOT-compiled) over the same paged cache with one KV head, q as
+  ``[B, query_len, heads, 576]``; its tile-scheduler metadata is made by a first call outside
+  the timing (:mod:`pagedattn.adapters.vllm_kernels`). FlashMLA reads 64-token pages only:
+  run with ``--block-size 64`` (other sizes are listed as skipped).
+
+Both peers are checked against the fp32 torch result before they are timed; a case a peer
+cannot run is listed with the reason. ``--no-peers`` skips both.
 
 ``--sweep`` times a grid of kernel configs (``SWEEP_CONFIGS``: heads per program, value split,
 keys per tile, warps, stages; plus split counts around the rule's for B=1) on every case,
@@ -90,8 +99,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sweep", action="store_true", help="time the config grid on every case (see the module doc)")
     p.add_argument("--time-budget", type=float, default=225.0,
                    help="--sweep: seconds after which the remaining runs are skipped (and listed)")
+    p.add_argument("--gluon", default="1",
+                   help="comma list of PAGEDATTN_MLA_GLUON values timed as pagedattn-gluon rows on sm90 (1: the "
+                        "default config; n32, overlap: the kept variants; '': none; default 1)")
     p.add_argument("--no-baseline", action="store_true", help="skip the torch provider")
-    p.add_argument("--no-peers", action="store_true", help="skip FlashInfer's MLA wrapper")
+    p.add_argument("--no-peers", action="store_true", help="skip the peers (FlashInfer's MLA wrapper, FlashMLA)")
     p.add_argument("--quick", action="store_true", help="tiny shapes (the default without a GPU)")
     p.add_argument("--json", help="also write the records to this file (--sweep: default bench_out/mla-sweep.json)")
     p.add_argument("--seed", type=int, default=0)
@@ -193,40 +205,63 @@ class Workload:
                            tiles=[config.block_h, config.block_q, config.tile_n, config.value_split,
                                   config.num_warps, config.num_stages])
 
-    def time_gluon(self, num_splits):
-        """Record of pagedattn's Gluon kernel (``PAGEDATTN_MLA_GLUON=1``, its own config), or None
-        where it does not serve this case (not sm9x, no Gluon, fp8, more than one query token)."""
-        from pagedattn.ops.mla_gluon.launch import GLUON_ENV, GLUON_MLA_CONFIG, use_gluon_mla
+    def time_gluon(self, num_splits, variant="1"):
+        """Record of pagedattn's Gluon kernel in the config ``PAGEDATTN_MLA_GLUON=variant`` names
+        (set for this row only), or None where it does not serve this case (not sm9x, no Gluon,
+        fp8, more than one query token)."""
+        from pagedattn.ops.mla_gluon.launch import GLUON_ENV, use_gluon_mla
         from pagedattn.testing import environ_set
 
         q, kv = self.sets[0][0], self.sets[0][1]
-        with environ_set(GLUON_ENV, "1"):
-            if not use_gluon_mla(q[..., :LATENT], q[..., LATENT:], kv, self.ql):
+        with environ_set(GLUON_ENV, variant):
+            config = use_gluon_mla(q[..., :LATENT], q[..., LATENT:], kv, self.ql)
+            if config is None:
                 return None
             timing, err = self._timed(num_splits=num_splits)
-        return self.record("pagedattn-gluon", timing, err, config=f"gluon-{GLUON_MLA_CONFIG.label}",
-                           num_splits=num_splits, tiles=None)
+        name = "pagedattn-gluon" if variant == "1" else f"pagedattn-gluon-{variant}"
+        return self.record(name, timing, err, config=config.label, num_splits=num_splits, tiles=None)
 
     def time_flashinfer(self):
-        """(record or None, message): FlashInfer's MLA wrapper on the same paged latents.
+        """(record or None, message): FlashInfer's MLA wrapper on the same paged latents."""
+        from pagedattn.adapters import flashinfer
+
+        return self._time_peer("flashinfer", flashinfer.availability, flashinfer.mla_call,
+                               fp8="FlashInfer's per-tensor scales are not wired")
+
+    def time_flashmla(self):
+        """(record or None, message): FlashMLA's dense decode (vLLM's build) on the same paged latents."""
+        from pagedattn.adapters import vllm_kernels
+
+        def check():
+            ok, why = vllm_kernels.flashmla_availability()
+            if ok:  # a block size FlashMLA does not read is a skip, not a failure
+                ok, why = vllm_kernels.flashmla_supports(block_size=self.args.block_size, dtype=self.dtype,
+                                                         row_dim=LATENT + ROPE, latent_dim=LATENT)
+                if self.args.block_size != vllm_kernels.FLASHMLA_BLOCK_SIZE:
+                    why += f" (run with --block-size {vllm_kernels.FLASHMLA_BLOCK_SIZE})"
+            return ok, why
+
+        return self._time_peer("flashmla", check, vllm_kernels.flashmla_call,
+                               fp8="FlashMLA's fp8 cache is its own packed layout, not wired")
+
+    def _time_peer(self, provider, availability, call, *, fp8):
+        """(record or None, message): a peer's ``call`` (an adapter's MLA call) on every input copy.
 
         The output is checked against the fp32 torch result before timing; a mismatch or a
-        case the wrapper cannot plan gives no record and a message saying why.
+        case the peer cannot prepare gives no record and a message saying why.
         """
-        from pagedattn.adapters import flashinfer
         from pagedattn.bench.timing import bench, host_time_us
 
-        label = f"flashinfer B={self.batch} L={self.seq_len}"
-        ok, why = flashinfer.availability()
+        label = f"{provider} B={self.batch} L={self.seq_len}"
+        ok, why = availability()
         if not ok:
             return None, f"{label}: skipped ({why})"
         if self.args.fp8:
-            return None, f"{label}: skipped (fp8 latent cache: FlashInfer's per-tensor scales are not wired)"
+            return None, f"{label}: skipped (fp8 latent cache: {fp8})"
         fns, note = [], ""
         try:
             for i, (q, kv, bt, lens, qsl, _) in enumerate(self.sets):
-                run, note = flashinfer.mla_call(q, kv, bt, lens, qsl, scale=SCALE, latent_dim=LATENT,
-                                                   out=self.outs[i])
+                run, note = call(q, kv, bt, lens, qsl, scale=SCALE, latent_dim=LATENT, out=self.outs[i])
                 fns.append(run)
             self.outs[0].fill_(float("nan"))
             err = float((fns[0]().float() - self.check).abs().max())
@@ -235,7 +270,7 @@ class Workload:
         if not err <= BF16_TOLERANCE:
             return None, f"{label}: max error {err:.3g} vs torch > {BF16_TOLERANCE:g}, not timed"
         host = host_time_us(fns[0]) if self.device.type == "cuda" else None
-        record = self.record("flashinfer", bench(fns, self.device), err, config=note, num_splits=None, tiles=None,
+        record = self.record(provider, bench(fns, self.device), err, config=note, num_splits=None, tiles=None,
                              host_us=host)
         record["ok"] = True
         return record, ""
@@ -259,17 +294,18 @@ def run_plain(args, device, dtype, g) -> list[dict]:
         w = Workload(batch, seq_len, args, device, dtype, g)
         records.append(w.time_paged(config, args.num_splits))
         if config is None:
-            gluon = w.time_gluon(args.num_splits)
-            if gluon is not None:
-                records.append(gluon)
+            for variant in args.gluon.split(",") if args.gluon else ():
+                gluon = w.time_gluon(args.num_splits, variant)
+                if gluon is not None:
+                    records.append(gluon)
         if not args.no_baseline:
             records.append(w.time_torch())
         if not args.no_peers:
-            record, message = w.time_flashinfer()
-            if record is not None:
-                records.append(record)
-            elif message:
-                print(message, file=sys.stderr, flush=True)
+            for record, message in (w.time_flashinfer(), w.time_flashmla()):
+                if record is not None:
+                    records.append(record)
+                elif message:
+                    print(message, file=sys.stderr, flush=True)
         del w
         if device.type == "cuda":
             torch.cuda.empty_cache()
@@ -306,13 +342,13 @@ def run_sweep(args, device, dtype, g) -> list[dict]:
             print(f"[{time.perf_counter() - t0:6.1f}s] case {n}/{len(cases)} B={batch} L={seq_len}: torch "
                   f"{r['time_us']:.1f} us", flush=True)
         if not args.no_peers:
-            r, message = w.time_flashinfer()
-            if r is not None:
-                records.append(r)
-                message = (f"flashinfer {r['time_us']:.1f} us, {r['tflops']:.0f} TFLOP/s, host {r['host_us']:.1f} us, "
-                           f"err {r['max_err_vs_torch']:.2g} ({r['config']})")
-            print(f"[{time.perf_counter() - t0:6.1f}s] case {n}/{len(cases)} B={batch} L={seq_len}: {message}",
-                  flush=True)
+            for r, message in (w.time_flashinfer(), w.time_flashmla()):
+                if r is not None:
+                    records.append(r)
+                    message = (f"{r['provider']} {r['time_us']:.1f} us, {r['tflops']:.0f} TFLOP/s, host "
+                               f"{_host(r)} us, err {r['max_err_vs_torch']:.2g} ({r['config']})")
+                print(f"[{time.perf_counter() - t0:6.1f}s] case {n}/{len(cases)} B={batch} L={seq_len}: {message}",
+                      flush=True)
         for i, (config, splits) in enumerate(runs, 1):
             if time.perf_counter() - t0 > args.time_budget:
                 print(f"[{time.perf_counter() - t0:6.1f}s] time budget ({args.time_budget:.0f}s) spent: skipping "
@@ -402,12 +438,12 @@ def main(argv=None) -> int:
     best = best_per_case(records) if args.sweep else []
     if args.sweep:
         baseline = {(r["B"], r["L"]): r for r in records if r["provider"] == "torch"}
-        peer = {(r["B"], r["L"]): r for r in records if r["provider"] == "flashinfer"}
+        peers = [{(r["B"], r["L"]): r for r in records if r["provider"] == name} for name in ("flashinfer", "flashmla")]
         print("\nBest config per case:")
         print(markdown(best))
         for r in best:
-            t, f = baseline.get((r["B"], r["L"])), peer.get((r["B"], r["L"]))
-            vs = [f"{x['time_us'] / r['time_us']:.2f}x {x['provider']}" for x in (t, f) if x]
+            others = [baseline.get((r["B"], r["L"]))] + [peer.get((r["B"], r["L"])) for peer in peers]
+            vs = [f"{x['time_us'] / r['time_us']:.2f}x {x['provider']}" for x in others if x]
             if vs:
                 print(f"B={r['B']} L={r['L']}: {r['config']} " + ", ".join(vs))
     path = args.json or ("bench_out/mla-sweep.json" if args.sweep else None)

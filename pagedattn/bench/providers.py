@@ -5,9 +5,10 @@ and ``prepare(inputs)`` returns a :class:`Prepared` whose call runs one attentio
 prepared inputs (allocation and layout changes happen in ``prepare``, outside the timing).
 pagedattn is imported inside ``prepare`` only, so the CLI can still set ``TRITON_INTERPRET``.
 
-The peers (FlashInfer's paged wrappers, cuDNN's paged SDPA graph) read the same paged tensors;
-what their APIs take is in :mod:`pagedattn.adapters` (each imports its package only when
-asked), and the providers here only turn a case's inputs into those calls.
+The peers (FlashInfer's paged wrappers, cuDNN's paged SDPA graph, vLLM's AOT-compiled
+FlashAttention-3) read the same paged tensors; what their APIs take is in
+:mod:`pagedattn.adapters` (each imports its package only when asked), and the providers here
+only turn a case's inputs into those calls.
 ``python -m pagedattn.bench.selftest`` runs each of them once on small cases on a GPU, against
 the float64 reference, and prints one line per provider and case.
 """
@@ -25,7 +26,7 @@ from typing import Any, Callable
 
 import torch
 
-from pagedattn.adapters import cudnn, flashinfer, sdpa
+from pagedattn.adapters import cudnn, flashinfer, sdpa, vllm_kernels
 from pagedattn.adapters.common import NotApplicable
 from pagedattn.bench.workloads import Case, CaseInputs
 
@@ -80,14 +81,14 @@ class PagedAttnProvider(Provider):
     """
 
     path: str = "auto"
-    gluon: str | None = None  # PAGEDATTN_PREFILL_GLUON's value while the call runs (sm9x only)
+    gluon: str | None = None  # PAGEDATTN_PREFILL_GLUON's value while the call runs (a Gluon variant: sm9x only)
 
     def available(self):
         if importlib.util.find_spec("triton") is None:
             return False, "triton is not installed"
         if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0") != "1":
             return False, "no GPU and TRITON_INTERPRET is not 1"
-        if self.gluon is not None:
+        if self.gluon not in (None, "0"):
             from pagedattn.ops.common.gluon import unavailable_reason
             from pagedattn.ops.prefill_gluon.launch import gluon_kernel
 
@@ -339,8 +340,8 @@ class FlexProvider(Provider):
 
 
 # ---------------------------------------------------------------------------------------------
-# Peers on the same paged tensors: FlashInfer's wrappers and cuDNN's paged SDPA graph
-# (pagedattn.adapters; neither package is imported until a provider is asked)
+# Peers on the same paged tensors: FlashInfer's wrappers, cuDNN's paged SDPA graph and vLLM's
+# FlashAttention-3 (pagedattn.adapters; no package is imported until a provider is asked)
 
 
 def _installed(name: str) -> bool:
@@ -472,6 +473,34 @@ class CudnnPagedProvider(Provider):
         return Prepared(run, note=note)
 
 
+@dataclass
+class VllmFa3Provider(Provider):
+    """vLLM's FlashAttention-3 (``vllm.vllm_flash_attn``, compiled into vLLM's wheel for sm90):
+    one ``flash_attn_varlen_func(..., fa_version=3)`` call per batch over the paged cache, as
+    vLLM's FLASH_ATTN backend makes it per layer. The scheduler metadata vLLM's metadata
+    builder computes once per step, the host maxima and the bf16 sinks are made in ``prepare``,
+    outside the timed call."""
+
+    def available(self):
+        return vllm_kernels.fa3_availability()
+
+    def supports(self, case):
+        p = case.params
+        return vllm_kernels.fa3_supports(case.features, num_q_heads=p["num_q_heads"], num_kv_heads=p["num_kv_heads"],
+                                         head_size=p["head_size"], block_size=p["block_size"])
+
+    def prepare(self, inputs):
+        q, f = inputs.q, inputs.features
+        out = torch.full_like(q, float("nan"))  # an unwritten row fails the check
+        run, note = vllm_kernels.fa3_call(
+            q, inputs.k_cache, inputs.v_cache, inputs.block_table, inputs.seq_lens, inputs.query_start_loc, out=out,
+            causal=bool(f.get("causal", True)), sliding_window=f.get("sliding_window"), softcap=f.get("softcap"),
+            sinks=f.get("sinks"), scale=1.0 / math.sqrt(q.shape[2]), max_query_len=inputs.max_query_len,
+            max_seq_len=inputs.max_seq_len,
+        )
+        return Prepared(run, note=note)
+
+
 def host_time_us(prepared: Prepared, calls: int = 50) -> float:
     """Host time of one prepared call: ``calls`` back-to-back calls without synchronizing,
     wall time / ``calls`` (one warm-up call first)."""
@@ -491,12 +520,14 @@ PROVIDERS: dict[str, Provider] = {
         PagedAttnProvider("pagedattn-split", path="split_kv", description="split-KV path (forced)"),
         PagedAttnProvider("pagedattn-persistent", path="persistent", description="persistent path (forced)"),
         PagedAttnProvider("pagedattn-prefill", path="prefill", description="large-tile prefill kernel (forced)"),
+        PagedAttnProvider("pagedattn-tl", gluon="0", by_default=False,
+                          description="automatic path, portable tl kernels only (no Gluon on sm90)"),
         PagedAttnProvider("pagedattn-gluon", gluon="1", by_default=False,
-                          description="automatic path, prefill launches on the Gluon sm90 kernel (pipelined)"),
+                          description="automatic path, every prefill launch on the Gluon sm90 kernel (split consumers)"),
+        PagedAttnProvider("pagedattn-gluon-pipelined", gluon="pipelined", by_default=False,
+                          description="automatic path, Gluon sm90 prefill kernel, one consumer partition"),
         PagedAttnProvider("pagedattn-gluon-serial", gluon="serial", by_default=False,
                           description="automatic path, Gluon sm90 prefill kernel, serial loop"),
-        PagedAttnProvider("pagedattn-gluon-split", gluon="split", by_default=False,
-                          description="automatic path, Gluon sm90 prefill kernel, two consumer partitions"),
         RouterProvider("router", description="three-path router backend, batch in routed order (engine reorders per step)"),
         RouterProvider("router-gather", reorder=False,
                        description="three-path router backend, caller's order (q / out gathers inside the call)"),
@@ -512,6 +543,8 @@ PROVIDERS: dict[str, Provider] = {
                            description="FlashInfer paged prefill wrapper, whole batch in one call"),
         CudnnPagedProvider("cudnn-paged", anchor=True,
                            description="cuDNN SDPA graph over the paged cache (page tables), one call"),
+        VllmFa3Provider("vllm-fa3", anchor=True,
+                        description="vLLM's FlashAttention-3 (vllm_flash_attn, paged KV, AOT-compiled)"),
     ]
 }
 

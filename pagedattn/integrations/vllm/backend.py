@@ -37,6 +37,7 @@ from typing import ClassVar
 import torch
 
 import pagedattn
+from pagedattn.ops.prefill_gluon.launch import GLUON_MIN_QUERY_TOKENS
 from pagedattn.plan import MIN_SEGMENT_TOKENS, AttentionPlan
 from vllm.v1.attention.backend import (
     AttentionBackend,
@@ -79,6 +80,7 @@ PERSISTENT_WORKSPACE_BYTES = 256 * 2**20
 # choice and the unified kernel beside it, which vLLM's own warm-up never reaches.
 WARMUP_STEPS = (
     ((512, 512),),  # a prompt alone: the short-prefill tiles
+    ((GLUON_MIN_QUERY_TOKENS, GLUON_MIN_QUERY_TOKENS),),  # a prompt the Gluon prefill kernel takes on sm90
     ((128, 2048),),  # an extend over a longer context: the 128-row tiles
     ((1, 300), (300, 300)),  # a decode beside a prompt: the prefill kernel and a unified launch for the rest
     ((1, 100), (64, 200)),  # a decode beside a short chunk: the unified kernel's extend tiles

@@ -1,8 +1,6 @@
 """Launcher of the Gluon MLA decode kernel (sm90): which calls it serves, grid, keyword arguments.
 
-Opt-in (``PAGEDATTN_MLA_GLUON=1``) and compiled for sm90 only: correct on the H200, not yet
-timed against the portable ``tl`` kernel, which stays the default. The contract
-is ``launch_mla_decode``'s: one split writes out / lse, several write the same
+Compiled for sm90 only. The contract is ``launch_mla_decode``'s: one split writes out / lse, several write the same
 ``[num_tokens, num_heads, num_splits, 512]`` fp32 partials (and lse) that
 ``launch_merge_splits`` merges.
 
@@ -15,7 +13,9 @@ from __future__ import annotations
 
 import torch
 
-from pagedattn.ops.common.device import environ_is
+from dataclasses import dataclass
+
+from pagedattn.ops.common.device import environ_value
 from pagedattn.ops.common.gluon import GLUON_DTYPES, aligned, load_kernel, on_sm9x, required, unavailable_reason
 from pagedattn.ops.common.launching import launch
 from pagedattn.ops.mla.launch import MLAConfig, mla_strides, split_destination
@@ -25,9 +25,37 @@ GLUON_ENV = "PAGEDATTN_MLA_GLUON"
 GLUON_LATENT_DIM = 512
 GLUON_ROPE_DIM = 64
 GLUON_BLOCK_H = 64  # heads a CTA (the M of a warpgroup's wgmma); fewer heads are padded
+
+
+@dataclass(frozen=True)
+class GluonMLAConfig:
+    """A CTA of 64 heads on 8 warps: ``tile_n`` keys a step, a ring of ``num_stages`` latent
+    tiles; ``overlap``: the scores of the next tile issued before this tile's P V, and their
+    softmax run while it finishes (needs 3 stages or more and a second P buffer)."""
+
+    tile_n: int = 64
+    num_stages: int = 2
+    overlap: bool = False
+
+    @property
+    def label(self) -> str:
+        return f"gluon-n{self.tile_n}-s{self.num_stages}" + ("-overlap" if self.overlap else "")
+
+    def mla_config(self) -> MLAConfig:
+        """The portable kernel's config of the same rows and tiles (what the split rule reads)."""
+        return MLAConfig(block_h=GLUON_BLOCK_H, block_q=1, tile_n=self.tile_n, value_split=1, num_warps=8,
+                         num_stages=self.num_stages)
+
+
 # 64 keys a step, 2 stages: 229,888 B of shared memory and 217 registers a thread, no spills
-# (ptxas for sm_90a, bf16); 32 keys at 4 stages: 225,792 B (tests/test_gluon_mla.py compiles both)
-GLUON_MLA_CONFIG = MLAConfig(block_h=GLUON_BLOCK_H, block_q=1, tile_n=64, value_split=1, num_warps=8, num_stages=2)
+# (ptxas for sm_90a, bf16); 32 keys at 4 stages: 225,792 B; overlapped at 32 keys, 4 stages:
+# 229,888 B (tests/test_gluon_mla.py compiles each)
+GLUON_MLA_CONFIG = GluonMLAConfig()
+# what PAGEDATTN_MLA_GLUON may ask for: 0 the portable kernel everywhere, 1 the default config
+# for every call the kernel serves, or a variant kept for a same-run comparison on the GPU
+GLUON_OFF = "off"
+GLUON_MLA_CONFIGS = {"1": GLUON_MLA_CONFIG, "n32": GluonMLAConfig(tile_n=32, num_stages=4),
+                     "overlap": GluonMLAConfig(tile_n=32, num_stages=4, overlap=True), "0": GLUON_OFF}
 
 
 def gluon_kernel():
@@ -35,9 +63,11 @@ def gluon_kernel():
     return load_kernel("pagedattn.ops.mla_gluon.kernel", "mla_decode_gluon_kernel")
 
 
-def gluon_mla_requested() -> bool:
-    """Whether ``PAGEDATTN_MLA_GLUON=1`` asks for the Gluon kernel (read at each call)."""
-    return environ_is(GLUON_ENV, "1")
+def gluon_mla_requested():
+    """What ``PAGEDATTN_MLA_GLUON`` asks for, read at each call: a :class:`GluonMLAConfig`
+    (``1`` or a variant's name), ``GLUON_OFF`` (``0``: the portable kernel), or None (unset or
+    any other value: the rule of :func:`use_gluon_mla`)."""
+    return environ_value(GLUON_ENV, GLUON_MLA_CONFIGS)
 
 
 def gluon_mla_supported(q_nope: torch.Tensor, q_pe: torch.Tensor, kv_cache: torch.Tensor,
@@ -69,10 +99,24 @@ def gluon_mla_supported(q_nope: torch.Tensor, q_pe: torch.Tensor, kv_cache: torc
     return None
 
 
-def use_gluon_mla(q_nope: torch.Tensor, q_pe: torch.Tensor, kv_cache: torch.Tensor, max_query_len: int) -> bool:
-    """``PAGEDATTN_MLA_GLUON=1``, a CUDA GPU of compute capability 9.x and a call the kernel serves."""
-    return (gluon_mla_requested() and on_sm9x(q_nope)
-            and gluon_mla_supported(q_nope, q_pe, kv_cache, max_query_len) is None)
+def use_gluon_mla(q_nope: torch.Tensor, q_pe: torch.Tensor, kv_cache: torch.Tensor,
+                  max_query_len: int) -> GluonMLAConfig | None:
+    """The Gluon config of this ``mla_decode`` call, or None for the portable kernel.
+
+    On a CUDA GPU of compute capability 9.x, for a call the kernel serves: the config
+    ``PAGEDATTN_MLA_GLUON`` names, else (unset) the default one when the heads fill whole 64-row
+    CTAs. At 128 heads it beat the portable kernel at every point timed on the H200 (B 1 / 32 /
+    128 x L 4096 / 32768, pages 16 and 64: 1.1-1.3x at B=1, 1.5-1.9x at B >= 32); fewer heads
+    pad the CTA's rows and were not timed, so they keep the portable kernel unless asked.
+    """
+    asked = gluon_mla_requested()
+    if asked is GLUON_OFF or not on_sm9x(q_nope):
+        return None
+    if asked is None:
+        if q_nope.shape[1] % GLUON_BLOCK_H:
+            return None
+        asked = GLUON_MLA_CONFIG
+    return asked if gluon_mla_supported(q_nope, q_pe, kv_cache, max_query_len) is None else None
 
 
 def launch_mla_decode_gluon(
@@ -87,15 +131,14 @@ def launch_mla_decode_gluon(
     *,
     scale: float,
     kv_scale: torch.Tensor | None = None,
-    config: MLAConfig = GLUON_MLA_CONFIG,
+    config: GluonMLAConfig = GLUON_MLA_CONFIG,
     num_splits: int,
     partial_out: torch.Tensor | None = None,
     partial_lse: torch.Tensor | None = None,
 ) -> None:
     """``launch_mla_decode`` for the Gluon kernel (``gluon_mla_supported`` must have said None).
 
-    ``config``: only ``tile_n`` (32 or 64) and ``num_stages`` are read; a CTA is always 64 heads
-    on 8 warps. ``kv_scale`` must be None (no fp8 cache). ``partial_out`` ``[num_tokens,
+    ``config``: tiles, stages and the overlapped loop; a CTA is always 64 heads on 8 warps. ``kv_scale`` must be None (no fp8 cache). ``partial_out`` ``[num_tokens,
     num_heads, num_splits, 512]`` fp32 and ``partial_lse`` ``[num_tokens, num_heads,
     num_splits]`` fp32 are needed when ``num_splits > 1``.
     """
@@ -117,7 +160,7 @@ def launch_mla_decode_gluon(
            scale=scale, num_heads=num_heads, num_seqs=num_seqs, num_tokens=num_tokens,
            num_blocks=kv_cache.shape[0], max_blocks_per_seq=block_table.shape[1], num_splits=num_splits,
            PAGE_SIZE=kv_cache.shape[1], TILE_N=config.tile_n, NUM_STAGES=config.num_stages,
-           num_warps=8)
+           OVERLAP=config.overlap, num_warps=8)
     if num_splits == 1:
         return
     launch_merge_splits(out, lse, partial_out, partial_lse, num_splits, pdl=False, num_warps=4)

@@ -1,1 +1,1 @@
-"""Causal paged prefill in Gluon for Hopper (sm90): opt-in (PAGEDATTN_PREFILL_GLUON=1), its serial loop correct on the H200 but slower than the tl kernel; the pipelined default compiled, not yet run."""
+"""Causal paged prefill in Gluon for Hopper (sm90): producer warps gather pages with cp.async, two consumer warpgroups run wgmma; taken for large prefills on sm90 (launch.use_gluon_prefill)."""

@@ -1,10 +1,7 @@
 """Launcher of the Gluon prefill kernel (sm90): which calls it serves, grid, keyword arguments.
 
-Opt-in (``PAGEDATTN_PREFILL_GLUON=1``) and compiled for sm90 only: the serial loop was correct
-on the H200 but slower there than the portable ``tl`` prefill kernel (docs/perf-notes.md), which
-stays the default; the pipelined loop (the default config) and the split consumers are compiled,
-not yet run. The
-contract is ``launch_prefill``'s for a paged cache: the same ``AttentionArgs``, the sequences
+Compiled for sm90 only; ``use_gluon_prefill`` says which calls take it (docs/perf-notes.md has
+the H200 timings behind that rule). The contract is ``launch_prefill``'s for a paged cache: the same ``AttentionArgs``, the sequences
 ``seqs = (first, end)`` of the grid, ``min_q_len`` (shorter sequences are left to the Q-block
 kernels), out and lse rows of the sequences' queries written and no other.
 
@@ -57,13 +54,22 @@ class GluonPrefillConfig:
         return self.block_m // 16 // self.num_consumers
 
 
-# two consumer warpgroups of 64 rows, 64 keys a step, 3 stages (see docs/perf-notes.md, the Gluon
-# prefill entry, for the registers and shared memory of each variant compiled for sm90)
-GLUON_PREFILL_CONFIG = GluonPrefillConfig()
-# what PAGEDATTN_PREFILL_GLUON may ask for: the default, or one of the variants kept for a
-# same-run comparison on the GPU
-GLUON_PREFILL_CONFIGS = {"1": GLUON_PREFILL_CONFIG, "serial": GluonPrefillConfig(pipelined=False),
-                         "split": GluonPrefillConfig(split_consumers=True)}
+# two consumer warpgroups of 64 rows in two partitions, each loop pipelined by one tile, 64 keys a
+# step, 3 stages: the fastest of the three variants at every prefill, extend and mixed point timed
+# on the H200 (docs/perf-notes.md, the Gluon prefill entry, has the timings and each variant's
+# registers and shared memory)
+GLUON_PREFILL_CONFIG = GluonPrefillConfig(split_consumers=True)
+GLUON_OFF = "off"
+# what PAGEDATTN_PREFILL_GLUON may ask for: 1 the default config for every call the kernel
+# serves, 0 the portable kernel everywhere, or a variant kept for a same-run comparison
+GLUON_PREFILL_CONFIGS = {"1": GLUON_PREFILL_CONFIG, "split": GLUON_PREFILL_CONFIG,
+                         "pipelined": GluonPrefillConfig(), "serial": GluonPrefillConfig(pipelined=False),
+                         "0": GLUON_OFF}
+# the automatic rule's floor: below it the tl kernel measured as fast or faster on the H200 (a
+# 512-token prefill 16.6 against 17.5 us), above it the Gluon kernel was faster (4 x 512 on 4096:
+# 372 against 383 us; 8192: 1276 against 1350 us) or within 2% (2048 alone: 102 against 100 us)
+GLUON_MIN_QUERY_TOKENS = 2048
+GLUON_MIN_QUERY_LEN = 512
 
 
 def gluon_kernel():
@@ -71,9 +77,10 @@ def gluon_kernel():
     return load_kernel("pagedattn.ops.prefill_gluon.kernel", "prefill_gluon_kernel")
 
 
-def gluon_prefill_requested() -> GluonPrefillConfig | None:
-    """The config ``PAGEDATTN_PREFILL_GLUON`` asks for (``1``: the default; ``serial``,
-    ``split``: the variants of GLUON_PREFILL_CONFIGS), or None (read at each call, cheaply)."""
+def gluon_prefill_requested():
+    """What ``PAGEDATTN_PREFILL_GLUON`` asks for, read at each call (cheaply): a config (``1``
+    or a variant's name in GLUON_PREFILL_CONFIGS), ``GLUON_OFF`` (``0``), or None (unset or
+    any other value: the automatic rule of :func:`use_gluon_prefill`)."""
     return environ_value(GLUON_PREFILL_ENV, GLUON_PREFILL_CONFIGS)
 
 
@@ -122,12 +129,20 @@ def gluon_prefill_supported(a: AttentionArgs, max_query_len: int,
 
 
 def use_gluon_prefill(a: AttentionArgs, max_query_len: int) -> GluonPrefillConfig | None:
-    """The config ``PAGEDATTN_PREFILL_GLUON`` asks for, on a CUDA GPU of compute capability 9.x
-    and for a call the kernel serves; else None."""
+    """The Gluon config of this call's prefill launch, or None for the portable kernel.
+
+    On a CUDA GPU of compute capability 9.x, for a call the kernel serves: the config
+    ``PAGEDATTN_PREFILL_GLUON`` names, else (unset) the default one when the call holds at least
+    GLUON_MIN_QUERY_TOKENS query tokens and a sequence of GLUON_MIN_QUERY_LEN or more.
+    """
     config = gluon_prefill_requested()
-    if config is None or not on_sm9x(a.q) or gluon_prefill_supported(a, max_query_len, config) is not None:
+    if config is GLUON_OFF or not on_sm9x(a.q):
         return None
-    return config
+    if config is None:
+        if a.q.shape[0] < GLUON_MIN_QUERY_TOKENS or max_query_len < GLUON_MIN_QUERY_LEN:
+            return None
+        config = GLUON_PREFILL_CONFIG
+    return config if gluon_prefill_supported(a, max_query_len, config) is None else None
 
 
 def launch_prefill_gluon(
