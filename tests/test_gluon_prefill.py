@@ -7,6 +7,7 @@ with ``PYTHONPATH=. pytest -m gpu tests/test_gluon_prefill.py``.
 """
 
 import dataclasses
+import functools
 
 import pytest
 import torch
@@ -60,6 +61,9 @@ SPLIT = GluonPrefillConfig(split_consumers=True)  # the two 64-row halves in two
         pytest.param(16, torch.bfloat16, True, SERIAL, 128, id="page16-bf16-lse-serial"),
         pytest.param(16, torch.bfloat16, True, PIPELINED, 128, id="page16-bf16-lse-pipelined"),
         pytest.param(64, torch.float16, False, PIPELINED, 64, id="page64-fp16-head64-pipelined"),
+        pytest.param(16, torch.bfloat16, True, GLUON_PREFILL_CONFIGS["overlap"], 128, id="page16-bf16-lse-overlap"),
+        pytest.param(64, torch.bfloat16, True, GLUON_PREFILL_CONFIGS["pingpong"], 128, id="page64-bf16-lse-pingpong"),
+        pytest.param(16, torch.float16, False, GLUON_PREFILL_CONFIGS["pingpong"], 64, id="page16-fp16-head64-pingpong"),
     ],
 )
 def test_gluon_prefill_compiles_for_sm90(page_size, dtype, return_lse, config, head_size):
@@ -220,13 +224,23 @@ torch.cuda.synchronize()
 """
 
 
+@functools.lru_cache(maxsize=None)
+def first_call_problem(variant: str) -> str | None:
+    """One small call of a PAGEDATTN_PREFILL_GLUON variant in a separate process: what went
+    wrong, or None. A kernel that never finishes (a barrier protocol that deadlocks) then fails
+    the tests of that variant instead of hanging the suite."""
+    return runs_within(SMOKE, timeout=180, env={GLUON_PREFILL_ENV: variant})
+
+
+def require_first_call(variant: str) -> None:
+    problem = first_call_problem(variant)
+    if problem:
+        pytest.fail(f"the Gluon prefill kernel's first call ({GLUON_PREFILL_ENV}={variant}) {problem}")
+
+
 @pytest.fixture(scope="module")
 def gluon_finishes():
-    """One small Gluon call in a separate process first: if the kernel never finishes (a barrier
-    protocol that deadlocks), every GPU test of this file fails at once instead of hanging the suite."""
-    problem = runs_within(SMOKE, timeout=240, env={GLUON_PREFILL_ENV: "1"})
-    if problem:
-        pytest.fail(f"the Gluon prefill kernel's first call {problem}")
+    require_first_call("1")
 
 
 @pytest.fixture
@@ -290,14 +304,15 @@ def test_gluon_prefill_single_sequence_gpu(calls, seq_len, heads, block_size, dt
 @pytest.mark.gpu
 @needs_gluon
 @needs_sm90
-@pytest.mark.parametrize("config", [GLUON_PREFILL_CONFIG, PIPELINED, BLOCK_M64, SERIAL],
-                         ids=["split", "pipelined", "m64", "serial"])
+@pytest.mark.parametrize("variant", ["1", "pipelined", "m64", "serial", "overlap", "pingpong"])
 @pytest.mark.parametrize("block_size", [16, 64, 256], ids=lambda n: f"page{n}")
-def test_gluon_prefill_extend_gpu(calls, block_size, config):
+def test_gluon_prefill_extend_gpu(calls, block_size, variant):
     """Extends: 128 and 300 queries over 2000 keys, queries that start mid-page, a Q tile that
-    ends mid-tile; 64- and 128-row tiles, the pipelined loop and the serial one, one consumer
-    partition and two."""
-    calls.config = config
+    ends mid-tile; 64- and 128-row tiles, the serial loop, the pipelined one and the overlapped
+    one (with the consumer partitions taking turns or not), one consumer partition and two."""
+    if variant != "m64":
+        require_first_call(variant)
+    calls.config = BLOCK_M64 if variant == "m64" else GLUON_PREFILL_CONFIGS[variant]
     batch = make_batch([(128, 2000), (300, 2000), (129, 777)], block_size=block_size, seed=block_size)
     run_and_compare(batch, path="prefill")
     run_and_compare(batch)  # the automatic plan: all three reach the prefill threshold

@@ -33,7 +33,8 @@ class GluonPrefillConfig:
     ``block_n`` keys a step, a ring of ``num_stages`` K/V tile pairs, a producer partition of
     ``producer_warps`` warps capped at ``producer_regs`` registers a thread; ``pipelined``: the
     consumer's loop software-pipelined by one tile (``False``: the loop measured first on the
-    H200, kept for the comparison)."""
+    H200, kept for the comparison); ``overlap``: P V of a tile in flight during the next tile's
+    softmax too; ``pingpong``: the two consumer partitions issue their wgmma by turns."""
 
     block_m: int = 128
     block_n: int = 64
@@ -41,6 +42,8 @@ class GluonPrefillConfig:
     producer_warps: int = 4  # one warp's 64 rows of 64-bit addresses spill at any register cap up to 96
     producer_regs: int = 64  # 56 spills 12 B at pages of 64 or more
     pipelined: bool = True  # the next tile's S = Q K^T issued before this tile's softmax
+    overlap: bool = False  # with pipelined: this tile's P V also runs during the next tile's softmax
+    pingpong: bool = False  # with overlap and split consumers: the two partitions' wgmma take turns
     split_consumers: bool = False  # the two 64-row halves in two partitions (block_m 128 only)
     consumer_regs: int = 208  # the second consumer partition's register cap (split_consumers)
 
@@ -64,6 +67,8 @@ GLUON_OFF = "off"
 # serves, 0 the portable kernel everywhere, or a variant kept for a same-run comparison
 GLUON_PREFILL_CONFIGS = {"1": GLUON_PREFILL_CONFIG, "split": GLUON_PREFILL_CONFIG,
                          "pipelined": GluonPrefillConfig(), "serial": GluonPrefillConfig(pipelined=False),
+                         "overlap": GluonPrefillConfig(split_consumers=True, overlap=True),
+                         "pingpong": GluonPrefillConfig(split_consumers=True, overlap=True, pingpong=True),
                          "0": GLUON_OFF}
 # the automatic rule's floor: below it the tl kernel measured as fast or faster on the H200 (a
 # 512-token prefill 16.6 against 17.5 us), above it the Gluon kernel was faster (4 x 512 on 4096:
@@ -181,5 +186,7 @@ def launch_prefill_gluon(
            max_blocks_per_seq=a.block_table.shape[1], min_q_len=min_q_len, first_seq=first,
            NUM_QUERIES_PER_KV=num_q_heads // k.shape[2], HEAD=q.shape[2], PAGE_SIZE=k.shape[1],
            BLOCK_N=config.block_n, NUM_STAGES=config.num_stages, PRODUCER_WARPS=config.producer_warps,
-           PRODUCER_REGS=config.producer_regs, PIPELINED=config.pipelined, NUM_CONSUMERS=config.num_consumers,
+           PRODUCER_REGS=config.producer_regs, PIPELINED=config.pipelined, OVERLAP=config.overlap,
+           PINGPONG=config.pingpong,
+           NUM_CONSUMERS=config.num_consumers,
            CONSUMER_REGS=config.consumer_regs, num_warps=config.num_warps)
