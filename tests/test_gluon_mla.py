@@ -36,8 +36,6 @@ needs_sm90 = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_
         pytest.param(64, GLUON_MLA_CONFIGS["1"], torch.bfloat16, 1, id="page64-tile64-bf16"),
         pytest.param(16, GLUON_MLA_CONFIGS["n32"], torch.bfloat16, 1, id="page16-tile32-bf16"),
         pytest.param(64, GLUON_MLA_CONFIGS["1"], torch.float16, 4, id="page64-tile64-fp16-split"),
-        pytest.param(16, GLUON_MLA_CONFIGS["overlap"], torch.bfloat16, 1, id="page16-overlap-bf16"),
-        pytest.param(64, GLUON_MLA_CONFIGS["overlap"], torch.float16, 4, id="page64-overlap-fp16-split"),
     ],
 )
 def test_gluon_mla_compiles_for_sm90(page_size, config, dtype, num_splits):
@@ -76,7 +74,7 @@ def test_gluon_mla_supported():
 
 def test_gluon_mla_not_used_off_gpu(monkeypatch):
     q_nope, q_pe, kv_cache = _inputs(num_heads=128)
-    for value in (None, "1", "overlap"):
+    for value in (None, "1", "n32"):
         if value is None:
             monkeypatch.delenv(GLUON_ENV, raising=False)
         else:
@@ -85,17 +83,16 @@ def test_gluon_mla_not_used_off_gpu(monkeypatch):
 
 
 def test_gluon_mla_variable_picks_the_config(monkeypatch):
-    """PAGEDATTN_MLA_GLUON: 1 the default config, n32 / overlap the kept variants, 0 off, unset
-    (or anything else) the automatic rule."""
+    """PAGEDATTN_MLA_GLUON: 1 the default config, n32 the kept variant, 0 off, unset (or anything
+    else) the automatic rule."""
     from pagedattn.ops.mla_gluon.launch import GLUON_OFF, gluon_mla_requested
 
     monkeypatch.delenv(GLUON_ENV, raising=False)
     assert gluon_mla_requested() is None
-    for value, expected in (("1", GLUON_MLA_CONFIG), ("overlap", GLUON_MLA_CONFIGS["overlap"]), ("0", GLUON_OFF),
+    for value, expected in (("1", GLUON_MLA_CONFIG), ("n32", GLUON_MLA_CONFIGS["n32"]), ("0", GLUON_OFF),
                             ("yes", None)):
         monkeypatch.setenv(GLUON_ENV, value)
         assert gluon_mla_requested() == expected, value
-    assert GLUON_MLA_CONFIGS["overlap"].overlap and GLUON_MLA_CONFIGS["overlap"].num_stages >= 3
 
 
 # ---------------------------------------------------------------------------------------------
@@ -173,7 +170,7 @@ def run_and_compare(batch, calls, *, num_splits=None, max_query_len=1):
 @pytest.mark.parametrize("num_seqs", [1, 7, 33], ids=lambda n: f"B{n}")
 @pytest.mark.parametrize("block_size", [16, 64], ids=lambda n: f"page{n}")
 @pytest.mark.parametrize("num_heads", [16, 64, 128], ids=lambda n: f"h{n}")
-@pytest.mark.parametrize("variant", ["1", "overlap"])
+@pytest.mark.parametrize("variant", ["1", "n32"])
 def test_gluon_mla_decode_gpu(gluon_calls, monkeypatch, variant, num_heads, block_size, num_seqs, num_splits):
     monkeypatch.setenv(GLUON_ENV, variant)
     cases = [(1, 4100)] if num_seqs == 1 else mixed_cases(num_seqs, seed=num_seqs)
@@ -187,7 +184,7 @@ def test_gluon_mla_decode_gpu(gluon_calls, monkeypatch, variant, num_heads, bloc
 @needs_gluon
 @needs_sm90
 @pytest.mark.parametrize("num_splits", [1, 5, 200], ids=lambda n: f"splits{n}")
-@pytest.mark.parametrize("variant", ["1", "overlap"])
+@pytest.mark.parametrize("variant", ["1", "n32"])
 def test_gluon_mla_edge_rows_gpu(gluon_calls, monkeypatch, variant, num_splits):
     """Sequences without a query token, an empty sequence, heads not a multiple of 64, fp16,
     separate q_nope / q_pe tensors; 200 splits leave most segments empty."""

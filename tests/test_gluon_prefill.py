@@ -40,7 +40,8 @@ needs_sm90 = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_
 BLOCK_M64 = GluonPrefillConfig(block_m=64)  # one consumer warpgroup
 SERIAL = GLUON_PREFILL_CONFIGS["serial"]  # each tile's wgmma and softmax one after the other
 PIPELINED = GLUON_PREFILL_CONFIGS["pipelined"]  # the two 64-row halves in one consumer partition
-SPLIT = GluonPrefillConfig(split_consumers=True)  # the two 64-row halves in two consumer partitions
+SPLIT = GLUON_PREFILL_CONFIGS["split"]  # the two 64-row halves in two consumer partitions
+OVERLAP = GluonPrefillConfig(split_consumers=True, overlap=True)  # and P V beside the next softmax
 
 
 # ---------------------------------------------------------------------------------------------
@@ -61,9 +62,8 @@ SPLIT = GluonPrefillConfig(split_consumers=True)  # the two 64-row halves in two
         pytest.param(16, torch.bfloat16, True, SERIAL, 128, id="page16-bf16-lse-serial"),
         pytest.param(16, torch.bfloat16, True, PIPELINED, 128, id="page16-bf16-lse-pipelined"),
         pytest.param(64, torch.float16, False, PIPELINED, 64, id="page64-fp16-head64-pipelined"),
-        pytest.param(16, torch.bfloat16, True, GLUON_PREFILL_CONFIGS["overlap"], 128, id="page16-bf16-lse-overlap"),
-        pytest.param(64, torch.bfloat16, True, GLUON_PREFILL_CONFIGS["pingpong"], 128, id="page64-bf16-lse-pingpong"),
-        pytest.param(16, torch.float16, False, GLUON_PREFILL_CONFIGS["pingpong"], 64, id="page16-fp16-head64-pingpong"),
+        pytest.param(16, torch.bfloat16, True, SPLIT, 128, id="page16-bf16-lse-split"),
+        pytest.param(64, torch.float16, False, SPLIT, 64, id="page64-fp16-head64-split"),
     ],
 )
 def test_gluon_prefill_compiles_for_sm90(page_size, dtype, return_lse, config, head_size):
@@ -99,12 +99,12 @@ def _args(dtype=torch.bfloat16, cache_dtype=None, head_size=128, page_size=16, n
 
 
 def test_gluon_prefill_variable_picks_the_config(monkeypatch):
-    """PAGEDATTN_PREFILL_GLUON: 1 (or split) the default config, serial / pipelined the kept
+    """PAGEDATTN_PREFILL_GLUON: 1 the default config, split / pipelined / serial the kept
     variants, 0 off, anything else (or unset) the automatic rule; read at each call."""
     monkeypatch.delenv(GLUON_PREFILL_ENV, raising=False)
     assert gluon_prefill_requested() is None
-    assert GLUON_PREFILL_CONFIG == SPLIT
-    for value, config in (("1", SPLIT), ("serial", SERIAL), ("split", SPLIT), ("pipelined", PIPELINED),
+    assert GLUON_PREFILL_CONFIG == OVERLAP
+    for value, config in (("1", OVERLAP), ("serial", SERIAL), ("split", SPLIT), ("pipelined", PIPELINED),
                           ("0", GLUON_OFF), ("yes", None)):
         monkeypatch.setenv(GLUON_PREFILL_ENV, value)
         assert gluon_prefill_requested() == config, value
@@ -304,12 +304,12 @@ def test_gluon_prefill_single_sequence_gpu(calls, seq_len, heads, block_size, dt
 @pytest.mark.gpu
 @needs_gluon
 @needs_sm90
-@pytest.mark.parametrize("variant", ["1", "pipelined", "m64", "serial", "overlap", "pingpong"])
+@pytest.mark.parametrize("variant", ["1", "split", "pipelined", "m64", "serial"])
 @pytest.mark.parametrize("block_size", [16, 64, 256], ids=lambda n: f"page{n}")
 def test_gluon_prefill_extend_gpu(calls, block_size, variant):
     """Extends: 128 and 300 queries over 2000 keys, queries that start mid-page, a Q tile that
     ends mid-tile; 64- and 128-row tiles, the serial loop, the pipelined one and the overlapped
-    one (with the consumer partitions taking turns or not), one consumer partition and two."""
+    one, one consumer partition and two."""
     if variant != "m64":
         require_first_call(variant)
     calls.config = BLOCK_M64 if variant == "m64" else GLUON_PREFILL_CONFIGS[variant]

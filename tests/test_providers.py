@@ -289,16 +289,10 @@ def test_flashinfer_backend_runs_the_wrappers(fake_flashinfer, segments, feature
         backend.forward(inputs.q, inputs.k_cache, inputs.v_cache, md, sinks=torch.zeros(inputs.q.shape[1]))
 
 
-@pytest.mark.parametrize("api", ["0.7", "0.6"])
-@pytest.mark.parametrize("seq_lens,query_len", [([70, 5, 33], 1), ([40, 19], 3)])
-def test_flashinfer_mla_adapter_splits_the_latent_cache(fake_flashinfer, monkeypatch, seq_lens, query_len, api):
-    """Both MLA APIs: 0.7's plan metadata and split layouts by name, and up to 0.6's arguments."""
-    if api == "0.6":
-        mla = sys.modules["flashinfer.mla"]
-        monkeypatch.delattr(mla, "MLAPlanMetadata")
-        monkeypatch.setattr(mla, "BatchMLAPagedAttentionWrapper", FakeMLA06)
-    g = torch.Generator().manual_seed(2)
-    heads, block_size, latent, rope = 4, 16, 64, 16
+def latent_batch(seq_lens, query_len, *, heads, block_size, latent, rope, seed):
+    """An fp16 MLA batch on a paged latent cache with shuffled block ids: (q, kv, table, lens,
+    qsl, out poisoned with NaN)."""
+    g = torch.Generator().manual_seed(seed)
     pages = [-(-n // block_size) for n in seq_lens]
     kv = torch.randn(sum(pages) + 2, block_size, latent + rope, generator=g).half()
     perm = torch.randperm(kv.shape[0], generator=g).to(torch.int32)
@@ -311,6 +305,20 @@ def test_flashinfer_mla_adapter_splits_the_latent_cache(fake_flashinfer, monkeyp
     lens = torch.tensor(seq_lens, dtype=torch.int32)
     qsl = torch.arange(len(seq_lens) + 1, dtype=torch.int32) * query_len
     out = torch.full((q.shape[0], heads, latent), float("nan"), dtype=q.dtype)
+    return q, kv, table, lens, qsl, out
+
+
+@pytest.mark.parametrize("api", ["0.7", "0.6"])
+@pytest.mark.parametrize("seq_lens,query_len", [([70, 5, 33], 1), ([40, 19], 3)])
+def test_flashinfer_mla_adapter_splits_the_latent_cache(fake_flashinfer, monkeypatch, seq_lens, query_len, api):
+    """Both MLA APIs: 0.7's plan metadata and split layouts by name, and up to 0.6's arguments."""
+    if api == "0.6":
+        mla = sys.modules["flashinfer.mla"]
+        monkeypatch.delattr(mla, "MLAPlanMetadata")
+        monkeypatch.setattr(mla, "BatchMLAPagedAttentionWrapper", FakeMLA06)
+    heads, latent = 4, 64
+    q, kv, table, lens, qsl, out = latent_batch(seq_lens, query_len, heads=heads, block_size=16, latent=latent,
+                                                rope=16, seed=2)
     run, note = fake_flashinfer.mla_call(q, kv, table, lens, qsl, scale=0.1, latent_dim=latent, out=out)
     run()
     ref, _ = mla_decode_ref(q[..., :latent], q[..., latent:], kv, table, lens, qsl, scale=0.1)
@@ -684,20 +692,9 @@ def test_vllm_fa3_adapter_refuses_fp32(fake_vllm):
 
 @pytest.mark.parametrize("seq_lens,query_len", [([130, 5, 64], 1), ([70, 19], 3)])
 def test_flashmla_adapter_views_the_latent_cache(fake_vllm, seq_lens, query_len):
-    g = torch.Generator().manual_seed(3)
-    heads, block_size, latent, rope = 4, 64, 512, 64
-    pages = [-(-n // block_size) for n in seq_lens]
-    kv = torch.randn(sum(pages) + 2, block_size, latent + rope, generator=g).half()
-    perm = torch.randperm(kv.shape[0], generator=g).to(torch.int32)
-    table = torch.zeros(len(seq_lens), max(pages), dtype=torch.int32)
-    start = 0
-    for s, n in enumerate(pages):
-        table[s, :n] = perm[start:start + n]
-        start += n
-    q = torch.randn(len(seq_lens) * query_len, heads, latent + rope, generator=g).half()
-    lens = torch.tensor(seq_lens, dtype=torch.int32)
-    qsl = torch.arange(len(seq_lens) + 1, dtype=torch.int32) * query_len
-    out = torch.full((q.shape[0], heads, latent), float("nan"), dtype=q.dtype)
+    heads, latent, rope = 4, 512, 64
+    q, kv, table, lens, qsl, out = latent_batch(seq_lens, query_len, heads=heads, block_size=64, latent=latent,
+                                                rope=rope, seed=3)
     run, note = fake_vllm.adapter.flashmla_call(q, kv, table, lens, qsl, scale=0.05, latent_dim=latent, out=out)
     assert fake_vllm.mla.calls == 1  # the scheduling call, made before any timing
     out.fill_(float("nan"))

@@ -70,26 +70,6 @@ def _issue_tile(kn_buf, kr_buf, kv_cache_ptr, bt_row_ptr, tile_start, seg_hi, nu
                                    mask=ok[:, None])
 
 
-@gluon.jit
-def _scores(q_n_smem, q_r_smem, kn, kr, s_zero):
-    """``Q_nope K_nope^T + Q_rope K_rope^T`` of one ring slot, issued (async; the caller waits)."""
-    s = warpgroup_mma(q_n_smem, kn.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-    return warpgroup_mma(q_r_smem, kr.permute((1, 0)), s, is_async=True)
-
-
-@gluon.jit
-def _softmax_step(s, m_i, l_acc, k_pos, seg_hi, qk_scale):
-    """One tile's online softmax in base 2: ``(p, alpha, m_new, l_acc)``; keys at or past
-    ``seg_hi`` get -inf, and an inf dot product becomes NaN (never read as a masked key)."""
-    s = s + s * 0.0
-    x = gl.where((k_pos < seg_hi)[None, :], s * qk_scale, float("-inf"))
-    m_new = gl.maximum(m_i, gl.reduce(x, 1, max_combine))
-    m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
-    p = gl.exp2(x - m_safe[:, None])
-    alpha = gl.exp2(m_i - m_safe)
-    return p, alpha, m_new, l_acc * alpha[:, None] + p
-
-
 @gluon.jit(do_not_specialize=["num_seqs", "num_tokens", "num_blocks", "max_blocks_per_seq", "num_splits"])
 def mla_decode_gluon_kernel(
     out_ptr,  # [num_tokens, num_heads, 512] (q's dtype), or partials [.., num_splits, 512] fp32
@@ -102,11 +82,11 @@ def mla_decode_gluon_kernel(
     stride_lse_t, stride_lse_h, stride_lse_s,
     stride_c_b, stride_c_s, stride_bt_s,
     scale, num_heads, num_seqs, num_tokens, num_blocks, max_blocks_per_seq, num_splits,
-    PAGE_SIZE: gl.constexpr, TILE_N: gl.constexpr, NUM_STAGES: gl.constexpr, OVERLAP: gl.constexpr,
+    PAGE_SIZE: gl.constexpr, TILE_N: gl.constexpr, NUM_STAGES: gl.constexpr,
 ):
     """(out, lse) of softmax(scale * (q_nope c_kv^T + q_pe k_pe^T)) c_kv over one key split of one
     token's sequence, for 64 of its heads (see the module docstring)."""
-    gl.static_assert(NUM_STAGES >= 2 + OVERLAP, "the ring needs two slots (three overlapped)")
+    gl.static_assert(NUM_STAGES >= 2, "the ring needs two slots")
     gl.static_assert(TILE_N % 32 == 0, "TILE_N: a multiple of the copy layout's 32 rows")
     dtype: gl.constexpr = kv_cache_ptr.dtype.element_ty
 
@@ -147,7 +127,7 @@ def mla_decode_gluon_kernel(
                                         gl.NVMMASharedLayout.get_default_for([TILE_N, LATENT_DIM], dtype))
     kr_bufs = gl.allocate_shared_memory(dtype, [NUM_STAGES, TILE_N, ROPE_DIM],
                                         gl.NVMMASharedLayout.get_default_for([TILE_N, ROPE_DIM], dtype))
-    p_smem = gl.allocate_shared_memory(dtype, [1 + OVERLAP, BLOCK_M, TILE_N],
+    p_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, TILE_N],
                                        gl.NVMMASharedLayout.get_default_for([BLOCK_M, TILE_N], dtype))
 
     # queries: rows = heads of this head group (rows past num_heads zero-filled)
@@ -176,66 +156,41 @@ def mla_decode_gluon_kernel(
     l_acc = gl.zeros([BLOCK_M, TILE_N], gl.float32, layout=s_l)  # row sums, reduced once after the loop
     s_zero = gl.zeros([BLOCK_M, TILE_N], gl.float32, layout=s_l)
     acc = gl.zeros([BLOCK_M, LATENT_DIM], gl.float32, layout=o_l)
-    if OVERLAP:
-        # S of tile i + 1 runs on the tensor cores beside this step's P V, and its softmax while P V
-        # finishes. Tile i + 1 must have landed when step i starts, so the ring holds NUM_STAGES - 2
-        # tiles ahead of it (the serial loop holds NUM_STAGES - 1 ahead of tile i), and P is
-        # double-buffered: P of tile i + 1 is stored while P V of tile i still reads P of tile i.
-        # The scores of tile 0 and of the tile past the last are computed unconditionally (a wgmma
-        # kept out of an if keeps its wait where it is written): every key of a tile past the
-        # split is masked, so its p is 0, its alpha 1, and whatever its slot holds is never used.
-        cp.wait_group(NUM_STAGES - 2)  # the queries and tile 0
+    for i in range(n_tiles):
+        slot = i % NUM_STAGES
+        cp.wait_group(NUM_STAGES - 2)  # this thread's copies of tile i (and of the queries) landed
         fence_async_shared()
-        gl.thread_barrier()
-        s = _scores(q_n_smem, q_r_smem, kn_bufs.index(0), kr_bufs.index(0), s_zero)
-        s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
-        p, alpha, m_i, l_acc = _softmax_step(s, m_i, l_acc, seg_lo + offs_sn, seg_hi, qk_scale)
-        p_smem.index(0).store(p.to(dtype))
+        gl.thread_barrier()  # everyone's landed; everyone finished step i - 1
+        nxt = i + NUM_STAGES - 1
+        if nxt < n_tiles:  # refill the slot step i - 1 read
+            _issue_tile(kn_bufs.index(nxt % NUM_STAGES), kr_bufs.index(nxt % NUM_STAGES), kv_cache_ptr, bt_row_ptr,
+                        seg_lo + nxt * TILE_N, seg_hi, num_blocks, max_blocks_per_seq, stride_c_b, stride_c_s,
+                        offs_n, offs_cn, offs_cr, PAGE_SIZE)
+        cp.commit_group()
+
+        kn = kn_bufs.index(slot)  # [TILE_N, 512]: K_nope of the scores, V of the output
+        kr = kr_bufs.index(slot)  # [TILE_N, 64]
+        s = warpgroup_mma(q_n_smem, kn.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        s = warpgroup_mma(q_r_smem, kr.permute((1, 0)), s, is_async=True)
+        s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))  # [BLOCK_M, TILE_N] fp32
+
+        # online softmax, base 2; an inf dot product becomes NaN (never read as a masked key)
+        s = s + s * 0.0
+        k_pos = seg_lo + i * TILE_N + offs_sn
+        x = gl.where((k_pos < seg_hi)[None, :], s * qk_scale, float("-inf"))
+        m_new = gl.maximum(m_i, gl.reduce(x, 1, max_combine))
+        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+        p = gl.exp2(x - m_safe[:, None])
+        alpha = gl.exp2(m_i - m_safe)
+        l_acc = l_acc * alpha[:, None] + p
+        m_i = m_new
+
+        p_smem.store(p.to(dtype))
         fence_async_shared()
-        for i in range(n_tiles):
-            cp.wait_group(NUM_STAGES - 3)  # this thread's copies of tile i + 1 landed
-            fence_async_shared()
-            gl.thread_barrier()  # everyone's tile i + 1 and P of tile i are visible; P V of tile i - 1 done
-            nxt = i + NUM_STAGES - 1
-            if nxt < n_tiles:  # refill the slot P V of tile i - 1 read
-                _issue_tile(kn_bufs.index(nxt % NUM_STAGES), kr_bufs.index(nxt % NUM_STAGES), kv_cache_ptr,
-                            bt_row_ptr, seg_lo + nxt * TILE_N, seg_hi, num_blocks, max_blocks_per_seq, stride_c_b,
-                            stride_c_s, offs_n, offs_cn, offs_cr, PAGE_SIZE)
-            cp.commit_group()
-            nslot = (i + 1) % NUM_STAGES
-            s = _scores(q_n_smem, q_r_smem, kn_bufs.index(nslot), kr_bufs.index(nslot), s_zero)
-            acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_l))[:, None]
-            acc = warpgroup_mma(p_smem.index(i % 2), kn_bufs.index(i % NUM_STAGES), acc, is_async=True)
-            s = warpgroup_mma_wait(num_outstanding=1, deps=(s, ))  # S of tile i + 1 (issued first)
-            p, alpha, m_i, l_acc = _softmax_step(s, m_i, l_acc, seg_lo + (i + 1) * TILE_N + offs_sn, seg_hi,
-                                                 qk_scale)
-            p_smem.index((i + 1) % 2).store(p.to(dtype))  # last read by P V of tile i - 1, done
-            fence_async_shared()
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-    else:
-        for i in range(n_tiles):
-            slot = i % NUM_STAGES
-            cp.wait_group(NUM_STAGES - 2)  # this thread's copies of tile i (and of the queries) landed
-            fence_async_shared()
-            gl.thread_barrier()  # everyone's landed; everyone finished step i - 1
-            nxt = i + NUM_STAGES - 1
-            if nxt < n_tiles:  # refill the slot step i - 1 read
-                _issue_tile(kn_bufs.index(nxt % NUM_STAGES), kr_bufs.index(nxt % NUM_STAGES), kv_cache_ptr,
-                            bt_row_ptr, seg_lo + nxt * TILE_N, seg_hi, num_blocks, max_blocks_per_seq, stride_c_b,
-                            stride_c_s, offs_n, offs_cn, offs_cr, PAGE_SIZE)
-            cp.commit_group()
-
-            kn = kn_bufs.index(slot)  # [TILE_N, 512]: K_nope of the scores, V of the output
-            s = _scores(q_n_smem, q_r_smem, kn, kr_bufs.index(slot), s_zero)
-            s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))  # [BLOCK_M, TILE_N] fp32
-            p, alpha, m_i, l_acc = _softmax_step(s, m_i, l_acc, seg_lo + i * TILE_N + offs_sn, seg_hi, qk_scale)
-
-            p_smem.index(0).store(p.to(dtype))
-            fence_async_shared()
-            gl.thread_barrier()  # all of P is in shared memory before either warpgroup reads it
-            acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_l))[:, None]
-            acc = warpgroup_mma(p_smem.index(0), kn, acc, is_async=True)
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+        gl.thread_barrier()  # all of P is in shared memory before either warpgroup reads it
+        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_l))[:, None]
+        acc = warpgroup_mma(p_smem, kn, acc, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
     cp.wait_group(0)
 
     l_i = gl.reduce(l_acc, 1, sum_combine)

@@ -29,17 +29,14 @@ GLUON_BLOCK_H = 64  # heads a CTA (the M of a warpgroup's wgmma); fewer heads ar
 
 @dataclass(frozen=True)
 class GluonMLAConfig:
-    """A CTA of 64 heads on 8 warps: ``tile_n`` keys a step, a ring of ``num_stages`` latent
-    tiles; ``overlap``: the scores of the next tile issued before this tile's P V, and their
-    softmax run while it finishes (needs 3 stages or more and a second P buffer)."""
+    """A CTA of 64 heads on 8 warps: ``tile_n`` keys a step, a ring of ``num_stages`` latent tiles."""
 
     tile_n: int = 64
     num_stages: int = 2
-    overlap: bool = False
 
     @property
     def label(self) -> str:
-        return f"gluon-n{self.tile_n}-s{self.num_stages}" + ("-overlap" if self.overlap else "")
+        return f"gluon-n{self.tile_n}-s{self.num_stages}"
 
     def mla_config(self) -> MLAConfig:
         """The portable kernel's config of the same rows and tiles (what the split rule reads)."""
@@ -48,14 +45,13 @@ class GluonMLAConfig:
 
 
 # 64 keys a step, 2 stages: 229,888 B of shared memory and 217 registers a thread, no spills
-# (ptxas for sm_90a, bf16); 32 keys at 4 stages: 225,792 B; overlapped at 32 keys, 4 stages:
-# 229,888 B (tests/test_gluon_mla.py compiles each)
+# (ptxas for sm_90a, bf16); 32 keys at 4 stages: 225,792 B, 200 registers, 0.74x its speed at
+# B >= 32 on the H200 (tests/test_gluon_mla.py compiles both)
 GLUON_MLA_CONFIG = GluonMLAConfig()
 # what PAGEDATTN_MLA_GLUON may ask for: 0 the portable kernel everywhere, 1 the default config
 # for every call the kernel serves, or a variant kept for a same-run comparison on the GPU
 GLUON_OFF = "off"
-GLUON_MLA_CONFIGS = {"1": GLUON_MLA_CONFIG, "n32": GluonMLAConfig(tile_n=32, num_stages=4),
-                     "overlap": GluonMLAConfig(tile_n=32, num_stages=4, overlap=True), "0": GLUON_OFF}
+GLUON_MLA_CONFIGS = {"1": GLUON_MLA_CONFIG, "n32": GluonMLAConfig(tile_n=32, num_stages=4), "0": GLUON_OFF}
 
 
 def gluon_kernel():
@@ -138,7 +134,7 @@ def launch_mla_decode_gluon(
 ) -> None:
     """``launch_mla_decode`` for the Gluon kernel (``gluon_mla_supported`` must have said None).
 
-    ``config``: tiles, stages and the overlapped loop; a CTA is always 64 heads on 8 warps. ``kv_scale`` must be None (no fp8 cache). ``partial_out`` ``[num_tokens,
+    ``config``: keys a step and stages; a CTA is always 64 heads on 8 warps. ``kv_scale`` must be None (no fp8 cache). ``partial_out`` ``[num_tokens,
     num_heads, num_splits, 512]`` fp32 and ``partial_lse`` ``[num_tokens, num_heads,
     num_splits]`` fp32 are needed when ``num_splits > 1``.
     """
@@ -160,7 +156,7 @@ def launch_mla_decode_gluon(
            scale=scale, num_heads=num_heads, num_seqs=num_seqs, num_tokens=num_tokens,
            num_blocks=kv_cache.shape[0], max_blocks_per_seq=block_table.shape[1], num_splits=num_splits,
            PAGE_SIZE=kv_cache.shape[1], TILE_N=config.tile_n, NUM_STAGES=config.num_stages,
-           OVERLAP=config.overlap, num_warps=8)
+           num_warps=8)
     if num_splits == 1:
         return
     launch_merge_splits(out, lse, partial_out, partial_lse, num_splits, pdl=False, num_warps=4)

@@ -139,22 +139,6 @@ def _issue_scores(q_smem, k_bufs, k_ready, i, s_zero, NUM_STAGES: gl.constexpr):
 
 
 @gluon.jit
-def _take_turn(my_turn, k, PINGPONG: gl.constexpr):
-    """PINGPONG: wait until the other consumer partition has issued its group of wgmma before
-    this partition's k-th (the first partition's first group is let through by an arrive on its
-    barrier before the fork)."""
-    if PINGPONG:
-        mbarrier.wait(my_turn, k & 1)
-
-
-@gluon.jit
-def _pass_turn(their_turn, PINGPONG: gl.constexpr):
-    """PINGPONG: this partition's wgmma of the step are issued; the other may issue its own."""
-    if PINGPONG:
-        mbarrier.arrive(their_turn, count=1)
-
-
-@gluon.jit
 def _issue_values(p_op, v_bufs, v_ready, i, acc, NUM_STAGES: gl.constexpr):
     """Wait for value tile i in its ring slot and issue ``O += P V`` (async): (O, the V tile)."""
     slot = i % NUM_STAGES
@@ -165,10 +149,9 @@ def _issue_values(p_op, v_bufs, v_ready, i, acc, NUM_STAGES: gl.constexpr):
 
 
 @gluon.jit
-def _attend_tiles(i_lo, i_hi, q_smem, k_bufs, v_bufs, k_ready, v_ready, kv_empty, my_turn, their_turn, turn, m_i,
-                  l_i, acc, q_pos, qk_scale, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
-                  NUM_WARPS: gl.constexpr, MASKED: gl.constexpr, PIPELINED: gl.constexpr, OVERLAP: gl.constexpr,
-                  PINGPONG: gl.constexpr):
+def _attend_tiles(i_lo, i_hi, q_smem, k_bufs, v_bufs, k_ready, v_ready, kv_empty, m_i, l_i, acc, q_pos, qk_scale,
+                  BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, NUM_WARPS: gl.constexpr,
+                  MASKED: gl.constexpr, PIPELINED: gl.constexpr, OVERLAP: gl.constexpr):
     """Online softmax over key tiles i_lo .. i_hi - 1 (MASKED: the causal rule k_pos <= q_pos;
     else every key is visible to every row).
 
@@ -178,13 +161,7 @@ def _attend_tiles(i_lo, i_hi, q_smem, k_bufs, v_bufs, k_ready, v_ready, kv_empty
     ``O += P V`` is issued right behind tile i + 1's ``S = Q K^T`` and runs while the warps
     compute tile i + 1's softmax (the scores are waited for alone, the older wgmma first); O is
     rescaled by tile i + 1's factor once its P V is done, and P of two tiles is live in
-    registers. Else each tile's two wgmma and its softmax run one after the other.
-
-    PINGPONG (with OVERLAP, two consumer partitions): each group of wgmma a step issues waits
-    for the other partition's group of the same step (``my_turn``, ``their_turn``: the two
-    partitions' barriers; ``turn``: the groups issued so far, returned updated), so the two
-    partitions' wgmma alternate on the tensor cores and one's softmax runs while the other's
-    wgmma do."""
+    registers. Else each tile's two wgmma and its softmax run one after the other."""
     HEAD: gl.constexpr = acc.shape[1]
     DTYPE: gl.constexpr = q_smem.dtype
     s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
@@ -201,19 +178,15 @@ def _attend_tiles(i_lo, i_hi, q_smem, k_bufs, v_bufs, k_ready, v_ready, kv_empty
             acc, _, _ = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_op, v_tile))  # [BLOCK_M, HEAD] fp32
             mbarrier.arrive(kv_empty.index(i % NUM_STAGES), count=1)  # slot free: both wgmma of the tile are done
     elif i_lo < i_hi:
-        _take_turn(my_turn, turn, PINGPONG)
         qk, k_tile = _issue_scores(q_smem, k_bufs, k_ready, i_lo, s_zero, NUM_STAGES)
-        _pass_turn(their_turn, PINGPONG)
         qk, _ = warpgroup_mma_wait(num_outstanding=0, deps=(qk, k_tile))
         if OVERLAP:
             p_op, m_i, l_i, alpha = _probabilities(qk, i_lo, m_i, l_i, q_pos, qk_scale, DTYPE, HEAD, BLOCK_N,
                                                    NUM_WARPS, MASKED)
             acc = acc * alpha[:, None]
             for i in range(i_lo, i_hi - 1):
-                _take_turn(my_turn, turn + i - i_lo + 1, PINGPONG)
                 qk_next, k_next = _issue_scores(q_smem, k_bufs, k_ready, i + 1, s_zero, NUM_STAGES)
                 acc, v_tile = _issue_values(p_op, v_bufs, v_ready, i, acc, NUM_STAGES)
-                _pass_turn(their_turn, PINGPONG)
                 qk, _ = warpgroup_mma_wait(num_outstanding=1, deps=(qk_next, k_next))  # issued first: done first
                 p_next, m_i, l_i, alpha = _probabilities(qk, i + 1, m_i, l_i, q_pos, qk_scale, DTYPE, HEAD, BLOCK_N,
                                                          NUM_WARPS, MASKED)
@@ -234,20 +207,17 @@ def _attend_tiles(i_lo, i_hi, q_smem, k_bufs, v_bufs, k_ready, v_ready, kv_empty
                                                    NUM_WARPS, MASKED)
             acc = acc * alpha[:, None]
         last = i_hi - 1
-        _take_turn(my_turn, turn + i_hi - i_lo, PINGPONG)
         acc, v_tile = _issue_values(p_op, v_bufs, v_ready, last, acc, NUM_STAGES)
-        _pass_turn(their_turn, PINGPONG)
         acc, _, _ = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_op, v_tile))
         mbarrier.arrive(kv_empty.index(last % NUM_STAGES), count=1)
-        turn += i_hi - i_lo + 1
-    return m_i, l_i, acc, turn
+    return m_i, l_i, acc
 
 
 @gluon.jit
-def _consumer(q_smem, k_bufs, v_bufs, k_ready, v_ready, kv_empty, my_turn, their_turn, out_ptr, lse_ptr, stride_o_t, stride_o_h,
+def _consumer(q_smem, k_bufs, v_bufs, k_ready, v_ready, kv_empty, out_ptr, lse_ptr, stride_o_t, stride_o_h,
               stride_lse_t, stride_lse_h, head, q_start, q_len, row_lo, context_len, num_tokens, n_free, n_tiles,
               scale, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
-              NUM_WARPS: gl.constexpr, PIPELINED: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr):
+              NUM_WARPS: gl.constexpr, PIPELINED: gl.constexpr, OVERLAP: gl.constexpr):
     """Attend over the key tiles (the mask-free ones, then the diagonal ones) and store out and lse."""
     HEAD: gl.constexpr = q_smem.shape[1]
     s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
@@ -259,13 +229,12 @@ def _consumer(q_smem, k_bufs, v_bufs, k_ready, v_ready, kv_empty, my_turn, their
     l_i = gl.zeros([BLOCK_M], gl.float32, layout=gl.SliceLayout(1, s_l))
     acc = gl.zeros([BLOCK_M, HEAD], gl.float32, layout=o_l)
     qk_scale = scale * LOG2E
-    m_i, l_i, acc, turn = _attend_tiles(0, n_free, q_smem, k_bufs, v_bufs, k_ready, v_ready, kv_empty, my_turn,
-                                        their_turn, gl.to_tensor(0), m_i, l_i, acc, q_pos, qk_scale, BLOCK_M, BLOCK_N, NUM_STAGES, NUM_WARPS,
-                                        MASKED=False, PIPELINED=PIPELINED, OVERLAP=OVERLAP, PINGPONG=PINGPONG)
-    m_i, l_i, acc, turn = _attend_tiles(n_free, n_tiles, q_smem, k_bufs, v_bufs, k_ready, v_ready, kv_empty,
-                                        my_turn, their_turn, turn, m_i, l_i, acc, q_pos, qk_scale, BLOCK_M, BLOCK_N, NUM_STAGES,
-                                        NUM_WARPS, MASKED=True, PIPELINED=PIPELINED, OVERLAP=OVERLAP,
-                                        PINGPONG=PINGPONG)
+    m_i, l_i, acc = _attend_tiles(0, n_free, q_smem, k_bufs, v_bufs, k_ready, v_ready, kv_empty, m_i, l_i, acc,
+                                  q_pos, qk_scale, BLOCK_M, BLOCK_N, NUM_STAGES, NUM_WARPS, MASKED=False,
+                                  PIPELINED=PIPELINED, OVERLAP=OVERLAP)
+    m_i, l_i, acc = _attend_tiles(n_free, n_tiles, q_smem, k_bufs, v_bufs, k_ready, v_ready, kv_empty, m_i, l_i,
+                                  acc, q_pos, qk_scale, BLOCK_M, BLOCK_N, NUM_STAGES, NUM_WARPS, MASKED=True,
+                                  PIPELINED=PIPELINED, OVERLAP=OVERLAP)
 
     out, lse = finalize_rows(acc, m_i, l_i, s_l, o_l)
 
@@ -294,7 +263,7 @@ def prefill_gluon_kernel(
     scale, num_seqs, num_tokens, num_blocks, max_blocks_per_seq, min_q_len, first_seq,
     NUM_QUERIES_PER_KV: gl.constexpr, HEAD: gl.constexpr, PAGE_SIZE: gl.constexpr, BLOCK_N: gl.constexpr,
     NUM_STAGES: gl.constexpr, PRODUCER_WARPS: gl.constexpr, PRODUCER_REGS: gl.constexpr, PIPELINED: gl.constexpr,
-    OVERLAP: gl.constexpr, PINGPONG: gl.constexpr, NUM_CONSUMERS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+    OVERLAP: gl.constexpr, NUM_CONSUMERS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
 ):
     """out = softmax(scale * q k^T + causal mask) v for one Q tile of one head (see the module docstring).
 
@@ -309,8 +278,6 @@ def prefill_gluon_kernel(
     BLOCK_M: gl.constexpr = WG_ROWS * NUM_CONSUMERS
     gl.static_assert(NUM_WARPS % 4 == 0, "the default partition is whole warpgroups")
     gl.static_assert(NUM_STAGES >= 2, "the ring needs two slots")
-    gl.static_assert(not PINGPONG or (OVERLAP and PIPELINED and NUM_CONSUMERS == 2),
-                     "PINGPONG: two consumer partitions of the overlapped loop")
     gl.static_assert(BLOCK_N % (32 * PRODUCER_WARPS // (HEAD // 8)) == 0, "BLOCK_N: whole rows of the copy layout")
     dtype: gl.constexpr = k_cache_ptr.dtype.element_ty
 
@@ -351,26 +318,20 @@ def prefill_gluon_kernel(
     k_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     kv_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    turns = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())  # PINGPONG's two partitions
     for s in gl.static_range(NUM_STAGES):
         mbarrier.init(k_ready.index(s), count=32 * PRODUCER_WARPS)
         mbarrier.init(v_ready.index(s), count=32 * PRODUCER_WARPS)
         mbarrier.init(kv_empty.index(s), count=NUM_CONSUMERS)
-    for t in gl.static_range(2):
-        mbarrier.init(turns.index(t), count=1)
     fence_async_shared()  # the queries and the barriers' initialization, before any async-proxy use
-    if PINGPONG:
-        mbarrier.arrive(turns.index(0), count=1)  # the first partition issues first
 
     bt_row_ptr = block_table_ptr + seq.to(gl.int64) * stride_bt_s
     # (the partitions' (function, arguments) pairs are written out in each branch: the JIT takes
     # no function as a value)
     if NUM_CONSUMERS == 1:
         gl.warp_specialize([
-            (_consumer, (q_smem, k_bufs, v_bufs, k_ready, v_ready, kv_empty, turns.index(0), turns.index(1), out_ptr,
-                         lse_ptr, stride_o_t, stride_o_h, stride_lse_t, stride_lse_h, head, q_start, q_len, row_lo,
-                         context_len, num_tokens, n_free, n_tiles, scale, WG_ROWS, BLOCK_N, NUM_STAGES, NUM_WARPS,
-                         PIPELINED, OVERLAP, PINGPONG)),
+            (_consumer, (q_smem, k_bufs, v_bufs, k_ready, v_ready, kv_empty, out_ptr, lse_ptr, stride_o_t, stride_o_h,
+                         stride_lse_t, stride_lse_h, head, q_start, q_len, row_lo, context_len, num_tokens, n_free,
+                         n_tiles, scale, WG_ROWS, BLOCK_N, NUM_STAGES, NUM_WARPS, PIPELINED, OVERLAP)),
             (_producer, (k_cache_ptr, v_cache_ptr, bt_row_ptr, k_bufs, v_bufs, k_ready, v_ready, kv_empty, kv_head,
                          n_tiles, kv_hi, num_blocks, max_blocks_per_seq, stride_c_b, stride_c_s, stride_c_h,
                          HEAD, PAGE_SIZE, BLOCK_N, NUM_STAGES, PRODUCER_WARPS)),
@@ -379,22 +340,21 @@ def prefill_gluon_kernel(
         # both halves walk every tile of the whole tile's range (the ring's protocol), the mask
         # and the row maxima keep each half's rows right
         gl.warp_specialize([
-            (_consumer, (q_smem.slice(0, WG_ROWS), k_bufs, v_bufs, k_ready, v_ready, kv_empty, turns.index(0),
-                         turns.index(1), out_ptr, lse_ptr, stride_o_t, stride_o_h, stride_lse_t, stride_lse_h, head,
-                         q_start, q_len, row_lo, context_len, num_tokens, n_free, n_tiles, scale, WG_ROWS, BLOCK_N,
-                         NUM_STAGES, NUM_WARPS, PIPELINED, OVERLAP, PINGPONG)),
+            (_consumer, (q_smem.slice(0, WG_ROWS), k_bufs, v_bufs, k_ready, v_ready, kv_empty, out_ptr, lse_ptr,
+                         stride_o_t, stride_o_h, stride_lse_t, stride_lse_h, head, q_start, q_len, row_lo,
+                         context_len, num_tokens, n_free, n_tiles, scale, WG_ROWS, BLOCK_N, NUM_STAGES, NUM_WARPS,
+                         PIPELINED, OVERLAP)),
             (_producer, (k_cache_ptr, v_cache_ptr, bt_row_ptr, k_bufs, v_bufs, k_ready, v_ready, kv_empty, kv_head,
                          n_tiles, kv_hi, num_blocks, max_blocks_per_seq, stride_c_b, stride_c_s, stride_c_h,
                          HEAD, PAGE_SIZE, BLOCK_N, NUM_STAGES, PRODUCER_WARPS)),
-            (_consumer, (q_smem.slice(WG_ROWS, WG_ROWS), k_bufs, v_bufs, k_ready, v_ready, kv_empty, turns.index(1),
-                         turns.index(0), out_ptr, lse_ptr, stride_o_t, stride_o_h, stride_lse_t, stride_lse_h, head,
-                         q_start, q_len, row_lo + WG_ROWS, context_len, num_tokens, n_free, n_tiles, scale, WG_ROWS,
-                         BLOCK_N, NUM_STAGES, NUM_WARPS, PIPELINED, OVERLAP, PINGPONG)),
+            (_consumer, (q_smem.slice(WG_ROWS, WG_ROWS), k_bufs, v_bufs, k_ready, v_ready, kv_empty, out_ptr,
+                         lse_ptr, stride_o_t, stride_o_h, stride_lse_t, stride_lse_h, head, q_start, q_len,
+                         row_lo + WG_ROWS, context_len, num_tokens, n_free, n_tiles, scale, WG_ROWS, BLOCK_N,
+                         NUM_STAGES, NUM_WARPS, PIPELINED, OVERLAP)),
         ], [PRODUCER_WARPS, NUM_WARPS], [PRODUCER_REGS, CONSUMER_REGS])
 
     for s in gl.static_range(NUM_STAGES):
         mbarrier.invalidate(k_ready.index(s))
         mbarrier.invalidate(v_ready.index(s))
         mbarrier.invalidate(kv_empty.index(s))
-    for t in gl.static_range(2):
-        mbarrier.invalidate(turns.index(t))
+

@@ -1,9 +1,10 @@
 """Launcher of the Gluon prefill kernel (sm90): which calls it serves, grid, keyword arguments.
 
 Compiled for sm90 only; ``use_gluon_prefill`` says which calls take it (docs/perf-notes.md has
-the H200 timings behind that rule). The contract is ``launch_prefill``'s for a paged cache: the same ``AttentionArgs``, the sequences
-``seqs = (first, end)`` of the grid, ``min_q_len`` (shorter sequences are left to the Q-block
-kernels), out and lse rows of the sequences' queries written and no other.
+the H200 timings behind that rule). The contract is ``launch_prefill``'s for a paged cache: the
+same ``AttentionArgs``, the sequences ``seqs = (first, end)`` of the grid, ``min_q_len`` (shorter
+sequences are left to the Q-block kernels), out and lse rows of the sequences' queries written
+and no other.
 
 Triton's Gluon (``triton.experimental.gluon``) is imported only when a kernel is needed, so
 that pagedattn imports where it is missing.
@@ -34,7 +35,7 @@ class GluonPrefillConfig:
     ``producer_warps`` warps capped at ``producer_regs`` registers a thread; ``pipelined``: the
     consumer's loop software-pipelined by one tile (``False``: the loop measured first on the
     H200, kept for the comparison); ``overlap``: P V of a tile in flight during the next tile's
-    softmax too; ``pingpong``: the two consumer partitions issue their wgmma by turns."""
+    softmax too."""
 
     block_m: int = 128
     block_n: int = 64
@@ -43,7 +44,6 @@ class GluonPrefillConfig:
     producer_regs: int = 64  # 56 spills 12 B at pages of 64 or more
     pipelined: bool = True  # the next tile's S = Q K^T issued before this tile's softmax
     overlap: bool = False  # with pipelined: this tile's P V also runs during the next tile's softmax
-    pingpong: bool = False  # with overlap and split consumers: the two partitions' wgmma take turns
     split_consumers: bool = False  # the two 64-row halves in two partitions (block_m 128 only)
     consumer_regs: int = 208  # the second consumer partition's register cap (split_consumers)
 
@@ -57,22 +57,21 @@ class GluonPrefillConfig:
         return self.block_m // 16 // self.num_consumers
 
 
-# two consumer warpgroups of 64 rows in two partitions, each loop pipelined by one tile, 64 keys a
-# step, 3 stages: the fastest of the three variants at every prefill, extend and mixed point timed
-# on the H200 (docs/perf-notes.md, the Gluon prefill entry, has the timings and each variant's
-# registers and shared memory)
-GLUON_PREFILL_CONFIG = GluonPrefillConfig(split_consumers=True)
+# two consumer warpgroups of 64 rows in two partitions, each loop pipelined by one tile with P V
+# beside the next tile's softmax, 64 keys a step, 3 stages: the fastest of the variants at every
+# prefill and extend point timed on the H200 (docs/perf-notes.md, the Gluon prefill entry, has the
+# timings and each variant's registers and shared memory)
+GLUON_PREFILL_CONFIG = GluonPrefillConfig(split_consumers=True, overlap=True)
 GLUON_OFF = "off"
 # what PAGEDATTN_PREFILL_GLUON may ask for: 1 the default config for every call the kernel
 # serves, 0 the portable kernel everywhere, or a variant kept for a same-run comparison
-GLUON_PREFILL_CONFIGS = {"1": GLUON_PREFILL_CONFIG, "split": GLUON_PREFILL_CONFIG,
+GLUON_PREFILL_CONFIGS = {"1": GLUON_PREFILL_CONFIG, "split": GluonPrefillConfig(split_consumers=True),
                          "pipelined": GluonPrefillConfig(), "serial": GluonPrefillConfig(pipelined=False),
-                         "overlap": GluonPrefillConfig(split_consumers=True, overlap=True),
-                         "pingpong": GluonPrefillConfig(split_consumers=True, overlap=True, pingpong=True),
                          "0": GLUON_OFF}
-# the automatic rule's floor: below it the tl kernel measured as fast or faster on the H200 (a
-# 512-token prefill 16.6 against 17.5 us), above it the Gluon kernel was faster (4 x 512 on 4096:
-# 372 against 383 us; 8192: 1276 against 1350 us) or within 2% (2048 alone: 102 against 100 us)
+# the automatic rule's floor: below it the tl kernel was as fast on the H200 (a 512-token prefill:
+# 16.7 against 16.9 us), above it the Gluon kernel was faster (2048: 99.9 against 101.5 us; 4 x 512
+# on 4096: 355.5 against 381.3; 8192: 1263 against 1353) except on a 2048-token prefill among 63
+# decodes (226.8 against 221.0 us in that run, 231 against 264 in another)
 GLUON_MIN_QUERY_TOKENS = 2048
 GLUON_MIN_QUERY_LEN = 512
 
@@ -187,6 +186,6 @@ def launch_prefill_gluon(
            NUM_QUERIES_PER_KV=num_q_heads // k.shape[2], HEAD=q.shape[2], PAGE_SIZE=k.shape[1],
            BLOCK_N=config.block_n, NUM_STAGES=config.num_stages, PRODUCER_WARPS=config.producer_warps,
            PRODUCER_REGS=config.producer_regs, PIPELINED=config.pipelined, OVERLAP=config.overlap,
-           PINGPONG=config.pingpong,
+
            NUM_CONSUMERS=config.num_consumers,
            CONSUMER_REGS=config.consumer_regs, num_warps=config.num_warps)
