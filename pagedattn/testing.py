@@ -263,6 +263,16 @@ def make_mla_batch(cases, *, num_heads: int = 128, latent: int = 512, rope: int 
     return batch, max(q for q, _ in cases), max(kv for _, kv in cases)
 
 
+def use_scratch_allocator_when_instrumented() -> None:
+    """Give Triton an allocator of global scratch memory when ``TRITON_INSTRUMENTATION_MODE`` is
+    set on a CUDA GPU: ConSan (``=consan``) keeps its race-tracking state there and a launch
+    fails without one. Nothing otherwise."""
+    if os.environ.get("TRITON_INSTRUMENTATION_MODE") and torch.cuda.is_available():
+        import triton
+
+        triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
+
+
 def runs_within(code: str, timeout: float, env: dict | None = None) -> str | None:
     """Run ``code`` in a fresh Python process: None when it exits 0 within ``timeout`` seconds,
     else what went wrong (its exit status and output's end, or that it was killed). A GPU kernel

@@ -20,12 +20,10 @@ if not HAS_GPU:
 
 DEVICE = "cuda" if HAS_GPU and os.environ.get("TRITON_INTERPRET") != "1" else "cpu"
 
-if DEVICE == "cuda" and os.environ.get("TRITON_INSTRUMENTATION_MODE"):
-    # ConSan (TRITON_INSTRUMENTATION_MODE=consan) keeps its race-tracking state in global scratch
-    # memory, which a launch takes from Triton's allocator: none is set otherwise
-    import triton
+if DEVICE == "cuda":
+    from pagedattn.testing import use_scratch_allocator_when_instrumented
 
-    triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
+    use_scratch_allocator_when_instrumented()  # ConSan runs (TRITON_INSTRUMENTATION_MODE=consan)
 
 GPU_SKIP_REASON = "needs a GPU (on a GPU machine, without TRITON_INTERPRET: pytest -m gpu)"
 SHOWN_REASONS = 8  # the most frequent skip reasons listed by name; the rest are counted together

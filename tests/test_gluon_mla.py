@@ -113,6 +113,8 @@ def mixed_cases(num_seqs, seed):
 
 SMOKE = """
 import torch
+from pagedattn.testing import use_scratch_allocator_when_instrumented
+use_scratch_allocator_when_instrumented()
 from pagedattn import mla_decode
 from pagedattn.testing import make_mla_batch
 batch, _, _ = make_mla_batch([(1, 300), (1, 17)], num_heads=128, block_size=64)

@@ -64,6 +64,8 @@ OVERLAP = GluonPrefillConfig(split_consumers=True, overlap=True)  # and P V besi
         pytest.param(64, torch.float16, False, PIPELINED, 64, id="page64-fp16-head64-pipelined"),
         pytest.param(16, torch.bfloat16, True, SPLIT, 128, id="page16-bf16-lse-split"),
         pytest.param(64, torch.float16, False, SPLIT, 64, id="page64-fp16-head64-split"),
+        pytest.param(16, torch.bfloat16, True, GLUON_PREFILL_CONFIGS["n128"], 128, id="page16-bf16-lse-n128"),
+        pytest.param(256, torch.float16, False, GLUON_PREFILL_CONFIGS["n128"], 64, id="page256-fp16-head64-n128"),
     ],
 )
 def test_gluon_prefill_compiles_for_sm90(page_size, dtype, return_lse, config, head_size):
@@ -105,7 +107,7 @@ def test_gluon_prefill_variable_picks_the_config(monkeypatch):
     assert gluon_prefill_requested() is None
     assert GLUON_PREFILL_CONFIG == OVERLAP
     for value, config in (("1", OVERLAP), ("serial", SERIAL), ("split", SPLIT), ("pipelined", PIPELINED),
-                          ("0", GLUON_OFF), ("yes", None)):
+                          ("n128", GLUON_PREFILL_CONFIGS["n128"]), ("0", GLUON_OFF), ("yes", None)):
         monkeypatch.setenv(GLUON_PREFILL_ENV, value)
         assert gluon_prefill_requested() == config, value
 
@@ -215,6 +217,8 @@ class GluonCalls:
 
 SMOKE = """
 import torch
+from pagedattn.testing import use_scratch_allocator_when_instrumented
+use_scratch_allocator_when_instrumented()
 import pagedattn
 from pagedattn.testing import make_paged_batch
 batch = make_paged_batch([(300, 300), (129, 700)], num_q_heads=8, num_kv_heads=2, head_size=128, block_size=16,
@@ -304,12 +308,12 @@ def test_gluon_prefill_single_sequence_gpu(calls, seq_len, heads, block_size, dt
 @pytest.mark.gpu
 @needs_gluon
 @needs_sm90
-@pytest.mark.parametrize("variant", ["1", "split", "pipelined", "m64", "serial"])
+@pytest.mark.parametrize("variant", ["1", "split", "pipelined", "m64", "serial", "n128"])
 @pytest.mark.parametrize("block_size", [16, 64, 256], ids=lambda n: f"page{n}")
 def test_gluon_prefill_extend_gpu(calls, block_size, variant):
     """Extends: 128 and 300 queries over 2000 keys, queries that start mid-page, a Q tile that
     ends mid-tile; 64- and 128-row tiles, the serial loop, the pipelined one and the overlapped
-    one, one consumer partition and two."""
+    one, one consumer partition and two, 64- and 128-key tiles."""
     if variant != "m64":
         require_first_call(variant)
     calls.config = BLOCK_M64 if variant == "m64" else GLUON_PREFILL_CONFIGS[variant]

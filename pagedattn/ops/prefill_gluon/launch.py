@@ -67,6 +67,10 @@ GLUON_OFF = "off"
 # serves, 0 the portable kernel everywhere, or a variant kept for a same-run comparison
 GLUON_PREFILL_CONFIGS = {"1": GLUON_PREFILL_CONFIG, "split": GluonPrefillConfig(split_consumers=True),
                          "pipelined": GluonPrefillConfig(), "serial": GluonPrefillConfig(pipelined=False),
+                         # 128 keys a step (FA3's tile for head 128 on sm90) at 2 stages: no spills with
+                         # the producer at 72 registers and the second consumer at 200 (3 stages spill)
+                         "n128": GluonPrefillConfig(split_consumers=True, overlap=True, block_n=128, num_stages=2,
+                                                    producer_regs=72, consumer_regs=200),
                          "0": GLUON_OFF}
 # the automatic rule's floor: below it the tl kernel was as fast on the H200 (a 512-token prefill:
 # 16.7 against 16.9 us), above it the Gluon kernel was faster (2048: 99.9 against 101.5 us; 4 x 512
