@@ -25,6 +25,7 @@ Nothing here runs a kernel: only the H200 and Triton's CPU interpreter run them 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import re
@@ -116,7 +117,7 @@ def variants(full: bool = True) -> list[Variant]:
             Variant("mla", kv_fp8=True, ci=True), Variant("mla_kv_write", ci=True)]
     out += [Variant("mla_gluon", ci=True), Variant("mla_gluon", page_size=64), Variant("mla_gluon", dtype="fp16"),
             Variant("prefill_gluon", ci=True), Variant("prefill_gluon", page_size=64), Variant("prefill_gluon", 64),
-            Variant("prefill_gluon", dtype="fp16")]
+            Variant("prefill_gluon", dtype="fp16"), Variant("prefill_gluon", feature="modifiers", ci=True)]
     return out if full else [v for v in out if v.ci]
 
 
@@ -157,7 +158,7 @@ def _call(v: Variant) -> None:
                    kv_scale=1.0 if v.kv_fp8 else None)
         return
     if v.family in GLUON_FAMILIES:
-        gluon_call(v.family, page_size=page, dtype=dt, head_size=d)
+        gluon_call(v.family, page_size=page, dtype=dt, head_size=d, modifiers=v.feature == "modifiers")
         return
     if v.family == "mla_kv_write":
         write_mla_kv(torch.empty(64, 512, dtype=dt), torch.empty(64, 64, dtype=dt),
@@ -209,10 +210,11 @@ def _call(v: Variant) -> None:
 
 
 def gluon_call(family: str, *, page_size: int = 16, dtype=None, head_size: int = 128, config=None,
-                num_splits: int = 1, return_lse: bool = True) -> None:
+                num_splits: int = 1, return_lse: bool = True, modifiers: bool = False) -> None:
     """A Gluon kernel's launch through its launcher on CPU tensors (its own default ``config``
     unless given): ``mla_gluon`` for 128 heads of 512 + 64, ``prefill_gluon`` for two 150-token
-    causal prefills at 32 / 8 heads."""
+    causal prefills at 32 / 8 heads (``modifiers``: with every score modifier it computes, a
+    window, a softcap, ALiBi and sinks)."""
     import torch
 
     dtype = dtype or torch.bfloat16
@@ -242,6 +244,9 @@ def gluon_call(family: str, *, page_size: int = 16, dtype=None, head_size: int =
                          query_start_loc=torch.tensor([0, 150, 300], dtype=torch.int32), scale=head_size ** -0.5,
                          causal=True, sliding_window=0, softcap=0.0, alibi_mode=0, alibi_slopes=None, sinks=None,
                          prefix_ranges=None, k_scale=None, v_scale=None)
+    if modifiers:
+        args = dataclasses.replace(args, sliding_window=100, softcap=30.0, alibi_mode=1,
+                                   alibi_slopes=torch.ones(hq), sinks=torch.zeros(hq))
     launch_prefill_gluon(torch.empty_like(q), torch.empty(tokens, hq) if return_lse else None, args,
                          max_query_len=150, config=config or GLUON_PREFILL_CONFIG)
 

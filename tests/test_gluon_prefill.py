@@ -50,30 +50,33 @@ OVERLAP = GluonPrefillConfig(split_consumers=True, overlap=True)  # and P V besi
 
 @needs_gluon
 @pytest.mark.parametrize(
-    "page_size, dtype, return_lse, config, head_size",
+    "page_size, dtype, return_lse, config, head_size, modifiers",
     [
-        pytest.param(16, torch.bfloat16, True, GLUON_PREFILL_CONFIG, 128, id="page16-bf16-lse"),
-        pytest.param(64, torch.bfloat16, False, GLUON_PREFILL_CONFIG, 128, id="page64-bf16"),
-        pytest.param(16, torch.float16, False, GLUON_PREFILL_CONFIG, 128, id="page16-fp16"),
-        pytest.param(64, torch.float16, True, GLUON_PREFILL_CONFIG, 128, id="page64-fp16-lse"),
-        pytest.param(256, torch.bfloat16, True, GLUON_PREFILL_CONFIG, 128, id="page256-bf16-lse"),
-        pytest.param(16, torch.bfloat16, True, GLUON_PREFILL_CONFIG, 64, id="page16-bf16-lse-head64"),
-        pytest.param(64, torch.bfloat16, True, BLOCK_M64, 128, id="page64-bf16-lse-m64"),
-        pytest.param(16, torch.bfloat16, True, SERIAL, 128, id="page16-bf16-lse-serial"),
-        pytest.param(16, torch.bfloat16, True, PIPELINED, 128, id="page16-bf16-lse-pipelined"),
-        pytest.param(64, torch.float16, False, PIPELINED, 64, id="page64-fp16-head64-pipelined"),
-        pytest.param(16, torch.bfloat16, True, SPLIT, 128, id="page16-bf16-lse-split"),
-        pytest.param(64, torch.float16, False, SPLIT, 64, id="page64-fp16-head64-split"),
-        pytest.param(16, torch.bfloat16, True, GLUON_PREFILL_CONFIGS["n128"], 128, id="page16-bf16-lse-n128"),
-        pytest.param(256, torch.float16, False, GLUON_PREFILL_CONFIGS["n128"], 64, id="page256-fp16-head64-n128"),
+        pytest.param(16, torch.bfloat16, True, GLUON_PREFILL_CONFIG, 128, False, id="page16-bf16-lse"),
+        pytest.param(64, torch.bfloat16, False, GLUON_PREFILL_CONFIG, 128, False, id="page64-bf16"),
+        pytest.param(16, torch.float16, False, GLUON_PREFILL_CONFIG, 128, False, id="page16-fp16"),
+        pytest.param(64, torch.float16, True, GLUON_PREFILL_CONFIG, 128, False, id="page64-fp16-lse"),
+        pytest.param(256, torch.bfloat16, True, GLUON_PREFILL_CONFIG, 128, False, id="page256-bf16-lse"),
+        pytest.param(16, torch.bfloat16, True, GLUON_PREFILL_CONFIG, 64, False, id="page16-bf16-lse-head64"),
+        pytest.param(64, torch.bfloat16, True, BLOCK_M64, 128, False, id="page64-bf16-lse-m64"),
+        pytest.param(16, torch.bfloat16, True, SERIAL, 128, False, id="page16-bf16-lse-serial"),
+        pytest.param(16, torch.bfloat16, True, PIPELINED, 128, False, id="page16-bf16-lse-pipelined"),
+        pytest.param(64, torch.float16, False, PIPELINED, 64, False, id="page64-fp16-head64-pipelined"),
+        pytest.param(16, torch.bfloat16, True, SPLIT, 128, False, id="page16-bf16-lse-split"),
+        pytest.param(64, torch.float16, False, SPLIT, 64, False, id="page64-fp16-head64-split"),
+        pytest.param(16, torch.bfloat16, True, GLUON_PREFILL_CONFIGS["n128"], 128, False, id="page16-bf16-lse-n128"),
+        pytest.param(256, torch.float16, False, GLUON_PREFILL_CONFIGS["n128"], 64, False, id="page256-fp16-head64-n128"),
+        pytest.param(16, torch.bfloat16, True, GLUON_PREFILL_CONFIG, 128, True, id="page16-bf16-lse-modifiers"),
+        pytest.param(256, torch.float16, False, GLUON_PREFILL_CONFIG, 64, True, id="page256-fp16-head64-modifiers"),
+        pytest.param(64, torch.bfloat16, True, SERIAL, 128, True, id="page64-bf16-lse-serial-modifiers"),
     ],
 )
-def test_gluon_prefill_compiles_for_sm90(page_size, dtype, return_lse, config, head_size):
+def test_gluon_prefill_compiles_for_sm90(page_size, dtype, return_lse, config, head_size, modifiers):
     from pagedattn.compile_matrix import compile_gluon
     from pagedattn.ops.common.target import props_for
 
     row = compile_gluon("prefill_gluon", page_size=page_size, dtype=dtype, return_lse=return_lse, config=config,
-                        head_size=head_size)
+                        head_size=head_size, modifiers=modifiers)
     assert row["problems"] == [], row
     assert row["spill_bytes"] == 0 and row["local"] == 0 and row["stack"] == 0, row
     assert 0 < row["shared"] <= props_for("sm90").max_shared, row
@@ -124,9 +127,13 @@ def test_gluon_prefill_automatic_rule(monkeypatch):
     assert use_gluon_prefill(big, GLUON_MIN_QUERY_LEN - 1) is None  # many short sequences
     small = _args(q=torch.zeros(GLUON_MIN_QUERY_TOKENS - 1, 8, 128, dtype=torch.bfloat16))
     assert use_gluon_prefill(small, GLUON_MIN_QUERY_LEN) is None
-    assert use_gluon_prefill(dataclasses.replace(big, softcap=2.0), GLUON_MIN_QUERY_LEN) is None  # a modifier
+    # a score modifier: the kernel computes it, but only an explicit PAGEDATTN_PREFILL_GLUON sends it there
+    assert use_gluon_prefill(dataclasses.replace(big, softcap=2.0), GLUON_MIN_QUERY_LEN) is None
+    assert use_gluon_prefill(dataclasses.replace(big, prefix_ranges=torch.zeros(2, 1, 2, dtype=torch.int32)),
+                             GLUON_MIN_QUERY_LEN) is None
     monkeypatch.setenv(GLUON_PREFILL_ENV, "1")
     assert use_gluon_prefill(small, 20) == GLUON_PREFILL_CONFIG
+    assert use_gluon_prefill(dataclasses.replace(big, softcap=2.0), GLUON_MIN_QUERY_LEN) == GLUON_PREFILL_CONFIG
     monkeypatch.setenv(GLUON_PREFILL_ENV, "serial")
     assert use_gluon_prefill(small, 20) == SERIAL
     monkeypatch.setenv(GLUON_PREFILL_ENV, "0")
@@ -139,13 +146,14 @@ def test_gluon_prefill_supported():
     assert gluon_prefill_supported(_args(torch.float16, page_size=64, num_q_heads=8, num_kv_heads=8), 20) is None
     assert gluon_prefill_supported(_args(head_size=64, page_size=256), 20) is None
     a = _args()
-    assert "no score modifier" in gluon_prefill_supported(dataclasses.replace(a, sliding_window=7), 20)
-    assert "softcap" in gluon_prefill_supported(dataclasses.replace(a, softcap=2.0), 20)
-    assert "alibi" in gluon_prefill_supported(dataclasses.replace(a, alibi_mode=1, alibi_slopes=torch.ones(8)), 20)
-    assert "sinks" in gluon_prefill_supported(dataclasses.replace(a, sinks=torch.ones(8)), 20)
+    every = dict(sliding_window=7, softcap=2.0, alibi_mode=2, alibi_slopes=torch.ones(8), sinks=torch.ones(8))
+    for name, value in every.items():
+        changes = dict(alibi_mode=1, alibi_slopes=torch.ones(8)) if name.startswith("alibi") else {name: value}
+        assert gluon_prefill_supported(dataclasses.replace(a, **changes), 20) is None, name
+    assert gluon_prefill_supported(dataclasses.replace(a, **every), 20) is None
     prefix = torch.zeros(2, 1, 2, dtype=torch.int32)
     assert "prefix_ranges" in gluon_prefill_supported(dataclasses.replace(a, prefix_ranges=prefix), 20)
-    assert "alibi_mode" in gluon_prefill_supported(dataclasses.replace(a, alibi_mode=1), 20)
+    assert "without alibi_slopes" in gluon_prefill_supported(dataclasses.replace(a, alibi_mode=1), 20)
     assert "causal" in gluon_prefill_supported(dataclasses.replace(a, causal=False), 20)
     assert "positive scale" in gluon_prefill_supported(dataclasses.replace(a, scale=-0.1), 20)
     fp8 = _args(cache_dtype=torch.float8_e4m3fn, k_scale=torch.ones(1), v_scale=torch.ones(1))
@@ -394,14 +402,12 @@ def test_gluon_prefill_bad_block_id_inside_a_sequence_gpu(calls):
 @pytest.mark.gpu
 @needs_gluon
 @needs_sm90
-@pytest.mark.parametrize("feature", ["window", "softcap", "fp8", "head96", "noncausal"])
+@pytest.mark.parametrize("feature", ["prefix", "fp8", "head96", "noncausal"])
 def test_gluon_prefill_unsupported_falls_back_gpu(calls, feature):
     """Calls the kernel does not serve run the tl prefill kernel, and still match the reference."""
     kwargs, make = {}, {}
-    if feature == "window":
-        kwargs = dict(sliding_window=100)
-    elif feature == "softcap":
-        kwargs = dict(softcap=20.0)
+    if feature == "prefix":  # a bidirectional range over the first 40 positions of each sequence
+        kwargs = dict(prefix_ranges=torch.tensor([[[0, 40]], [[0, 40]]], dtype=torch.int32, device="cuda"))
     elif feature == "head96":
         make = dict(head_size=96)
     elif feature == "noncausal":
@@ -413,6 +419,40 @@ def test_gluon_prefill_unsupported_falls_back_gpu(calls, feature):
         kwargs = dict(k_scale=0.5, v_scale=1.5)
     run_and_compare(batch, **kwargs)
     assert not calls.gluon and len(calls.tl) == 1
+
+
+MODIFIER_CASES = {
+    "window100": dict(sliding_window=100),  # narrower than a Q tile: every tile masked
+    "window1000": dict(sliding_window=1000),  # masked edge tiles, mask-free middle ones, the diagonal
+    "softcap": dict(softcap=20.0),
+    "alibi": dict(alibi=True),
+    "alibi_sqrt": dict(alibi=True, alibi_sqrt=True),
+    "sinks": dict(sinks=True),
+    "all": dict(sliding_window=300, softcap=30.0, alibi=True, sinks=True),
+}
+
+
+@pytest.mark.gpu
+@needs_gluon
+@needs_sm90
+@pytest.mark.parametrize("variant", ["1", "serial"])
+@pytest.mark.parametrize("case", list(MODIFIER_CASES))
+def test_gluon_prefill_score_modifiers_gpu(calls, case, variant):
+    """The score modifiers the kernel computes, asked for with PAGEDATTN_PREFILL_GLUON: a prompt
+    and two extends over longer contexts (tiles before the window, at its edge, in its middle
+    and on the diagonal), against the float64 reference."""
+    calls.config = GLUON_PREFILL_CONFIGS[variant]
+    spec = dict(MODIFIER_CASES[case])
+    num_q_heads = 32
+    g = torch.Generator().manual_seed(len(case))
+    kwargs = {k: v for k, v in spec.items() if k in ("sliding_window", "softcap", "alibi_sqrt")}
+    if spec.get("alibi"):
+        kwargs["alibi_slopes"] = (torch.rand(num_q_heads, generator=g) * 0.5).cuda()
+    if spec.get("sinks"):
+        kwargs["sinks"] = (torch.randn(num_q_heads, generator=g) * 2.0).cuda()
+    batch = make_batch([(700, 700), (300, 2000), (129, 777)], num_q_heads=num_q_heads, seed=len(case) + 1)
+    run_and_compare(batch, **kwargs)
+    assert len(calls.gluon) == 1 and not calls.tl
 
 
 @pytest.mark.gpu

@@ -24,6 +24,14 @@ def sum_combine(a, b):
 
 
 @gluon.jit
+def tanh(x):
+    """tanh from exp2 (``ops.common.attention_math.tanh``'s formula, so both paths round alike)."""
+    e = gl.exp2(gl.abs(x) * (-2.0 * LOG2E))
+    t = (1.0 - e) / (1.0 + e)
+    return gl.where(x < 0, -t, t)
+
+
+@gluon.jit
 def finalize_rows(acc, m_i, l_i, s_layout: gl.constexpr, o_layout: gl.constexpr):
     """``(out, lse)`` of rows from the accumulator ``acc`` (layout ``o_layout``) and the running
     max ``m_i`` (base 2) and sum ``l_i`` (both sliced from ``s_layout``), as

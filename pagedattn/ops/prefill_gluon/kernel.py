@@ -60,13 +60,13 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from pagedattn.ops.common.gluon_math import LOG2E, finalize_rows, max_combine, sum_combine
+from pagedattn.ops.common.gluon_math import LOG2E, finalize_rows, max_combine, sum_combine, tanh
 
 
 
 @gluon.jit
 def _producer(k_cache_ptr, v_cache_ptr, bt_row_ptr, k_bufs, v_bufs, k_ready, v_ready, kv_empty,
-              kv_head, n_tiles, kv_hi, num_blocks, max_blocks_per_seq, stride_c_b, stride_c_s, stride_c_h,
+              kv_head, t_lo, n_tiles, kv_hi, num_blocks, max_blocks_per_seq, stride_c_b, stride_c_s, stride_c_h,
               HEAD: gl.constexpr, PAGE_SIZE: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
               PRODUCER_WARPS: gl.constexpr):
     """Gather K and V tiles [BLOCK_N, HEAD] page by page into the ring (see the module docstring)."""
@@ -81,9 +81,10 @@ def _producer(k_cache_ptr, v_cache_ptr, bt_row_ptr, k_bufs, v_bufs, k_ready, v_r
     # (i * BLOCK_N) % PAGE_SIZE of its page, so the slot is taken per tile.
     SLOT_FIXED: gl.constexpr = BLOCK_N % PAGE_SIZE == 0
     in_page = (offs_n % PAGE_SIZE) * stride_c_s + kv_head * stride_c_h
-    for i in range(n_tiles):
-        slot = i % NUM_STAGES
-        ph = (i // NUM_STAGES) & 1
+    for i in range(t_lo, n_tiles):
+        j = i - t_lo  # the tile's place in the ring's sequence
+        slot = j % NUM_STAGES
+        ph = (j // NUM_STAGES) & 1
         mbarrier.wait(kv_empty.index(slot), ph ^ 1)
         k_pos = i * BLOCK_N + offs_n
         page_idx = k_pos // PAGE_SIZE
@@ -102,26 +103,46 @@ def _producer(k_cache_ptr, v_cache_ptr, bt_row_ptr, k_bufs, v_bufs, k_ready, v_r
 
 
 @gluon.jit
-def _probabilities(qk, i, m_i, l_i, q_pos, qk_scale, DTYPE: gl.constexpr, HEAD: gl.constexpr,
-                   BLOCK_N: gl.constexpr, NUM_WARPS: gl.constexpr, MASKED: gl.constexpr):
+def _probabilities(qk, i, m_i, l_i, q_pos, qk_scale, mods, DTYPE: gl.constexpr, HEAD: gl.constexpr,
+                   BLOCK_N: gl.constexpr, NUM_WARPS: gl.constexpr, MASKED: gl.constexpr, USE_SOFTCAP: gl.constexpr,
+                   ALIBI_MODE: gl.constexpr, USE_WINDOW: gl.constexpr):
     """One key tile's step of the online softmax: from the scores ``qk`` of tile i, P as the
     register A operand of ``O += P V``, the new row maxima and sums, and the factor ``alpha``
-    (in the accumulator's row layout) that rescales O before this tile's P V adds to it."""
+    (in the accumulator's row layout) that rescales O before this tile's P V adds to it.
+
+    ``mods`` = (scale, softcap, ALiBi slope, sliding window) of this head: a softcap or ALiBi
+    (``ops.common.attention_math.softcap_and_alibi``'s formulas) forms the natural-log scores
+    first; MASKED applies the causal rule and, with USE_WINDOW, the window's."""
     s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
                                                   instr_shape=[16, BLOCK_N, 16])
     o_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
                                                   instr_shape=[16, HEAD, 16])
     p_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_l, k_width=2)
+    scale, softcap, slope, sliding_window = mods
     x = qk + qk * 0.0  # an inf dot product becomes NaN (never read as a masked key)
+    k_pos = i * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_l))
+    c = qk_scale  # x * c: the base-2 scores
+    if USE_SOFTCAP or ALIBI_MODE != 0:
+        x = x * scale
+        if USE_SOFTCAP:
+            x = softcap * tanh(x / softcap)
+        if ALIBI_MODE == 1:
+            x = x + slope * (k_pos[None, :] - q_pos[:, None]).to(gl.float32)
+        if ALIBI_MODE == 2:
+            x = x - slope * gl.sqrt(gl.maximum(q_pos[:, None] - k_pos[None, :], 0).to(gl.float32))
+        x = x * LOG2E
+        c = 1.0
     if MASKED:
-        k_pos = i * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_l))
-        x = gl.where(k_pos[None, :] <= q_pos[:, None], x, float("-inf"))
-        m_new = gl.maximum(m_i, gl.reduce(x, 1, max_combine) * qk_scale)
+        vis = k_pos[None, :] <= q_pos[:, None]
+        if USE_WINDOW:
+            vis = vis & (k_pos[None, :] > q_pos[:, None] - sliding_window)
+        x = gl.where(vis, x, float("-inf"))
+        m_new = gl.maximum(m_i, gl.reduce(x, 1, max_combine) * c)
         m_use = gl.where(m_new == float("-inf"), 0.0, m_new)  # rows that have seen no key yet
     else:
-        m_new = gl.maximum(m_i, gl.reduce(x, 1, max_combine) * qk_scale)
+        m_new = gl.maximum(m_i, gl.reduce(x, 1, max_combine) * c)
         m_use = m_new
-    p = gl.exp2(x * qk_scale - m_use[:, None])
+    p = gl.exp2(x * c - m_use[:, None])
     alpha = gl.exp2(m_i - m_use)
     l_i = l_i * alpha + gl.reduce(p, 1, sum_combine)
     p_op = gl.convert_layout(p.to(DTYPE), p_l)  # registers: the A operand of the second wgmma
@@ -129,31 +150,33 @@ def _probabilities(qk, i, m_i, l_i, q_pos, qk_scale, DTYPE: gl.constexpr, HEAD: 
 
 
 @gluon.jit
-def _issue_scores(q_smem, k_bufs, k_ready, i, s_zero, NUM_STAGES: gl.constexpr):
-    """Wait for key tile i in its ring slot and issue ``S = Q K^T`` (async): (S, the K tile)."""
-    slot = i % NUM_STAGES
+def _issue_scores(q_smem, k_bufs, k_ready, j, s_zero, NUM_STAGES: gl.constexpr):
+    """Wait for the key tile at ring position j and issue ``S = Q K^T`` (async): (S, the K tile)."""
+    slot = j % NUM_STAGES
     k_tile = k_bufs.index(slot)  # [BLOCK_N, HEAD]
-    mbarrier.wait(k_ready.index(slot), (i // NUM_STAGES) & 1)
+    mbarrier.wait(k_ready.index(slot), (j // NUM_STAGES) & 1)
     fence_async_shared()  # cp.async wrote through the generic proxy; wgmma reads through the async one
     return warpgroup_mma(q_smem, k_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True), k_tile
 
 
 @gluon.jit
-def _issue_values(p_op, v_bufs, v_ready, i, acc, NUM_STAGES: gl.constexpr):
-    """Wait for value tile i in its ring slot and issue ``O += P V`` (async): (O, the V tile)."""
-    slot = i % NUM_STAGES
+def _issue_values(p_op, v_bufs, v_ready, j, acc, NUM_STAGES: gl.constexpr):
+    """Wait for the value tile at ring position j and issue ``O += P V`` (async): (O, the V tile)."""
+    slot = j % NUM_STAGES
     v_tile = v_bufs.index(slot)
-    mbarrier.wait(v_ready.index(slot), (i // NUM_STAGES) & 1)
+    mbarrier.wait(v_ready.index(slot), (j // NUM_STAGES) & 1)
     fence_async_shared()
     return warpgroup_mma(p_op, v_tile, acc, is_async=True), v_tile
 
 
 @gluon.jit
-def _attend_tiles(i_lo, i_hi, q_smem, k_bufs, v_bufs, k_ready, v_ready, kv_empty, m_i, l_i, acc, q_pos, qk_scale,
-                  BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, NUM_WARPS: gl.constexpr,
-                  MASKED: gl.constexpr, PIPELINED: gl.constexpr, OVERLAP: gl.constexpr):
-    """Online softmax over key tiles i_lo .. i_hi - 1 (MASKED: the causal rule k_pos <= q_pos;
-    else every key is visible to every row).
+def _attend_tiles(i_lo, i_hi, t_base, q_smem, k_bufs, v_bufs, k_ready, v_ready, kv_empty, m_i, l_i, acc, q_pos,
+                  qk_scale, mods, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
+                  NUM_WARPS: gl.constexpr, MASKED: gl.constexpr, PIPELINED: gl.constexpr, OVERLAP: gl.constexpr,
+                  USE_SOFTCAP: gl.constexpr, ALIBI_MODE: gl.constexpr, USE_WINDOW: gl.constexpr):
+    """Online softmax over key tiles i_lo .. i_hi - 1 (MASKED: the causal rule k_pos <= q_pos and
+    the window's; else every key is visible to every row). Tile i sits at ring position
+    ``i - t_base`` (t_base: the first tile the producer loads); ``mods``: ``_probabilities``'.
 
     PIPELINED: software-pipelined by one tile: tile i + 1's ``S = Q K^T`` is issued before tile
     i's softmax, so the tensor cores run it while the warps compute exponentials; both wgmma in
@@ -169,72 +192,80 @@ def _attend_tiles(i_lo, i_hi, q_smem, k_bufs, v_bufs, k_ready, v_ready, kv_empty
     s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_l)
     if not PIPELINED:
         for i in range(i_lo, i_hi):
-            qk, k_tile = _issue_scores(q_smem, k_bufs, k_ready, i, s_zero, NUM_STAGES)
+            qk, k_tile = _issue_scores(q_smem, k_bufs, k_ready, i - t_base, s_zero, NUM_STAGES)
             qk, _ = warpgroup_mma_wait(num_outstanding=0, deps=(qk, k_tile))  # [BLOCK_M, BLOCK_N] fp32
-            p_op, m_i, l_i, alpha = _probabilities(qk, i, m_i, l_i, q_pos, qk_scale, DTYPE, HEAD, BLOCK_N,
-                                                   NUM_WARPS, MASKED)
+            p_op, m_i, l_i, alpha = _probabilities(qk, i, m_i, l_i, q_pos, qk_scale, mods, DTYPE, HEAD,
+                                                     BLOCK_N, NUM_WARPS, MASKED, USE_SOFTCAP, ALIBI_MODE, USE_WINDOW)
             acc = acc * alpha[:, None]
-            acc, v_tile = _issue_values(p_op, v_bufs, v_ready, i, acc, NUM_STAGES)
+            acc, v_tile = _issue_values(p_op, v_bufs, v_ready, i - t_base, acc, NUM_STAGES)
             acc, _, _ = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_op, v_tile))  # [BLOCK_M, HEAD] fp32
-            mbarrier.arrive(kv_empty.index(i % NUM_STAGES), count=1)  # slot free: both wgmma of the tile are done
+            mbarrier.arrive(kv_empty.index((i - t_base) % NUM_STAGES), count=1)  # slot free: both wgmma of the tile are done
     elif i_lo < i_hi:
-        qk, k_tile = _issue_scores(q_smem, k_bufs, k_ready, i_lo, s_zero, NUM_STAGES)
+        qk, k_tile = _issue_scores(q_smem, k_bufs, k_ready, i_lo - t_base, s_zero, NUM_STAGES)
         qk, _ = warpgroup_mma_wait(num_outstanding=0, deps=(qk, k_tile))
         if OVERLAP:
-            p_op, m_i, l_i, alpha = _probabilities(qk, i_lo, m_i, l_i, q_pos, qk_scale, DTYPE, HEAD, BLOCK_N,
-                                                   NUM_WARPS, MASKED)
+            p_op, m_i, l_i, alpha = _probabilities(qk, i_lo, m_i, l_i, q_pos, qk_scale, mods, DTYPE, HEAD,
+                                                     BLOCK_N, NUM_WARPS, MASKED, USE_SOFTCAP, ALIBI_MODE, USE_WINDOW)
             acc = acc * alpha[:, None]
             for i in range(i_lo, i_hi - 1):
-                qk_next, k_next = _issue_scores(q_smem, k_bufs, k_ready, i + 1, s_zero, NUM_STAGES)
-                acc, v_tile = _issue_values(p_op, v_bufs, v_ready, i, acc, NUM_STAGES)
+                qk_next, k_next = _issue_scores(q_smem, k_bufs, k_ready, i + 1 - t_base, s_zero, NUM_STAGES)
+                acc, v_tile = _issue_values(p_op, v_bufs, v_ready, i - t_base, acc, NUM_STAGES)
                 qk, _ = warpgroup_mma_wait(num_outstanding=1, deps=(qk_next, k_next))  # issued first: done first
-                p_next, m_i, l_i, alpha = _probabilities(qk, i + 1, m_i, l_i, q_pos, qk_scale, DTYPE, HEAD, BLOCK_N,
-                                                         NUM_WARPS, MASKED)
+                p_next, m_i, l_i, alpha = _probabilities(qk, i + 1, m_i, l_i, q_pos, qk_scale, mods, DTYPE, HEAD,
+                                                           BLOCK_N, NUM_WARPS, MASKED, USE_SOFTCAP, ALIBI_MODE, USE_WINDOW)
                 acc, _, _ = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_op, v_tile))
-                mbarrier.arrive(kv_empty.index(i % NUM_STAGES), count=1)  # slot i free: both its wgmma are done
+                mbarrier.arrive(kv_empty.index((i - t_base) % NUM_STAGES), count=1)  # slot i free: both its wgmma are done
                 acc = acc * alpha[:, None]
                 p_op = p_next
         else:
             for i in range(i_lo, i_hi - 1):
-                qk_next, k_next = _issue_scores(q_smem, k_bufs, k_ready, i + 1, s_zero, NUM_STAGES)
-                p_op, m_i, l_i, alpha = _probabilities(qk, i, m_i, l_i, q_pos, qk_scale, DTYPE, HEAD, BLOCK_N,
-                                                       NUM_WARPS, MASKED)
+                qk_next, k_next = _issue_scores(q_smem, k_bufs, k_ready, i + 1 - t_base, s_zero, NUM_STAGES)
+                p_op, m_i, l_i, alpha = _probabilities(qk, i, m_i, l_i, q_pos, qk_scale, mods, DTYPE, HEAD,
+                                                         BLOCK_N, NUM_WARPS, MASKED, USE_SOFTCAP, ALIBI_MODE, USE_WINDOW)
                 acc = acc * alpha[:, None]
-                acc, v_tile = _issue_values(p_op, v_bufs, v_ready, i, acc, NUM_STAGES)
+                acc, v_tile = _issue_values(p_op, v_bufs, v_ready, i - t_base, acc, NUM_STAGES)
                 qk, acc, _, _, _ = warpgroup_mma_wait(num_outstanding=0, deps=(qk_next, acc, p_op, v_tile, k_next))
-                mbarrier.arrive(kv_empty.index(i % NUM_STAGES), count=1)  # slot i free: both its wgmma are done
-            p_op, m_i, l_i, alpha = _probabilities(qk, i_hi - 1, m_i, l_i, q_pos, qk_scale, DTYPE, HEAD, BLOCK_N,
-                                                   NUM_WARPS, MASKED)
+                mbarrier.arrive(kv_empty.index((i - t_base) % NUM_STAGES), count=1)  # slot i free: both its wgmma are done
+            p_op, m_i, l_i, alpha = _probabilities(qk, i_hi - 1, m_i, l_i, q_pos, qk_scale, mods, DTYPE, HEAD,
+                                                     BLOCK_N, NUM_WARPS, MASKED, USE_SOFTCAP, ALIBI_MODE, USE_WINDOW)
             acc = acc * alpha[:, None]
         last = i_hi - 1
-        acc, v_tile = _issue_values(p_op, v_bufs, v_ready, last, acc, NUM_STAGES)
+        acc, v_tile = _issue_values(p_op, v_bufs, v_ready, last - t_base, acc, NUM_STAGES)
         acc, _, _ = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_op, v_tile))
-        mbarrier.arrive(kv_empty.index(last % NUM_STAGES), count=1)
+        mbarrier.arrive(kv_empty.index((last - t_base) % NUM_STAGES), count=1)
     return m_i, l_i, acc
 
 
 @gluon.jit
 def _consumer(q_smem, k_bufs, v_bufs, k_ready, v_ready, kv_empty, out_ptr, lse_ptr, stride_o_t, stride_o_h,
-              stride_lse_t, stride_lse_h, head, q_start, q_len, row_lo, context_len, num_tokens, n_free, n_tiles,
-              scale, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
-              NUM_WARPS: gl.constexpr, PIPELINED: gl.constexpr, OVERLAP: gl.constexpr):
-    """Attend over the key tiles (the mask-free ones, then the diagonal ones) and store out and lse."""
+              stride_lse_t, stride_lse_h, head, q_start, q_len, row_lo, context_len, num_tokens, t_lo, t_mid_lo,
+              t_mid_hi, n_tiles, scale, mods, sink_log2, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+              NUM_STAGES: gl.constexpr, NUM_WARPS: gl.constexpr, PIPELINED: gl.constexpr, OVERLAP: gl.constexpr,
+              USE_SOFTCAP: gl.constexpr, ALIBI_MODE: gl.constexpr, USE_WINDOW: gl.constexpr):
+    """Attend over the key tiles and store out and lse: tiles t_lo .. t_mid_lo - 1 (the window's
+    edge, USE_WINDOW only) and t_mid_hi .. n_tiles - 1 (the diagonal) masked, the ones between
+    without a mask. ``sink_log2``: the head's sink logit in base 2 (-inf: none), a key of weight
+    e^sink and no value."""
     HEAD: gl.constexpr = q_smem.shape[1]
     s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
                                                   instr_shape=[16, BLOCK_N, 16])
     o_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
                                                   instr_shape=[16, HEAD, 16])
     q_pos = context_len + row_lo + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_l))
-    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_l))
-    l_i = gl.zeros([BLOCK_M], gl.float32, layout=gl.SliceLayout(1, s_l))
+    m_i = gl.zeros([BLOCK_M], gl.float32, layout=gl.SliceLayout(1, s_l)) + sink_log2
+    l_i = gl.where(m_i > float("-inf"), 1.0, 0.0)
     acc = gl.zeros([BLOCK_M, HEAD], gl.float32, layout=o_l)
     qk_scale = scale * LOG2E
-    m_i, l_i, acc = _attend_tiles(0, n_free, q_smem, k_bufs, v_bufs, k_ready, v_ready, kv_empty, m_i, l_i, acc,
-                                  q_pos, qk_scale, BLOCK_M, BLOCK_N, NUM_STAGES, NUM_WARPS, MASKED=False,
-                                  PIPELINED=PIPELINED, OVERLAP=OVERLAP)
-    m_i, l_i, acc = _attend_tiles(n_free, n_tiles, q_smem, k_bufs, v_bufs, k_ready, v_ready, kv_empty, m_i, l_i,
-                                  acc, q_pos, qk_scale, BLOCK_M, BLOCK_N, NUM_STAGES, NUM_WARPS, MASKED=True,
-                                  PIPELINED=PIPELINED, OVERLAP=OVERLAP)
+    if USE_WINDOW:
+        m_i, l_i, acc = _attend_tiles(t_lo, t_mid_lo, t_lo, q_smem, k_bufs, v_bufs, k_ready, v_ready, kv_empty, m_i,
+                                      l_i, acc, q_pos, qk_scale, mods, BLOCK_M, BLOCK_N, NUM_STAGES, NUM_WARPS,
+                                      True, PIPELINED, OVERLAP, USE_SOFTCAP, ALIBI_MODE, USE_WINDOW)
+    m_i, l_i, acc = _attend_tiles(t_mid_lo, t_mid_hi, t_lo, q_smem, k_bufs, v_bufs, k_ready, v_ready, kv_empty, m_i,
+                                  l_i, acc, q_pos, qk_scale, mods, BLOCK_M, BLOCK_N, NUM_STAGES, NUM_WARPS, False,
+                                  PIPELINED, OVERLAP, USE_SOFTCAP, ALIBI_MODE, USE_WINDOW)
+    m_i, l_i, acc = _attend_tiles(t_mid_hi, n_tiles, t_lo, q_smem, k_bufs, v_bufs, k_ready, v_ready, kv_empty, m_i,
+                                  l_i, acc, q_pos, qk_scale, mods, BLOCK_M, BLOCK_N, NUM_STAGES, NUM_WARPS, True,
+                                  PIPELINED, OVERLAP, USE_SOFTCAP, ALIBI_MODE, USE_WINDOW)
 
     out, lse = finalize_rows(acc, m_i, l_i, s_l, o_l)
 
@@ -258,14 +289,20 @@ def prefill_gluon_kernel(
     q_ptr,  # [num_tokens, num_q_heads, HEAD]
     k_cache_ptr, v_cache_ptr,  # [num_blocks, PAGE_SIZE, num_kv_heads, HEAD], the same strides
     block_table_ptr, seq_lens_ptr, query_start_loc_ptr,  # [num_seqs, max_blocks_per_seq], [num_seqs], [num_seqs + 1]
+    alibi_slopes_ptr, sinks_ptr,  # [num_q_heads] each, or None
     stride_q_t, stride_q_h, stride_o_t, stride_o_h, stride_lse_t, stride_lse_h,
     stride_c_b, stride_c_s, stride_c_h, stride_bt_s,
-    scale, num_seqs, num_tokens, num_blocks, max_blocks_per_seq, min_q_len, first_seq,
+    scale, softcap, sliding_window, num_seqs, num_tokens, num_blocks, max_blocks_per_seq, min_q_len, first_seq,
     NUM_QUERIES_PER_KV: gl.constexpr, HEAD: gl.constexpr, PAGE_SIZE: gl.constexpr, BLOCK_N: gl.constexpr,
     NUM_STAGES: gl.constexpr, PRODUCER_WARPS: gl.constexpr, PRODUCER_REGS: gl.constexpr, PIPELINED: gl.constexpr,
     OVERLAP: gl.constexpr, NUM_CONSUMERS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+    USE_SOFTCAP: gl.constexpr, ALIBI_MODE: gl.constexpr, USE_WINDOW: gl.constexpr,
 ):
-    """out = softmax(scale * q k^T + causal mask) v for one Q tile of one head (see the module docstring).
+    """out = softmax(scale * q k^T + causal mask) v for one Q tile of one head (see the module docstring),
+    with the score modifiers of ``ops.common.attention_math``: a softcap (USE_SOFTCAP), ALiBi
+    (ALIBI_MODE 1 linear, 2 sqrt; slopes per query head), a sliding window (USE_WINDOW:
+    ``sliding_window`` keys up to and including the query's position), sinks (a logit per query
+    head).
 
     BLOCK_M = 16 * num_warps * NUM_CONSUMERS rows (one warpgroup per 64). NUM_CONSUMERS = 2: the
     tile's two halves run in two consumer partitions of num_warps warps (the second capped at
@@ -294,12 +331,26 @@ def prefill_gluon_kernel(
     seq_len = gl.load(seq_lens_ptr + seq)
     context_len = seq_len - q_len  # query j sits at position context_len + j
     kv_head = head // NUM_QUERIES_PER_KV
-    # keys [0, kv_hi): up to the tile's last query position; tiles below n_free are seen by every row
+    # keys [0, kv_hi): up to the tile's last query position; tiles t_mid_lo .. t_mid_hi - 1 are
+    # seen in full by every row; with a window, tiles below t_lo by none
     p_first = context_len + row_lo
     p_last = gl.minimum(p_first + BLOCK_M, seq_len) - 1
     kv_hi = gl.maximum(gl.minimum(seq_len, p_last + 1), 0)
     n_tiles = (kv_hi + BLOCK_N - 1) // BLOCK_N
-    n_free = gl.minimum(gl.maximum(p_first + 1, 0) // BLOCK_N, n_tiles)
+    t_lo = 0
+    t_mid_lo = 0
+    if USE_WINDOW:
+        t_lo = gl.minimum(gl.maximum(p_first - sliding_window + 1, 0) // BLOCK_N, n_tiles)
+        in_every_window = gl.maximum(p_last - sliding_window + 1, 0)  # keys from here on: in every row's window
+        t_mid_lo = gl.minimum(gl.maximum((in_every_window + BLOCK_N - 1) // BLOCK_N, t_lo), n_tiles)
+    t_mid_hi = gl.maximum(gl.minimum(gl.maximum(p_first + 1, 0) // BLOCK_N, n_tiles), t_mid_lo)
+    slope = 0.0
+    if alibi_slopes_ptr is not None:
+        slope = gl.load(alibi_slopes_ptr + head).to(gl.float32)
+    sink_log2 = float("-inf")
+    if sinks_ptr is not None:
+        sink_log2 = gl.load(sinks_ptr + head).to(gl.float32) * LOG2E
+    mods = (scale, softcap, slope, sliding_window)
 
     # queries into shared memory (rows past the sequence or outside q read as zeros)
     COL_THREADS: gl.constexpr = HEAD // 8
@@ -330,10 +381,11 @@ def prefill_gluon_kernel(
     if NUM_CONSUMERS == 1:
         gl.warp_specialize([
             (_consumer, (q_smem, k_bufs, v_bufs, k_ready, v_ready, kv_empty, out_ptr, lse_ptr, stride_o_t, stride_o_h,
-                         stride_lse_t, stride_lse_h, head, q_start, q_len, row_lo, context_len, num_tokens, n_free,
-                         n_tiles, scale, WG_ROWS, BLOCK_N, NUM_STAGES, NUM_WARPS, PIPELINED, OVERLAP)),
+                         stride_lse_t, stride_lse_h, head, q_start, q_len, row_lo, context_len, num_tokens, t_lo,
+                         t_mid_lo, t_mid_hi, n_tiles, scale, mods, sink_log2, WG_ROWS, BLOCK_N, NUM_STAGES, NUM_WARPS,
+                         PIPELINED, OVERLAP, USE_SOFTCAP, ALIBI_MODE, USE_WINDOW)),
             (_producer, (k_cache_ptr, v_cache_ptr, bt_row_ptr, k_bufs, v_bufs, k_ready, v_ready, kv_empty, kv_head,
-                         n_tiles, kv_hi, num_blocks, max_blocks_per_seq, stride_c_b, stride_c_s, stride_c_h,
+                         t_lo, n_tiles, kv_hi, num_blocks, max_blocks_per_seq, stride_c_b, stride_c_s, stride_c_h,
                          HEAD, PAGE_SIZE, BLOCK_N, NUM_STAGES, PRODUCER_WARPS)),
         ], [PRODUCER_WARPS], [PRODUCER_REGS])
     else:
@@ -342,15 +394,16 @@ def prefill_gluon_kernel(
         gl.warp_specialize([
             (_consumer, (q_smem.slice(0, WG_ROWS), k_bufs, v_bufs, k_ready, v_ready, kv_empty, out_ptr, lse_ptr,
                          stride_o_t, stride_o_h, stride_lse_t, stride_lse_h, head, q_start, q_len, row_lo,
-                         context_len, num_tokens, n_free, n_tiles, scale, WG_ROWS, BLOCK_N, NUM_STAGES, NUM_WARPS,
-                         PIPELINED, OVERLAP)),
+                         context_len, num_tokens, t_lo, t_mid_lo, t_mid_hi, n_tiles, scale, mods, sink_log2, WG_ROWS,
+                         BLOCK_N, NUM_STAGES, NUM_WARPS, PIPELINED, OVERLAP, USE_SOFTCAP, ALIBI_MODE, USE_WINDOW)),
             (_producer, (k_cache_ptr, v_cache_ptr, bt_row_ptr, k_bufs, v_bufs, k_ready, v_ready, kv_empty, kv_head,
-                         n_tiles, kv_hi, num_blocks, max_blocks_per_seq, stride_c_b, stride_c_s, stride_c_h,
+                         t_lo, n_tiles, kv_hi, num_blocks, max_blocks_per_seq, stride_c_b, stride_c_s, stride_c_h,
                          HEAD, PAGE_SIZE, BLOCK_N, NUM_STAGES, PRODUCER_WARPS)),
             (_consumer, (q_smem.slice(WG_ROWS, WG_ROWS), k_bufs, v_bufs, k_ready, v_ready, kv_empty, out_ptr,
                          lse_ptr, stride_o_t, stride_o_h, stride_lse_t, stride_lse_h, head, q_start, q_len,
-                         row_lo + WG_ROWS, context_len, num_tokens, n_free, n_tiles, scale, WG_ROWS, BLOCK_N,
-                         NUM_STAGES, NUM_WARPS, PIPELINED, OVERLAP)),
+                         row_lo + WG_ROWS, context_len, num_tokens, t_lo, t_mid_lo, t_mid_hi, n_tiles, scale, mods,
+                         sink_log2, WG_ROWS, BLOCK_N, NUM_STAGES, NUM_WARPS, PIPELINED, OVERLAP, USE_SOFTCAP,
+                         ALIBI_MODE, USE_WINDOW)),
         ], [PRODUCER_WARPS, NUM_WARPS], [PRODUCER_REGS, CONSUMER_REGS])
 
     for s in gl.static_range(NUM_STAGES):

@@ -78,6 +78,9 @@ GLUON_PREFILL_CONFIGS = {"1": GLUON_PREFILL_CONFIG, "split": GluonPrefillConfig(
 # decodes (226.8 against 221.0 us in that run, 231 against 264 in another)
 GLUON_MIN_QUERY_TOKENS = 2048
 GLUON_MIN_QUERY_LEN = 512
+# AttentionArgs' score modifiers the kernel computes (any other, prefix ranges among them, sends
+# the call to the tl kernel)
+GLUON_MODIFIERS = ("sliding_window", "softcap", "alibi_mode", "alibi_slopes", "sinks")
 
 
 def gluon_kernel():
@@ -98,10 +101,10 @@ def gluon_prefill_supported(a: AttentionArgs, max_query_len: int,
     else the reason it cannot.
 
     It serves a paged cache of q's dtype (bfloat16 or float16; no fp8), head size 64 or 128,
-    pages of a power-of-2 size >= 16, any GQA group, the causal mask with no score modifier (no
-    sliding window, softcap, ALiBi, sinks or prefix ranges), a positive scale, K and V caches
-    of one layout with 16-byte aligned rows. Inputs are assumed to have passed
-    ``paged_attention``'s checks.
+    pages of a power-of-2 size >= 16, any GQA group, the causal mask with the score modifiers of
+    GLUON_MODIFIERS (a sliding window, softcap, ALiBi, sinks; no prefix ranges), a positive
+    scale, K and V caches of one layout with 16-byte aligned rows. Inputs are assumed to have
+    passed ``paged_attention``'s checks.
     """
     reason = unavailable_reason(gluon_kernel())
     if reason is not None:
@@ -121,9 +124,11 @@ def gluon_prefill_supported(a: AttentionArgs, max_query_len: int,
         return f"block_size {page_size}: the Gluon kernel takes a power of 2 >= {GLUON_MIN_PAGE}"
     if not a.causal:
         return "causal=False: the Gluon kernel is causal only"
-    mods = a.score_modifiers()
-    if mods:
-        return f"{', '.join(mods)}: the Gluon kernel takes no score modifier"
+    others = [m for m in a.score_modifiers() if m not in GLUON_MODIFIERS]
+    if others:
+        return f"{', '.join(others)}: the Gluon kernel takes no such score modifier"
+    if a.alibi_mode and a.alibi_slopes is None:
+        return f"alibi_mode {a.alibi_mode} without alibi_slopes"
     if not a.scale > 0:
         return f"scale {a.scale}: the Gluon kernel takes a positive scale"
     if k.stride() != v.stride():
@@ -141,13 +146,15 @@ def use_gluon_prefill(a: AttentionArgs, max_query_len: int) -> GluonPrefillConfi
 
     On a CUDA GPU of compute capability 9.x, for a call the kernel serves: the config
     ``PAGEDATTN_PREFILL_GLUON`` names, else (unset) the default one when the call holds at least
-    GLUON_MIN_QUERY_TOKENS query tokens and a sequence of GLUON_MIN_QUERY_LEN or more.
+    GLUON_MIN_QUERY_TOKENS query tokens and a sequence of GLUON_MIN_QUERY_LEN or more and no
+    score modifier: the kernel's modifiers are compiled and tested on the CPU but not yet
+    checked on a GPU, so only an explicit ``PAGEDATTN_PREFILL_GLUON`` sends them there.
     """
     config = gluon_prefill_requested()
     if config is GLUON_OFF or not on_sm9x(a.q):
         return None
     if config is None:
-        if a.q.shape[0] < GLUON_MIN_QUERY_TOKENS or max_query_len < GLUON_MIN_QUERY_LEN:
+        if a.q.shape[0] < GLUON_MIN_QUERY_TOKENS or max_query_len < GLUON_MIN_QUERY_LEN or a.score_modifiers():
             return None
         config = GLUON_PREFILL_CONFIG
     return config if gluon_prefill_supported(a, max_query_len, config) is None else None
@@ -181,15 +188,17 @@ def launch_prefill_gluon(
     launch(kernel, grid,
            out_ptr=out, lse_ptr=lse, q_ptr=q, k_cache_ptr=k, v_cache_ptr=v, block_table_ptr=a.block_table,
            seq_lens_ptr=a.seq_lens, query_start_loc_ptr=a.query_start_loc,
+           alibi_slopes_ptr=a.alibi_slopes if a.alibi_mode else None, sinks_ptr=a.sinks,
            stride_q_t=q.stride(0), stride_q_h=q.stride(1), stride_o_t=out.stride(0), stride_o_h=out.stride(1),
            stride_lse_t=lse.stride(0) if lse is not None else 0, stride_lse_h=lse.stride(1) if lse is not None else 0,
            stride_c_b=k.stride(0), stride_c_s=k.stride(1), stride_c_h=k.stride(2),
            stride_bt_s=a.block_table.stride(0),
-           scale=a.scale, num_seqs=num_seqs, num_tokens=q.shape[0], num_blocks=k.shape[0],
+           scale=a.scale, softcap=float(a.softcap or 0.0), sliding_window=int(a.sliding_window or 0),
+           num_seqs=num_seqs, num_tokens=q.shape[0], num_blocks=k.shape[0],
            max_blocks_per_seq=a.block_table.shape[1], min_q_len=min_q_len, first_seq=first,
            NUM_QUERIES_PER_KV=num_q_heads // k.shape[2], HEAD=q.shape[2], PAGE_SIZE=k.shape[1],
            BLOCK_N=config.block_n, NUM_STAGES=config.num_stages, PRODUCER_WARPS=config.producer_warps,
            PRODUCER_REGS=config.producer_regs, PIPELINED=config.pipelined, OVERLAP=config.overlap,
-
-           NUM_CONSUMERS=config.num_consumers,
-           CONSUMER_REGS=config.consumer_regs, num_warps=config.num_warps)
+           NUM_CONSUMERS=config.num_consumers, CONSUMER_REGS=config.consumer_regs, USE_SOFTCAP=bool(a.softcap),
+           ALIBI_MODE=int(a.alibi_mode),
+           USE_WINDOW=bool(a.sliding_window and a.sliding_window > 0), num_warps=config.num_warps)
