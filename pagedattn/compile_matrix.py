@@ -214,7 +214,7 @@ def gluon_call(family: str, *, page_size: int = 16, dtype=None, head_size: int =
     """A Gluon kernel's launch through its launcher on CPU tensors (its own default ``config``
     unless given): ``mla_gluon`` for 128 heads of 512 + 64, ``prefill_gluon`` for two 150-token
     causal prefills at 32 / 8 heads (``modifiers``: with every score modifier it computes, a
-    window, a softcap, ALiBi and sinks)."""
+    window, a softcap, ALiBi, sinks and prefix ranges)."""
     import torch
 
     dtype = dtype or torch.bfloat16
@@ -245,8 +245,8 @@ def gluon_call(family: str, *, page_size: int = 16, dtype=None, head_size: int =
                          causal=True, sliding_window=0, softcap=0.0, alibi_mode=0, alibi_slopes=None, sinks=None,
                          prefix_ranges=None, k_scale=None, v_scale=None)
     if modifiers:
-        args = dataclasses.replace(args, sliding_window=100, softcap=30.0, alibi_mode=1,
-                                   alibi_slopes=torch.ones(hq), sinks=torch.zeros(hq))
+        args = dataclasses.replace(args, sliding_window=100, softcap=30.0, alibi_mode=1, alibi_slopes=torch.ones(hq),
+                                   sinks=torch.zeros(hq), prefix_ranges=torch.zeros(2, 2, 2, dtype=torch.int32))
     launch_prefill_gluon(torch.empty_like(q), torch.empty(tokens, hq) if return_lse else None, args,
                          max_query_len=150, config=config or GLUON_PREFILL_CONFIG)
 

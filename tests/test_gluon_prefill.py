@@ -152,7 +152,7 @@ def test_gluon_prefill_supported():
         assert gluon_prefill_supported(dataclasses.replace(a, **changes), 20) is None, name
     assert gluon_prefill_supported(dataclasses.replace(a, **every), 20) is None
     prefix = torch.zeros(2, 1, 2, dtype=torch.int32)
-    assert "prefix_ranges" in gluon_prefill_supported(dataclasses.replace(a, prefix_ranges=prefix), 20)
+    assert gluon_prefill_supported(dataclasses.replace(a, prefix_ranges=prefix, **every), 20) is None
     assert "without alibi_slopes" in gluon_prefill_supported(dataclasses.replace(a, alibi_mode=1), 20)
     assert "causal" in gluon_prefill_supported(dataclasses.replace(a, causal=False), 20)
     assert "positive scale" in gluon_prefill_supported(dataclasses.replace(a, scale=-0.1), 20)
@@ -402,13 +402,11 @@ def test_gluon_prefill_bad_block_id_inside_a_sequence_gpu(calls):
 @pytest.mark.gpu
 @needs_gluon
 @needs_sm90
-@pytest.mark.parametrize("feature", ["prefix", "fp8", "head96", "noncausal"])
+@pytest.mark.parametrize("feature", ["fp8", "head96", "noncausal"])
 def test_gluon_prefill_unsupported_falls_back_gpu(calls, feature):
     """Calls the kernel does not serve run the tl prefill kernel, and still match the reference."""
     kwargs, make = {}, {}
-    if feature == "prefix":  # a bidirectional range over the first 40 positions of each sequence
-        kwargs = dict(prefix_ranges=torch.tensor([[[0, 40]], [[0, 40]]], dtype=torch.int32, device="cuda"))
-    elif feature == "head96":
+    if feature == "head96":
         make = dict(head_size=96)
     elif feature == "noncausal":
         kwargs = dict(causal=False)
@@ -428,7 +426,11 @@ MODIFIER_CASES = {
     "alibi": dict(alibi=True),
     "alibi_sqrt": dict(alibi=True, alibi_sqrt=True),
     "sinks": dict(sinks=True),
-    "all": dict(sliding_window=300, softcap=30.0, alibi=True, sinks=True),
+    # bidirectional ranges: inside the first Q tile, across a tile boundary past the diagonal, two
+    # in one sequence; the third sequence has none (a padding row, start >= end)
+    "prefix": dict(prefix=[[[0, 40], [500, 650]], [[1700, 1950], [0, 0]], [[0, 0], [0, 0]]]),
+    "all": dict(sliding_window=300, softcap=30.0, alibi=True, sinks=True,
+                prefix=[[[100, 180], [0, 0]], [[1750, 1900], [10, 30]], [[700, 760], [0, 0]]]),
 }
 
 
@@ -439,8 +441,8 @@ MODIFIER_CASES = {
 @pytest.mark.parametrize("case", list(MODIFIER_CASES))
 def test_gluon_prefill_score_modifiers_gpu(calls, case, variant):
     """The score modifiers the kernel computes, asked for with PAGEDATTN_PREFILL_GLUON: a prompt
-    and two extends over longer contexts (tiles before the window, at its edge, in its middle
-    and on the diagonal), against the float64 reference."""
+    and two extends over longer contexts (tiles before the window, at its edge, in its middle,
+    on the diagonal and past it inside a prefix range), against the float64 reference."""
     calls.config = GLUON_PREFILL_CONFIGS[variant]
     spec = dict(MODIFIER_CASES[case])
     num_q_heads = 32
@@ -450,6 +452,8 @@ def test_gluon_prefill_score_modifiers_gpu(calls, case, variant):
         kwargs["alibi_slopes"] = (torch.rand(num_q_heads, generator=g) * 0.5).cuda()
     if spec.get("sinks"):
         kwargs["sinks"] = (torch.randn(num_q_heads, generator=g) * 2.0).cuda()
+    if "prefix" in spec:
+        kwargs["prefix_ranges"] = torch.tensor(spec["prefix"], dtype=torch.int32, device="cuda")
     batch = make_batch([(700, 700), (300, 2000), (129, 777)], num_q_heads=num_q_heads, seed=len(case) + 1)
     run_and_compare(batch, **kwargs)
     assert len(calls.gluon) == 1 and not calls.tl

@@ -1,9 +1,11 @@
 """Causal paged prefill / extend for Hopper (sm90) in Gluon: cp.async producer warps feeding wgmma.
 
 The same computation as ``pagedattn.ops.prefill.kernel.prefill_attention_kernel`` restricted to
-a paged 16-bit cache, a causal mask and no score modifier: for one BLOCK_M-row tile of one
-query head, ``out = softmax(scale * q k^T + causal) v`` with ``lse`` in natural log, over the
-keys ``[0, min(seq_len, last query position + 1))``.
+a paged 16-bit cache and a causal mask: for one BLOCK_M-row tile of one query head, ``out =
+softmax(scale * q k^T + causal) v`` with ``lse`` in natural log, over the keys ``[0,
+min(seq_len, last query position + 1))``, with the tl kernel's score modifiers (a sliding
+window, softcap, ALiBi, sinks, prefix ranges) applied as ``ops.common.attention_math`` applies
+them; a window or prefix ranges change the key range and which tiles are masked.
 
 One CTA per (query head, sequence, Q tile), the tl kernel's grid and launch order (the heaviest
 Q tile of every head and sequence first). Two partitions (``gl.warp_specialize``):
@@ -105,20 +107,22 @@ def _producer(k_cache_ptr, v_cache_ptr, bt_row_ptr, k_bufs, v_bufs, k_ready, v_r
 @gluon.jit
 def _probabilities(qk, i, m_i, l_i, q_pos, qk_scale, mods, DTYPE: gl.constexpr, HEAD: gl.constexpr,
                    BLOCK_N: gl.constexpr, NUM_WARPS: gl.constexpr, MASKED: gl.constexpr, USE_SOFTCAP: gl.constexpr,
-                   ALIBI_MODE: gl.constexpr, USE_WINDOW: gl.constexpr):
+                   ALIBI_MODE: gl.constexpr, USE_WINDOW: gl.constexpr, HAS_PREFIX: gl.constexpr):
     """One key tile's step of the online softmax: from the scores ``qk`` of tile i, P as the
     register A operand of ``O += P V``, the new row maxima and sums, and the factor ``alpha``
     (in the accumulator's row layout) that rescales O before this tile's P V adds to it.
 
-    ``mods`` = (scale, softcap, ALiBi slope, sliding window) of this head: a softcap or ALiBi
-    (``ops.common.attention_math.softcap_and_alibi``'s formulas) forms the natural-log scores
-    first; MASKED applies the causal rule and, with USE_WINDOW, the window's."""
+    ``mods`` = (scale, softcap, ALiBi slope, sliding window, the sequence's prefix ranges, their
+    count, their stride) of this head: a softcap or ALiBi (``ops.common.attention_math.
+    softcap_and_alibi``'s formulas) forms the natural-log scores first; MASKED applies the causal
+    rule, with USE_WINDOW the window's, and with HAS_PREFIX makes a query and a key of one
+    prefix range visible to each other whatever those rules say."""
     s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
                                                   instr_shape=[16, BLOCK_N, 16])
     o_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
                                                   instr_shape=[16, HEAD, 16])
     p_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_l, k_width=2)
-    scale, softcap, slope, sliding_window = mods
+    scale, softcap, slope, sliding_window, pr_row, num_prefix_ranges, stride_pr_r = mods
     x = qk + qk * 0.0  # an inf dot product becomes NaN (never read as a masked key)
     k_pos = i * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_l))
     c = qk_scale  # x * c: the base-2 scores
@@ -136,6 +140,13 @@ def _probabilities(qk, i, m_i, l_i, q_pos, qk_scale, mods, DTYPE: gl.constexpr, 
         vis = k_pos[None, :] <= q_pos[:, None]
         if USE_WINDOW:
             vis = vis & (k_pos[None, :] > q_pos[:, None] - sliding_window)
+        if HAS_PREFIX:
+            for r in range(num_prefix_ranges):
+                start = gl.load(pr_row + r * stride_pr_r)
+                end = gl.load(pr_row + r * stride_pr_r + 1)
+                in_q = (q_pos >= start) & (q_pos < end)
+                in_k = (k_pos >= start) & (k_pos < end)
+                vis = vis | (in_q[:, None] & in_k[None, :])
         x = gl.where(vis, x, float("-inf"))
         m_new = gl.maximum(m_i, gl.reduce(x, 1, max_combine) * c)
         m_use = gl.where(m_new == float("-inf"), 0.0, m_new)  # rows that have seen no key yet
@@ -173,7 +184,8 @@ def _issue_values(p_op, v_bufs, v_ready, j, acc, NUM_STAGES: gl.constexpr):
 def _attend_tiles(i_lo, i_hi, t_base, q_smem, k_bufs, v_bufs, k_ready, v_ready, kv_empty, m_i, l_i, acc, q_pos,
                   qk_scale, mods, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
                   NUM_WARPS: gl.constexpr, MASKED: gl.constexpr, PIPELINED: gl.constexpr, OVERLAP: gl.constexpr,
-                  USE_SOFTCAP: gl.constexpr, ALIBI_MODE: gl.constexpr, USE_WINDOW: gl.constexpr):
+                  USE_SOFTCAP: gl.constexpr, ALIBI_MODE: gl.constexpr, USE_WINDOW: gl.constexpr,
+                  HAS_PREFIX: gl.constexpr):
     """Online softmax over key tiles i_lo .. i_hi - 1 (MASKED: the causal rule k_pos <= q_pos and
     the window's; else every key is visible to every row). Tile i sits at ring position
     ``i - t_base`` (t_base: the first tile the producer loads); ``mods``: ``_probabilities``'.
@@ -195,7 +207,8 @@ def _attend_tiles(i_lo, i_hi, t_base, q_smem, k_bufs, v_bufs, k_ready, v_ready, 
             qk, k_tile = _issue_scores(q_smem, k_bufs, k_ready, i - t_base, s_zero, NUM_STAGES)
             qk, _ = warpgroup_mma_wait(num_outstanding=0, deps=(qk, k_tile))  # [BLOCK_M, BLOCK_N] fp32
             p_op, m_i, l_i, alpha = _probabilities(qk, i, m_i, l_i, q_pos, qk_scale, mods, DTYPE, HEAD,
-                                                     BLOCK_N, NUM_WARPS, MASKED, USE_SOFTCAP, ALIBI_MODE, USE_WINDOW)
+                                                     BLOCK_N, NUM_WARPS, MASKED, USE_SOFTCAP, ALIBI_MODE, USE_WINDOW,
+                                                     HAS_PREFIX)
             acc = acc * alpha[:, None]
             acc, v_tile = _issue_values(p_op, v_bufs, v_ready, i - t_base, acc, NUM_STAGES)
             acc, _, _ = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_op, v_tile))  # [BLOCK_M, HEAD] fp32
@@ -205,14 +218,16 @@ def _attend_tiles(i_lo, i_hi, t_base, q_smem, k_bufs, v_bufs, k_ready, v_ready, 
         qk, _ = warpgroup_mma_wait(num_outstanding=0, deps=(qk, k_tile))
         if OVERLAP:
             p_op, m_i, l_i, alpha = _probabilities(qk, i_lo, m_i, l_i, q_pos, qk_scale, mods, DTYPE, HEAD,
-                                                     BLOCK_N, NUM_WARPS, MASKED, USE_SOFTCAP, ALIBI_MODE, USE_WINDOW)
+                                                     BLOCK_N, NUM_WARPS, MASKED, USE_SOFTCAP, ALIBI_MODE, USE_WINDOW,
+                                                     HAS_PREFIX)
             acc = acc * alpha[:, None]
             for i in range(i_lo, i_hi - 1):
                 qk_next, k_next = _issue_scores(q_smem, k_bufs, k_ready, i + 1 - t_base, s_zero, NUM_STAGES)
                 acc, v_tile = _issue_values(p_op, v_bufs, v_ready, i - t_base, acc, NUM_STAGES)
                 qk, _ = warpgroup_mma_wait(num_outstanding=1, deps=(qk_next, k_next))  # issued first: done first
                 p_next, m_i, l_i, alpha = _probabilities(qk, i + 1, m_i, l_i, q_pos, qk_scale, mods, DTYPE, HEAD,
-                                                           BLOCK_N, NUM_WARPS, MASKED, USE_SOFTCAP, ALIBI_MODE, USE_WINDOW)
+                                                           BLOCK_N, NUM_WARPS, MASKED, USE_SOFTCAP, ALIBI_MODE, USE_WINDOW,
+                                                           HAS_PREFIX)
                 acc, _, _ = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_op, v_tile))
                 mbarrier.arrive(kv_empty.index((i - t_base) % NUM_STAGES), count=1)  # slot i free: both its wgmma are done
                 acc = acc * alpha[:, None]
@@ -221,13 +236,15 @@ def _attend_tiles(i_lo, i_hi, t_base, q_smem, k_bufs, v_bufs, k_ready, v_ready, 
             for i in range(i_lo, i_hi - 1):
                 qk_next, k_next = _issue_scores(q_smem, k_bufs, k_ready, i + 1 - t_base, s_zero, NUM_STAGES)
                 p_op, m_i, l_i, alpha = _probabilities(qk, i, m_i, l_i, q_pos, qk_scale, mods, DTYPE, HEAD,
-                                                         BLOCK_N, NUM_WARPS, MASKED, USE_SOFTCAP, ALIBI_MODE, USE_WINDOW)
+                                                         BLOCK_N, NUM_WARPS, MASKED, USE_SOFTCAP, ALIBI_MODE, USE_WINDOW,
+                                                         HAS_PREFIX)
                 acc = acc * alpha[:, None]
                 acc, v_tile = _issue_values(p_op, v_bufs, v_ready, i - t_base, acc, NUM_STAGES)
                 qk, acc, _, _, _ = warpgroup_mma_wait(num_outstanding=0, deps=(qk_next, acc, p_op, v_tile, k_next))
                 mbarrier.arrive(kv_empty.index((i - t_base) % NUM_STAGES), count=1)  # slot i free: both its wgmma are done
             p_op, m_i, l_i, alpha = _probabilities(qk, i_hi - 1, m_i, l_i, q_pos, qk_scale, mods, DTYPE, HEAD,
-                                                     BLOCK_N, NUM_WARPS, MASKED, USE_SOFTCAP, ALIBI_MODE, USE_WINDOW)
+                                                     BLOCK_N, NUM_WARPS, MASKED, USE_SOFTCAP, ALIBI_MODE, USE_WINDOW,
+                                                     HAS_PREFIX)
             acc = acc * alpha[:, None]
         last = i_hi - 1
         acc, v_tile = _issue_values(p_op, v_bufs, v_ready, last - t_base, acc, NUM_STAGES)
@@ -241,7 +258,8 @@ def _consumer(q_smem, k_bufs, v_bufs, k_ready, v_ready, kv_empty, out_ptr, lse_p
               stride_lse_t, stride_lse_h, head, q_start, q_len, row_lo, context_len, num_tokens, t_lo, t_mid_lo,
               t_mid_hi, n_tiles, scale, mods, sink_log2, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
               NUM_STAGES: gl.constexpr, NUM_WARPS: gl.constexpr, PIPELINED: gl.constexpr, OVERLAP: gl.constexpr,
-              USE_SOFTCAP: gl.constexpr, ALIBI_MODE: gl.constexpr, USE_WINDOW: gl.constexpr):
+              USE_SOFTCAP: gl.constexpr, ALIBI_MODE: gl.constexpr, USE_WINDOW: gl.constexpr,
+              HAS_PREFIX: gl.constexpr):
     """Attend over the key tiles and store out and lse: tiles t_lo .. t_mid_lo - 1 (the window's
     edge, USE_WINDOW only) and t_mid_hi .. n_tiles - 1 (the diagonal) masked, the ones between
     without a mask. ``sink_log2``: the head's sink logit in base 2 (-inf: none), a key of weight
@@ -259,13 +277,13 @@ def _consumer(q_smem, k_bufs, v_bufs, k_ready, v_ready, kv_empty, out_ptr, lse_p
     if USE_WINDOW:
         m_i, l_i, acc = _attend_tiles(t_lo, t_mid_lo, t_lo, q_smem, k_bufs, v_bufs, k_ready, v_ready, kv_empty, m_i,
                                       l_i, acc, q_pos, qk_scale, mods, BLOCK_M, BLOCK_N, NUM_STAGES, NUM_WARPS,
-                                      True, PIPELINED, OVERLAP, USE_SOFTCAP, ALIBI_MODE, USE_WINDOW)
+                                      True, PIPELINED, OVERLAP, USE_SOFTCAP, ALIBI_MODE, USE_WINDOW, HAS_PREFIX)
     m_i, l_i, acc = _attend_tiles(t_mid_lo, t_mid_hi, t_lo, q_smem, k_bufs, v_bufs, k_ready, v_ready, kv_empty, m_i,
                                   l_i, acc, q_pos, qk_scale, mods, BLOCK_M, BLOCK_N, NUM_STAGES, NUM_WARPS, False,
-                                  PIPELINED, OVERLAP, USE_SOFTCAP, ALIBI_MODE, USE_WINDOW)
+                                  PIPELINED, OVERLAP, USE_SOFTCAP, ALIBI_MODE, USE_WINDOW, HAS_PREFIX)
     m_i, l_i, acc = _attend_tiles(t_mid_hi, n_tiles, t_lo, q_smem, k_bufs, v_bufs, k_ready, v_ready, kv_empty, m_i,
                                   l_i, acc, q_pos, qk_scale, mods, BLOCK_M, BLOCK_N, NUM_STAGES, NUM_WARPS, True,
-                                  PIPELINED, OVERLAP, USE_SOFTCAP, ALIBI_MODE, USE_WINDOW)
+                                  PIPELINED, OVERLAP, USE_SOFTCAP, ALIBI_MODE, USE_WINDOW, HAS_PREFIX)
 
     out, lse = finalize_rows(acc, m_i, l_i, s_l, o_l)
 
@@ -282,7 +300,8 @@ def _consumer(q_smem, k_bufs, v_bufs, k_ready, v_ready, kv_empty, out_ptr, lse_p
         gl.store(lse_ptr + l_token * stride_lse_t + head * stride_lse_h, lse, mask=l_ok)
 
 
-@gluon.jit(do_not_specialize=["num_seqs", "num_tokens", "num_blocks", "max_blocks_per_seq", "min_q_len", "first_seq"])
+@gluon.jit(do_not_specialize=["num_seqs", "num_tokens", "num_blocks", "max_blocks_per_seq", "min_q_len", "first_seq",
+                              "sliding_window", "num_prefix_ranges"])
 def prefill_gluon_kernel(
     out_ptr,  # [num_tokens, num_q_heads, HEAD] q's dtype
     lse_ptr,  # [num_tokens, num_q_heads] fp32, or None
@@ -290,19 +309,20 @@ def prefill_gluon_kernel(
     k_cache_ptr, v_cache_ptr,  # [num_blocks, PAGE_SIZE, num_kv_heads, HEAD], the same strides
     block_table_ptr, seq_lens_ptr, query_start_loc_ptr,  # [num_seqs, max_blocks_per_seq], [num_seqs], [num_seqs + 1]
     alibi_slopes_ptr, sinks_ptr,  # [num_q_heads] each, or None
+    prefix_ranges_ptr,  # [num_seqs, num_prefix_ranges, 2] int32, or None
     stride_q_t, stride_q_h, stride_o_t, stride_o_h, stride_lse_t, stride_lse_h,
-    stride_c_b, stride_c_s, stride_c_h, stride_bt_s,
-    scale, softcap, sliding_window, num_seqs, num_tokens, num_blocks, max_blocks_per_seq, min_q_len, first_seq,
+    stride_c_b, stride_c_s, stride_c_h, stride_bt_s, stride_pr_s, stride_pr_r,
+    scale, softcap, sliding_window, num_prefix_ranges, num_seqs, num_tokens, num_blocks, max_blocks_per_seq, min_q_len, first_seq,
     NUM_QUERIES_PER_KV: gl.constexpr, HEAD: gl.constexpr, PAGE_SIZE: gl.constexpr, BLOCK_N: gl.constexpr,
     NUM_STAGES: gl.constexpr, PRODUCER_WARPS: gl.constexpr, PRODUCER_REGS: gl.constexpr, PIPELINED: gl.constexpr,
     OVERLAP: gl.constexpr, NUM_CONSUMERS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-    USE_SOFTCAP: gl.constexpr, ALIBI_MODE: gl.constexpr, USE_WINDOW: gl.constexpr,
+    USE_SOFTCAP: gl.constexpr, ALIBI_MODE: gl.constexpr, USE_WINDOW: gl.constexpr, HAS_PREFIX: gl.constexpr,
 ):
     """out = softmax(scale * q k^T + causal mask) v for one Q tile of one head (see the module docstring),
     with the score modifiers of ``ops.common.attention_math``: a softcap (USE_SOFTCAP), ALiBi
     (ALIBI_MODE 1 linear, 2 sqrt; slopes per query head), a sliding window (USE_WINDOW:
     ``sliding_window`` keys up to and including the query's position), sinks (a logit per query
-    head).
+    head), prefix ranges (HAS_PREFIX: a query and a key of one range see each other).
 
     BLOCK_M = 16 * num_warps * NUM_CONSUMERS rows (one warpgroup per 64). NUM_CONSUMERS = 2: the
     tile's two halves run in two consumer partitions of num_warps warps (the second capped at
@@ -336,11 +356,25 @@ def prefill_gluon_kernel(
     p_first = context_len + row_lo
     p_last = gl.minimum(p_first + BLOCK_M, seq_len) - 1
     kv_hi = gl.maximum(gl.minimum(seq_len, p_last + 1), 0)
+    kv_lo = seq_len * 0
+    if USE_WINDOW:
+        kv_lo = gl.maximum(p_first - sliding_window + 1, 0)
+    pr_row = seq_lens_ptr  # an int32 pointer never read without HAS_PREFIX (a jit tuple holds no None)
+    if HAS_PREFIX:  # widen to every range that holds a query position of the tile
+        pr_row = prefix_ranges_ptr + seq.to(gl.int64) * stride_pr_s
+        for r in range(num_prefix_ranges):
+            start = gl.load(pr_row + r * stride_pr_r)
+            end = gl.load(pr_row + r * stride_pr_r + 1)
+            hit = (start < end) & (start <= p_last) & (end > p_first)
+            kv_lo = gl.where(hit, gl.minimum(kv_lo, start), kv_lo)
+            kv_hi = gl.where(hit, gl.maximum(kv_hi, end), kv_hi)
+        kv_lo = gl.maximum(kv_lo, 0)
+        kv_hi = gl.minimum(kv_hi, seq_len)
     n_tiles = (kv_hi + BLOCK_N - 1) // BLOCK_N
     t_lo = 0
     t_mid_lo = 0
     if USE_WINDOW:
-        t_lo = gl.minimum(gl.maximum(p_first - sliding_window + 1, 0) // BLOCK_N, n_tiles)
+        t_lo = gl.minimum(kv_lo // BLOCK_N, n_tiles)
         in_every_window = gl.maximum(p_last - sliding_window + 1, 0)  # keys from here on: in every row's window
         t_mid_lo = gl.minimum(gl.maximum((in_every_window + BLOCK_N - 1) // BLOCK_N, t_lo), n_tiles)
     t_mid_hi = gl.maximum(gl.minimum(gl.maximum(p_first + 1, 0) // BLOCK_N, n_tiles), t_mid_lo)
@@ -350,7 +384,7 @@ def prefill_gluon_kernel(
     sink_log2 = float("-inf")
     if sinks_ptr is not None:
         sink_log2 = gl.load(sinks_ptr + head).to(gl.float32) * LOG2E
-    mods = (scale, softcap, slope, sliding_window)
+    mods = (scale, softcap, slope, sliding_window, pr_row, num_prefix_ranges, stride_pr_r)
 
     # queries into shared memory (rows past the sequence or outside q read as zeros)
     COL_THREADS: gl.constexpr = HEAD // 8
@@ -383,7 +417,7 @@ def prefill_gluon_kernel(
             (_consumer, (q_smem, k_bufs, v_bufs, k_ready, v_ready, kv_empty, out_ptr, lse_ptr, stride_o_t, stride_o_h,
                          stride_lse_t, stride_lse_h, head, q_start, q_len, row_lo, context_len, num_tokens, t_lo,
                          t_mid_lo, t_mid_hi, n_tiles, scale, mods, sink_log2, WG_ROWS, BLOCK_N, NUM_STAGES, NUM_WARPS,
-                         PIPELINED, OVERLAP, USE_SOFTCAP, ALIBI_MODE, USE_WINDOW)),
+                         PIPELINED, OVERLAP, USE_SOFTCAP, ALIBI_MODE, USE_WINDOW, HAS_PREFIX)),
             (_producer, (k_cache_ptr, v_cache_ptr, bt_row_ptr, k_bufs, v_bufs, k_ready, v_ready, kv_empty, kv_head,
                          t_lo, n_tiles, kv_hi, num_blocks, max_blocks_per_seq, stride_c_b, stride_c_s, stride_c_h,
                          HEAD, PAGE_SIZE, BLOCK_N, NUM_STAGES, PRODUCER_WARPS)),
@@ -395,7 +429,8 @@ def prefill_gluon_kernel(
             (_consumer, (q_smem.slice(0, WG_ROWS), k_bufs, v_bufs, k_ready, v_ready, kv_empty, out_ptr, lse_ptr,
                          stride_o_t, stride_o_h, stride_lse_t, stride_lse_h, head, q_start, q_len, row_lo,
                          context_len, num_tokens, t_lo, t_mid_lo, t_mid_hi, n_tiles, scale, mods, sink_log2, WG_ROWS,
-                         BLOCK_N, NUM_STAGES, NUM_WARPS, PIPELINED, OVERLAP, USE_SOFTCAP, ALIBI_MODE, USE_WINDOW)),
+                         BLOCK_N, NUM_STAGES, NUM_WARPS, PIPELINED, OVERLAP, USE_SOFTCAP, ALIBI_MODE, USE_WINDOW,
+                         HAS_PREFIX)),
             (_producer, (k_cache_ptr, v_cache_ptr, bt_row_ptr, k_bufs, v_bufs, k_ready, v_ready, kv_empty, kv_head,
                          t_lo, n_tiles, kv_hi, num_blocks, max_blocks_per_seq, stride_c_b, stride_c_s, stride_c_h,
                          HEAD, PAGE_SIZE, BLOCK_N, NUM_STAGES, PRODUCER_WARPS)),
@@ -403,7 +438,7 @@ def prefill_gluon_kernel(
                          lse_ptr, stride_o_t, stride_o_h, stride_lse_t, stride_lse_h, head, q_start, q_len,
                          row_lo + WG_ROWS, context_len, num_tokens, t_lo, t_mid_lo, t_mid_hi, n_tiles, scale, mods,
                          sink_log2, WG_ROWS, BLOCK_N, NUM_STAGES, NUM_WARPS, PIPELINED, OVERLAP, USE_SOFTCAP,
-                         ALIBI_MODE, USE_WINDOW)),
+                         ALIBI_MODE, USE_WINDOW, HAS_PREFIX)),
         ], [PRODUCER_WARPS, NUM_WARPS], [PRODUCER_REGS, CONSUMER_REGS])
 
     for s in gl.static_range(NUM_STAGES):

@@ -78,9 +78,8 @@ GLUON_PREFILL_CONFIGS = {"1": GLUON_PREFILL_CONFIG, "split": GluonPrefillConfig(
 # decodes (226.8 against 221.0 us in that run, 231 against 264 in another)
 GLUON_MIN_QUERY_TOKENS = 2048
 GLUON_MIN_QUERY_LEN = 512
-# AttentionArgs' score modifiers the kernel computes (any other, prefix ranges among them, sends
-# the call to the tl kernel)
-GLUON_MODIFIERS = ("sliding_window", "softcap", "alibi_mode", "alibi_slopes", "sinks")
+# AttentionArgs' score modifiers the kernel computes (any other sends the call to the tl kernel)
+GLUON_MODIFIERS = ("sliding_window", "softcap", "alibi_mode", "alibi_slopes", "sinks", "prefix_ranges")
 
 
 def gluon_kernel():
@@ -102,7 +101,7 @@ def gluon_prefill_supported(a: AttentionArgs, max_query_len: int,
 
     It serves a paged cache of q's dtype (bfloat16 or float16; no fp8), head size 64 or 128,
     pages of a power-of-2 size >= 16, any GQA group, the causal mask with the score modifiers of
-    GLUON_MODIFIERS (a sliding window, softcap, ALiBi, sinks; no prefix ranges), a positive
+    GLUON_MODIFIERS (a sliding window, softcap, ALiBi, sinks, prefix ranges), a positive
     scale, K and V caches of one layout with 16-byte aligned rows. Inputs are assumed to have
     passed ``paged_attention``'s checks.
     """
@@ -178,7 +177,7 @@ def launch_prefill_gluon(
     with at least ``min_q_len`` queries are written.
     """
     kernel = required(gluon_kernel())
-    q, k, v = a.q, a.k_cache, a.v_cache
+    q, k, v, pr = a.q, a.k_cache, a.v_cache, a.prefix_ranges
     num_seqs = a.seq_lens.shape[0]
     first, end = (0, num_seqs) if seqs is None else seqs
     if q.shape[0] == 0 or end <= first or max_query_len == 0:
@@ -188,12 +187,14 @@ def launch_prefill_gluon(
     launch(kernel, grid,
            out_ptr=out, lse_ptr=lse, q_ptr=q, k_cache_ptr=k, v_cache_ptr=v, block_table_ptr=a.block_table,
            seq_lens_ptr=a.seq_lens, query_start_loc_ptr=a.query_start_loc,
-           alibi_slopes_ptr=a.alibi_slopes if a.alibi_mode else None, sinks_ptr=a.sinks,
+           alibi_slopes_ptr=a.alibi_slopes if a.alibi_mode else None, sinks_ptr=a.sinks, prefix_ranges_ptr=pr,
            stride_q_t=q.stride(0), stride_q_h=q.stride(1), stride_o_t=out.stride(0), stride_o_h=out.stride(1),
            stride_lse_t=lse.stride(0) if lse is not None else 0, stride_lse_h=lse.stride(1) if lse is not None else 0,
            stride_c_b=k.stride(0), stride_c_s=k.stride(1), stride_c_h=k.stride(2),
-           stride_bt_s=a.block_table.stride(0),
+           stride_bt_s=a.block_table.stride(0), stride_pr_s=pr.stride(0) if pr is not None else 0,
+           stride_pr_r=pr.stride(1) if pr is not None else 0,
            scale=a.scale, softcap=float(a.softcap or 0.0), sliding_window=int(a.sliding_window or 0),
+           num_prefix_ranges=pr.shape[1] if pr is not None else 0,
            num_seqs=num_seqs, num_tokens=q.shape[0], num_blocks=k.shape[0],
            max_blocks_per_seq=a.block_table.shape[1], min_q_len=min_q_len, first_seq=first,
            NUM_QUERIES_PER_KV=num_q_heads // k.shape[2], HEAD=q.shape[2], PAGE_SIZE=k.shape[1],
@@ -201,4 +202,5 @@ def launch_prefill_gluon(
            PRODUCER_REGS=config.producer_regs, PIPELINED=config.pipelined, OVERLAP=config.overlap,
            NUM_CONSUMERS=config.num_consumers, CONSUMER_REGS=config.consumer_regs, USE_SOFTCAP=bool(a.softcap),
            ALIBI_MODE=int(a.alibi_mode),
-           USE_WINDOW=bool(a.sliding_window and a.sliding_window > 0), num_warps=config.num_warps)
+           USE_WINDOW=bool(a.sliding_window and a.sliding_window > 0), HAS_PREFIX=pr is not None,
+           num_warps=config.num_warps)
