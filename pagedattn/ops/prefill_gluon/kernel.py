@@ -300,6 +300,38 @@ def _consumer(q_smem, k_bufs, v_bufs, k_ready, v_ready, kv_empty, out_ptr, lse_p
         gl.store(lse_ptr + l_token * stride_lse_t + head * stride_lse_h, lse, mask=l_ok)
 
 
+@gluon.jit
+def _key_tiles(p_first, p_last, seq_len, sliding_window, pr_row, num_prefix_ranges, stride_pr_r,
+               BLOCK_N: gl.constexpr, USE_WINDOW: gl.constexpr, HAS_PREFIX: gl.constexpr):
+    """The key tiles of a Q tile whose queries sit at positions p_first .. p_last:
+    ``(kv_hi, t_lo, t_mid_lo, t_mid_hi, n_tiles)``. Keys ``[0, kv_hi)`` up to the last query's
+    position, widened to every prefix range that holds a query position of the tile; tiles
+    ``t_lo .. n_tiles - 1`` are loaded (below t_lo no row's window reaches), tiles
+    ``t_mid_lo .. t_mid_hi - 1`` are seen in full by every row, the others are masked."""
+    kv_hi = gl.maximum(gl.minimum(seq_len, p_last + 1), 0)
+    kv_lo = seq_len * 0
+    if USE_WINDOW:
+        kv_lo = gl.maximum(p_first - sliding_window + 1, 0)
+    if HAS_PREFIX:
+        for r in range(num_prefix_ranges):
+            start = gl.load(pr_row + r * stride_pr_r)
+            end = gl.load(pr_row + r * stride_pr_r + 1)
+            hit = (start < end) & (start <= p_last) & (end > p_first)
+            kv_lo = gl.where(hit, gl.minimum(kv_lo, start), kv_lo)
+            kv_hi = gl.where(hit, gl.maximum(kv_hi, end), kv_hi)
+        kv_lo = gl.maximum(kv_lo, 0)
+        kv_hi = gl.minimum(kv_hi, seq_len)
+    n_tiles = (kv_hi + BLOCK_N - 1) // BLOCK_N
+    t_lo = 0
+    t_mid_lo = 0
+    if USE_WINDOW:
+        t_lo = gl.minimum(kv_lo // BLOCK_N, n_tiles)
+        in_every_window = gl.maximum(p_last - sliding_window + 1, 0)  # keys from here on: in every row's window
+        t_mid_lo = gl.minimum(gl.maximum((in_every_window + BLOCK_N - 1) // BLOCK_N, t_lo), n_tiles)
+    t_mid_hi = gl.maximum(gl.minimum(gl.maximum(p_first + 1, 0) // BLOCK_N, n_tiles), t_mid_lo)
+    return kv_hi, t_lo, t_mid_lo, t_mid_hi, n_tiles
+
+
 @gluon.jit(do_not_specialize=["num_seqs", "num_tokens", "num_blocks", "max_blocks_per_seq", "min_q_len", "first_seq",
                               "sliding_window", "num_prefix_ranges"])
 def prefill_gluon_kernel(
@@ -351,33 +383,14 @@ def prefill_gluon_kernel(
     seq_len = gl.load(seq_lens_ptr + seq)
     context_len = seq_len - q_len  # query j sits at position context_len + j
     kv_head = head // NUM_QUERIES_PER_KV
-    # keys [0, kv_hi): up to the tile's last query position; tiles t_mid_lo .. t_mid_hi - 1 are
-    # seen in full by every row; with a window, tiles below t_lo by none
     p_first = context_len + row_lo
     p_last = gl.minimum(p_first + BLOCK_M, seq_len) - 1
-    kv_hi = gl.maximum(gl.minimum(seq_len, p_last + 1), 0)
-    kv_lo = seq_len * 0
-    if USE_WINDOW:
-        kv_lo = gl.maximum(p_first - sliding_window + 1, 0)
     pr_row = seq_lens_ptr  # an int32 pointer never read without HAS_PREFIX (a jit tuple holds no None)
-    if HAS_PREFIX:  # widen to every range that holds a query position of the tile
+    if HAS_PREFIX:
         pr_row = prefix_ranges_ptr + seq.to(gl.int64) * stride_pr_s
-        for r in range(num_prefix_ranges):
-            start = gl.load(pr_row + r * stride_pr_r)
-            end = gl.load(pr_row + r * stride_pr_r + 1)
-            hit = (start < end) & (start <= p_last) & (end > p_first)
-            kv_lo = gl.where(hit, gl.minimum(kv_lo, start), kv_lo)
-            kv_hi = gl.where(hit, gl.maximum(kv_hi, end), kv_hi)
-        kv_lo = gl.maximum(kv_lo, 0)
-        kv_hi = gl.minimum(kv_hi, seq_len)
-    n_tiles = (kv_hi + BLOCK_N - 1) // BLOCK_N
-    t_lo = 0
-    t_mid_lo = 0
-    if USE_WINDOW:
-        t_lo = gl.minimum(kv_lo // BLOCK_N, n_tiles)
-        in_every_window = gl.maximum(p_last - sliding_window + 1, 0)  # keys from here on: in every row's window
-        t_mid_lo = gl.minimum(gl.maximum((in_every_window + BLOCK_N - 1) // BLOCK_N, t_lo), n_tiles)
-    t_mid_hi = gl.maximum(gl.minimum(gl.maximum(p_first + 1, 0) // BLOCK_N, n_tiles), t_mid_lo)
+    kv_hi, t_lo, t_mid_lo, t_mid_hi, n_tiles = _key_tiles(p_first, p_last, seq_len, sliding_window, pr_row,
+                                                          num_prefix_ranges, stride_pr_r, BLOCK_N, USE_WINDOW,
+                                                          HAS_PREFIX)
     slope = 0.0
     if alibi_slopes_ptr is not None:
         slope = gl.load(alibi_slopes_ptr + head).to(gl.float32)
