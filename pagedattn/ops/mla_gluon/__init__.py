@@ -1,1 +1,1 @@
-"""MLA decode in Gluon for Hopper (sm90): 64 heads a CTA on two warpgroups; taken on sm90 when the heads fill whole CTAs (launch.use_gluon_mla)."""
+"""MLA decode in Gluon for Hopper (sm90), taken there when the heads fill 64-row CTAs (launch.use_gluon_mla)."""

@@ -1,8 +1,8 @@
 """Launcher of the Gluon MLA decode kernel (sm90): which calls it serves, grid, keyword arguments.
 
-Compiled for sm90 only. The contract is ``launch_mla_decode``'s: one split writes out / lse, several write the same
-``[num_tokens, num_heads, num_splits, 512]`` fp32 partials (and lse) that
-``launch_merge_splits`` merges.
+Compiled for sm90 only. The contract is ``launch_mla_decode``'s: one split writes out / lse,
+several write the same ``[num_tokens, num_heads, num_splits, 512]`` fp32 partials (and lse)
+that ``launch_merge_splits`` merges.
 
 Triton's Gluon (``triton.experimental.gluon``) is imported only when a kernel is needed, so
 that pagedattn imports where it is missing.
@@ -10,10 +10,9 @@ that pagedattn imports where it is missing.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 
 import torch
-
-from dataclasses import dataclass
 
 from pagedattn.ops.common.device import environ_value
 from pagedattn.ops.common.gluon import GLUON_DTYPES, aligned, load_kernel, on_sm9x, required, unavailable_reason
@@ -134,9 +133,10 @@ def launch_mla_decode_gluon(
 ) -> None:
     """``launch_mla_decode`` for the Gluon kernel (``gluon_mla_supported`` must have said None).
 
-    ``config``: keys a step and stages; a CTA is always 64 heads on 8 warps. ``kv_scale`` must be None (no fp8 cache). ``partial_out`` ``[num_tokens,
-    num_heads, num_splits, 512]`` fp32 and ``partial_lse`` ``[num_tokens, num_heads,
-    num_splits]`` fp32 are needed when ``num_splits > 1``.
+    ``config``: keys a step and stages; a CTA is always 64 heads on 8 warps. ``kv_scale`` must
+    be None (no fp8 cache). ``partial_out`` ``[num_tokens, num_heads, num_splits, 512]`` fp32 and
+    ``partial_lse`` ``[num_tokens, num_heads, num_splits]`` fp32 are needed when
+    ``num_splits > 1``.
     """
     if kv_scale is not None:
         raise ValueError("kv_scale: the Gluon MLA kernel takes no fp8 cache")

@@ -14,9 +14,9 @@ Q tile of every head and sequence first). Two partitions (``gl.warp_specialize``
   per key tile ``S = Q K^T`` (wgmma, Q and K from shared memory), the online softmax in base 2
   in registers, ``P`` converted in registers to the A operand of ``O += P V`` (wgmma, V from
   shared memory, O in registers); PIPELINED issues the next tile's ``S`` before this tile's
-  softmax, OVERLAP also keeps this tile's ``P V`` running during the next tile's softmax. Tiles that every row sees in full (below the causal
-  diagonal) run without a mask; the diagonal tiles mask ``k_pos > q_pos``. At the end it
-  normalizes and stores out (q's dtype) and lse;
+  softmax, OVERLAP also keeps this tile's ``P V`` running during the next tile's softmax. Tiles
+  that every row sees in full (below the causal diagonal) run without a mask; the diagonal tiles
+  mask ``k_pos > q_pos``. At the end it normalizes and stores out (q's dtype) and lse;
 * the producer, PRODUCER_WARPS warps with few registers: for each key tile, the block ids of its
   keys through the table, then one cp.async per 16 bytes of K and of V into ring slot
   ``i % NUM_STAGES``.
@@ -106,17 +106,21 @@ def _producer(k_cache_ptr, v_cache_ptr, bt_row_ptr, k_bufs, v_bufs, k_ready, v_r
 
 @gluon.jit
 def _probabilities(qk, i, m_i, l_i, q_pos, qk_scale, mods, DTYPE: gl.constexpr, HEAD: gl.constexpr,
-                   BLOCK_N: gl.constexpr, NUM_WARPS: gl.constexpr, MASKED: gl.constexpr, USE_SOFTCAP: gl.constexpr,
-                   ALIBI_MODE: gl.constexpr, USE_WINDOW: gl.constexpr, HAS_PREFIX: gl.constexpr):
+                   BLOCK_N: gl.constexpr, NUM_WARPS: gl.constexpr, MASKED: gl.constexpr, FEATURES: gl.constexpr):
     """One key tile's step of the online softmax: from the scores ``qk`` of tile i, P as the
     register A operand of ``O += P V``, the new row maxima and sums, and the factor ``alpha``
     (in the accumulator's row layout) that rescales O before this tile's P V adds to it.
 
     ``mods`` = (scale, softcap, ALiBi slope, sliding window, the sequence's prefix ranges, their
-    count, their stride) of this head: a softcap or ALiBi (``ops.common.attention_math.
+    count, their stride) of this head; ``FEATURES`` = (USE_SOFTCAP, ALIBI_MODE, USE_WINDOW,
+    HAS_PREFIX), the kernel's. A softcap or ALiBi (``ops.common.attention_math.
     softcap_and_alibi``'s formulas) forms the natural-log scores first; MASKED applies the causal
     rule, with USE_WINDOW the window's, and with HAS_PREFIX makes a query and a key of one
     prefix range visible to each other whatever those rules say."""
+    USE_SOFTCAP: gl.constexpr = FEATURES[0]
+    ALIBI_MODE: gl.constexpr = FEATURES[1]
+    USE_WINDOW: gl.constexpr = FEATURES[2]
+    HAS_PREFIX: gl.constexpr = FEATURES[3]
     s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
                                                   instr_shape=[16, BLOCK_N, 16])
     o_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
@@ -184,11 +188,11 @@ def _issue_values(p_op, v_bufs, v_ready, j, acc, NUM_STAGES: gl.constexpr):
 def _attend_tiles(i_lo, i_hi, t_base, q_smem, k_bufs, v_bufs, k_ready, v_ready, kv_empty, m_i, l_i, acc, q_pos,
                   qk_scale, mods, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
                   NUM_WARPS: gl.constexpr, MASKED: gl.constexpr, PIPELINED: gl.constexpr, OVERLAP: gl.constexpr,
-                  USE_SOFTCAP: gl.constexpr, ALIBI_MODE: gl.constexpr, USE_WINDOW: gl.constexpr,
-                  HAS_PREFIX: gl.constexpr):
+                  FEATURES: gl.constexpr):
     """Online softmax over key tiles i_lo .. i_hi - 1 (MASKED: the causal rule k_pos <= q_pos and
     the window's; else every key is visible to every row). Tile i sits at ring position
-    ``i - t_base`` (t_base: the first tile the producer loads); ``mods``: ``_probabilities``'.
+    ``i - t_base`` (t_base: the first tile the producer loads); ``mods``, ``FEATURES``:
+    ``_probabilities``'.
 
     PIPELINED: software-pipelined by one tile: tile i + 1's ``S = Q K^T`` is issued before tile
     i's softmax, so the tensor cores run it while the warps compute exponentials; both wgmma in
@@ -207,44 +211,42 @@ def _attend_tiles(i_lo, i_hi, t_base, q_smem, k_bufs, v_bufs, k_ready, v_ready, 
             qk, k_tile = _issue_scores(q_smem, k_bufs, k_ready, i - t_base, s_zero, NUM_STAGES)
             qk, _ = warpgroup_mma_wait(num_outstanding=0, deps=(qk, k_tile))  # [BLOCK_M, BLOCK_N] fp32
             p_op, m_i, l_i, alpha = _probabilities(qk, i, m_i, l_i, q_pos, qk_scale, mods, DTYPE, HEAD,
-                                                     BLOCK_N, NUM_WARPS, MASKED, USE_SOFTCAP, ALIBI_MODE, USE_WINDOW,
-                                                     HAS_PREFIX)
+                                                   BLOCK_N, NUM_WARPS, MASKED, FEATURES)
             acc = acc * alpha[:, None]
             acc, v_tile = _issue_values(p_op, v_bufs, v_ready, i - t_base, acc, NUM_STAGES)
             acc, _, _ = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_op, v_tile))  # [BLOCK_M, HEAD] fp32
-            mbarrier.arrive(kv_empty.index((i - t_base) % NUM_STAGES), count=1)  # slot free: both wgmma of the tile are done
+            # slot free: both wgmma of the tile are done
+            mbarrier.arrive(kv_empty.index((i - t_base) % NUM_STAGES), count=1)
     elif i_lo < i_hi:
         qk, k_tile = _issue_scores(q_smem, k_bufs, k_ready, i_lo - t_base, s_zero, NUM_STAGES)
         qk, _ = warpgroup_mma_wait(num_outstanding=0, deps=(qk, k_tile))
         if OVERLAP:
             p_op, m_i, l_i, alpha = _probabilities(qk, i_lo, m_i, l_i, q_pos, qk_scale, mods, DTYPE, HEAD,
-                                                     BLOCK_N, NUM_WARPS, MASKED, USE_SOFTCAP, ALIBI_MODE, USE_WINDOW,
-                                                     HAS_PREFIX)
+                                                   BLOCK_N, NUM_WARPS, MASKED, FEATURES)
             acc = acc * alpha[:, None]
             for i in range(i_lo, i_hi - 1):
                 qk_next, k_next = _issue_scores(q_smem, k_bufs, k_ready, i + 1 - t_base, s_zero, NUM_STAGES)
                 acc, v_tile = _issue_values(p_op, v_bufs, v_ready, i - t_base, acc, NUM_STAGES)
                 qk, _ = warpgroup_mma_wait(num_outstanding=1, deps=(qk_next, k_next))  # issued first: done first
                 p_next, m_i, l_i, alpha = _probabilities(qk, i + 1, m_i, l_i, q_pos, qk_scale, mods, DTYPE, HEAD,
-                                                           BLOCK_N, NUM_WARPS, MASKED, USE_SOFTCAP, ALIBI_MODE, USE_WINDOW,
-                                                           HAS_PREFIX)
+                                                         BLOCK_N, NUM_WARPS, MASKED, FEATURES)
                 acc, _, _ = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_op, v_tile))
-                mbarrier.arrive(kv_empty.index((i - t_base) % NUM_STAGES), count=1)  # slot i free: both its wgmma are done
+                # slot i free: both its wgmma are done
+                mbarrier.arrive(kv_empty.index((i - t_base) % NUM_STAGES), count=1)
                 acc = acc * alpha[:, None]
                 p_op = p_next
         else:
             for i in range(i_lo, i_hi - 1):
                 qk_next, k_next = _issue_scores(q_smem, k_bufs, k_ready, i + 1 - t_base, s_zero, NUM_STAGES)
                 p_op, m_i, l_i, alpha = _probabilities(qk, i, m_i, l_i, q_pos, qk_scale, mods, DTYPE, HEAD,
-                                                         BLOCK_N, NUM_WARPS, MASKED, USE_SOFTCAP, ALIBI_MODE, USE_WINDOW,
-                                                         HAS_PREFIX)
+                                                       BLOCK_N, NUM_WARPS, MASKED, FEATURES)
                 acc = acc * alpha[:, None]
                 acc, v_tile = _issue_values(p_op, v_bufs, v_ready, i - t_base, acc, NUM_STAGES)
                 qk, acc, _, _, _ = warpgroup_mma_wait(num_outstanding=0, deps=(qk_next, acc, p_op, v_tile, k_next))
-                mbarrier.arrive(kv_empty.index((i - t_base) % NUM_STAGES), count=1)  # slot i free: both its wgmma are done
+                # slot i free: both its wgmma are done
+                mbarrier.arrive(kv_empty.index((i - t_base) % NUM_STAGES), count=1)
             p_op, m_i, l_i, alpha = _probabilities(qk, i_hi - 1, m_i, l_i, q_pos, qk_scale, mods, DTYPE, HEAD,
-                                                     BLOCK_N, NUM_WARPS, MASKED, USE_SOFTCAP, ALIBI_MODE, USE_WINDOW,
-                                                     HAS_PREFIX)
+                                                   BLOCK_N, NUM_WARPS, MASKED, FEATURES)
             acc = acc * alpha[:, None]
         last = i_hi - 1
         acc, v_tile = _issue_values(p_op, v_bufs, v_ready, last - t_base, acc, NUM_STAGES)
@@ -258,10 +260,9 @@ def _consumer(q_smem, k_bufs, v_bufs, k_ready, v_ready, kv_empty, out_ptr, lse_p
               stride_lse_t, stride_lse_h, head, q_start, q_len, row_lo, context_len, num_tokens, t_lo, t_mid_lo,
               t_mid_hi, n_tiles, scale, mods, sink_log2, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
               NUM_STAGES: gl.constexpr, NUM_WARPS: gl.constexpr, PIPELINED: gl.constexpr, OVERLAP: gl.constexpr,
-              USE_SOFTCAP: gl.constexpr, ALIBI_MODE: gl.constexpr, USE_WINDOW: gl.constexpr,
-              HAS_PREFIX: gl.constexpr):
+              FEATURES: gl.constexpr):
     """Attend over the key tiles and store out and lse: tiles t_lo .. t_mid_lo - 1 (the window's
-    edge, USE_WINDOW only) and t_mid_hi .. n_tiles - 1 (the diagonal) masked, the ones between
+    edge, with a window only) and t_mid_hi .. n_tiles - 1 (the diagonal) masked, the ones between
     without a mask. ``sink_log2``: the head's sink logit in base 2 (-inf: none), a key of weight
     e^sink and no value."""
     HEAD: gl.constexpr = q_smem.shape[1]
@@ -274,16 +275,17 @@ def _consumer(q_smem, k_bufs, v_bufs, k_ready, v_ready, kv_empty, out_ptr, lse_p
     l_i = gl.where(m_i > float("-inf"), 1.0, 0.0)
     acc = gl.zeros([BLOCK_M, HEAD], gl.float32, layout=o_l)
     qk_scale = scale * LOG2E
+    USE_WINDOW: gl.constexpr = FEATURES[2]
     if USE_WINDOW:
         m_i, l_i, acc = _attend_tiles(t_lo, t_mid_lo, t_lo, q_smem, k_bufs, v_bufs, k_ready, v_ready, kv_empty, m_i,
                                       l_i, acc, q_pos, qk_scale, mods, BLOCK_M, BLOCK_N, NUM_STAGES, NUM_WARPS,
-                                      True, PIPELINED, OVERLAP, USE_SOFTCAP, ALIBI_MODE, USE_WINDOW, HAS_PREFIX)
+                                      True, PIPELINED, OVERLAP, FEATURES)
     m_i, l_i, acc = _attend_tiles(t_mid_lo, t_mid_hi, t_lo, q_smem, k_bufs, v_bufs, k_ready, v_ready, kv_empty, m_i,
                                   l_i, acc, q_pos, qk_scale, mods, BLOCK_M, BLOCK_N, NUM_STAGES, NUM_WARPS, False,
-                                  PIPELINED, OVERLAP, USE_SOFTCAP, ALIBI_MODE, USE_WINDOW, HAS_PREFIX)
+                                  PIPELINED, OVERLAP, FEATURES)
     m_i, l_i, acc = _attend_tiles(t_mid_hi, n_tiles, t_lo, q_smem, k_bufs, v_bufs, k_ready, v_ready, kv_empty, m_i,
                                   l_i, acc, q_pos, qk_scale, mods, BLOCK_M, BLOCK_N, NUM_STAGES, NUM_WARPS, True,
-                                  PIPELINED, OVERLAP, USE_SOFTCAP, ALIBI_MODE, USE_WINDOW, HAS_PREFIX)
+                                  PIPELINED, OVERLAP, FEATURES)
 
     out, lse = finalize_rows(acc, m_i, l_i, s_l, o_l)
 
@@ -344,7 +346,8 @@ def prefill_gluon_kernel(
     prefix_ranges_ptr,  # [num_seqs, num_prefix_ranges, 2] int32, or None
     stride_q_t, stride_q_h, stride_o_t, stride_o_h, stride_lse_t, stride_lse_h,
     stride_c_b, stride_c_s, stride_c_h, stride_bt_s, stride_pr_s, stride_pr_r,
-    scale, softcap, sliding_window, num_prefix_ranges, num_seqs, num_tokens, num_blocks, max_blocks_per_seq, min_q_len, first_seq,
+    scale, softcap, sliding_window, num_prefix_ranges,
+    num_seqs, num_tokens, num_blocks, max_blocks_per_seq, min_q_len, first_seq,
     NUM_QUERIES_PER_KV: gl.constexpr, HEAD: gl.constexpr, PAGE_SIZE: gl.constexpr, BLOCK_N: gl.constexpr,
     NUM_STAGES: gl.constexpr, PRODUCER_WARPS: gl.constexpr, PRODUCER_REGS: gl.constexpr, PIPELINED: gl.constexpr,
     OVERLAP: gl.constexpr, NUM_CONSUMERS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
@@ -398,6 +401,7 @@ def prefill_gluon_kernel(
     if sinks_ptr is not None:
         sink_log2 = gl.load(sinks_ptr + head).to(gl.float32) * LOG2E
     mods = (scale, softcap, slope, sliding_window, pr_row, num_prefix_ranges, stride_pr_r)
+    FEATURES: gl.constexpr = (USE_SOFTCAP, ALIBI_MODE, USE_WINDOW, HAS_PREFIX)
 
     # queries into shared memory (rows past the sequence or outside q read as zeros)
     COL_THREADS: gl.constexpr = HEAD // 8
@@ -430,7 +434,7 @@ def prefill_gluon_kernel(
             (_consumer, (q_smem, k_bufs, v_bufs, k_ready, v_ready, kv_empty, out_ptr, lse_ptr, stride_o_t, stride_o_h,
                          stride_lse_t, stride_lse_h, head, q_start, q_len, row_lo, context_len, num_tokens, t_lo,
                          t_mid_lo, t_mid_hi, n_tiles, scale, mods, sink_log2, WG_ROWS, BLOCK_N, NUM_STAGES, NUM_WARPS,
-                         PIPELINED, OVERLAP, USE_SOFTCAP, ALIBI_MODE, USE_WINDOW, HAS_PREFIX)),
+                         PIPELINED, OVERLAP, FEATURES)),
             (_producer, (k_cache_ptr, v_cache_ptr, bt_row_ptr, k_bufs, v_bufs, k_ready, v_ready, kv_empty, kv_head,
                          t_lo, n_tiles, kv_hi, num_blocks, max_blocks_per_seq, stride_c_b, stride_c_s, stride_c_h,
                          HEAD, PAGE_SIZE, BLOCK_N, NUM_STAGES, PRODUCER_WARPS)),
@@ -442,20 +446,17 @@ def prefill_gluon_kernel(
             (_consumer, (q_smem.slice(0, WG_ROWS), k_bufs, v_bufs, k_ready, v_ready, kv_empty, out_ptr, lse_ptr,
                          stride_o_t, stride_o_h, stride_lse_t, stride_lse_h, head, q_start, q_len, row_lo,
                          context_len, num_tokens, t_lo, t_mid_lo, t_mid_hi, n_tiles, scale, mods, sink_log2, WG_ROWS,
-                         BLOCK_N, NUM_STAGES, NUM_WARPS, PIPELINED, OVERLAP, USE_SOFTCAP, ALIBI_MODE, USE_WINDOW,
-                         HAS_PREFIX)),
+                         BLOCK_N, NUM_STAGES, NUM_WARPS, PIPELINED, OVERLAP, FEATURES)),
             (_producer, (k_cache_ptr, v_cache_ptr, bt_row_ptr, k_bufs, v_bufs, k_ready, v_ready, kv_empty, kv_head,
                          t_lo, n_tiles, kv_hi, num_blocks, max_blocks_per_seq, stride_c_b, stride_c_s, stride_c_h,
                          HEAD, PAGE_SIZE, BLOCK_N, NUM_STAGES, PRODUCER_WARPS)),
             (_consumer, (q_smem.slice(WG_ROWS, WG_ROWS), k_bufs, v_bufs, k_ready, v_ready, kv_empty, out_ptr,
                          lse_ptr, stride_o_t, stride_o_h, stride_lse_t, stride_lse_h, head, q_start, q_len,
                          row_lo + WG_ROWS, context_len, num_tokens, t_lo, t_mid_lo, t_mid_hi, n_tiles, scale, mods,
-                         sink_log2, WG_ROWS, BLOCK_N, NUM_STAGES, NUM_WARPS, PIPELINED, OVERLAP, USE_SOFTCAP,
-                         ALIBI_MODE, USE_WINDOW, HAS_PREFIX)),
+                         sink_log2, WG_ROWS, BLOCK_N, NUM_STAGES, NUM_WARPS, PIPELINED, OVERLAP, FEATURES)),
         ], [PRODUCER_WARPS, NUM_WARPS], [PRODUCER_REGS, CONSUMER_REGS])
 
     for s in gl.static_range(NUM_STAGES):
         mbarrier.invalidate(k_ready.index(s))
         mbarrier.invalidate(v_ready.index(s))
         mbarrier.invalidate(kv_empty.index(s))
-
