@@ -316,7 +316,7 @@ def test_gluon_prefill_single_sequence_gpu(calls, seq_len, heads, block_size, dt
 @pytest.mark.gpu
 @needs_gluon
 @needs_sm90
-@pytest.mark.parametrize("variant", ["1", "split", "pipelined", "m64", "serial", "n128"])
+@pytest.mark.parametrize("variant", ["1", "split", "pipelined", "m64", "serial", "n128", "groups"])
 @pytest.mark.parametrize("block_size", [16, 64, 256], ids=lambda n: f"page{n}")
 def test_gluon_prefill_extend_gpu(calls, block_size, variant):
     """Extends: 128 and 300 queries over 2000 keys, queries that start mid-page, a Q tile that
@@ -457,6 +457,51 @@ def test_gluon_prefill_score_modifiers_gpu(calls, case, variant):
     batch = make_batch([(700, 700), (300, 2000), (129, 777)], num_q_heads=num_q_heads, seed=len(case) + 1)
     run_and_compare(batch, **kwargs)
     assert len(calls.gluon) == 1 and not calls.tl
+
+
+CONSAN_CHECK = """
+import torch
+from pagedattn.testing import use_scratch_allocator_when_instrumented
+use_scratch_allocator_when_instrumented()
+import pagedattn
+import pagedattn.api as api
+from pagedattn.reference import paged_attention_ref
+from pagedattn.testing import assert_matches_reference, make_paged_batch
+launches = []
+launcher = api.launch_prefill_gluon
+api.launch_prefill_gluon = lambda *a, **k: launches.append(k) or launcher(*a, **k)
+g = torch.Generator().manual_seed(7)
+heads = 8
+modifiers = dict(sliding_window=300, softcap=30.0, alibi_slopes=(torch.rand(heads, generator=g) * 0.5).cuda(),
+                 sinks=torch.randn(heads, generator=g).cuda(),
+                 prefix_ranges=torch.tensor([[[100, 180]], [[1750, 1900]], [[0, 0]]], dtype=torch.int32).cuda())
+for block_size, kwargs in ((16, {}), (64, modifiers)):
+    batch = make_paged_batch([(128, 2000), (300, 2000), (129, 777)], num_q_heads=heads, num_kv_heads=2,
+                             head_size=128, block_size=block_size, dtype=torch.bfloat16, device="cuda", generator=g)
+    out = torch.full_like(batch.q, float("nan"))
+    lse = torch.full(batch.q.shape[:2], float("nan"), device="cuda")
+    pagedattn.paged_attention(*batch.args(), max_query_len=batch.max_query_len, max_seq_len=batch.max_seq_len,
+                              out=out, lse_out=lse, **kwargs)
+    assert_matches_reference(out, lse, *paged_attention_ref(*batch.args(), **kwargs))
+torch.cuda.synchronize()
+assert len(launches) == 2, launches
+"""
+
+
+@pytest.mark.gpu
+@needs_gluon
+@needs_sm90
+def test_gluon_prefill_ring_protocol_under_consan_gpu(tmp_path):
+    """Triton's concurrency sanitizer over the Gluon prefill's ring (an extend at page 16, every
+    score modifier at page 64), in a fresh process with its own kernel cache: no race between
+    the producer's copies and the consumers' wgmma reads, both ways, and the reference's
+    result. The ``groups`` variant: ConSan in triton 3.6 follows cp.async completion through
+    commit groups only, not through the default's ``cp.async.mbarrier.arrive.noinc`` (it flags
+    every read of a ring slot there); the two differ in that signal alone."""
+    problem = runs_within(CONSAN_CHECK, timeout=400, env={GLUON_PREFILL_ENV: "groups",
+                                                          "TRITON_INSTRUMENTATION_MODE": "consan",
+                                                          "TRITON_CACHE_DIR": str(tmp_path)})
+    assert problem is None, f"under ConSan: {problem}"
 
 
 @pytest.mark.gpu

@@ -70,8 +70,10 @@ from pagedattn.ops.common.gluon_math import LOG2E, finalize_rows, max_combine, s
 def _producer(k_cache_ptr, v_cache_ptr, bt_row_ptr, k_bufs, v_bufs, k_ready, v_ready, kv_empty,
               kv_head, t_lo, n_tiles, kv_hi, num_blocks, max_blocks_per_seq, stride_c_b, stride_c_s, stride_c_h,
               HEAD: gl.constexpr, PAGE_SIZE: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
-              PRODUCER_WARPS: gl.constexpr):
-    """Gather K and V tiles [BLOCK_N, HEAD] page by page into the ring (see the module docstring)."""
+              PRODUCER_WARPS: gl.constexpr, GROUP_SIGNAL: gl.constexpr):
+    """Gather K and V tiles [BLOCK_N, HEAD] page by page into the ring (see the module docstring).
+    GROUP_SIGNAL: each tile's copies are waited for (``wait_group``) and fenced, then one arrive of
+    the partition (ConSan's form; one tile in flight)."""
     # 16 bytes a thread, HEAD // 8 threads across a row
     COL_THREADS: gl.constexpr = HEAD // 8
     cp_l: gl.constexpr = gl.BlockedLayout([1, 8], [32 // COL_THREADS, COL_THREADS], [PRODUCER_WARPS, 1], [1, 0])
@@ -99,9 +101,21 @@ def _producer(k_cache_ptr, v_cache_ptr, bt_row_ptr, k_bufs, v_bufs, k_ready, v_r
         row = gl.where(ok, page.to(gl.int64) * stride_c_b + in_page, 0)
         offs = row[:, None] + offs_d[None, :]  # [BLOCK_N, HEAD]
         cp.async_copy_global_to_shared(k_bufs.index(slot), k_cache_ptr + offs, mask=ok[:, None])
-        cp.mbarrier_arrive(k_ready.index(slot), increment_count=False)
+        if GROUP_SIGNAL:
+            cp.commit_group()
+        else:
+            cp.mbarrier_arrive(k_ready.index(slot), increment_count=False)
         cp.async_copy_global_to_shared(v_bufs.index(slot), v_cache_ptr + offs, mask=ok[:, None])
-        cp.mbarrier_arrive(v_ready.index(slot), increment_count=False)
+        if GROUP_SIGNAL:
+            cp.commit_group()
+            cp.wait_group(1)  # K landed (this thread's copies)
+            fence_async_shared()
+            mbarrier.arrive(k_ready.index(slot), count=1)  # after a partition-wide barrier
+            cp.wait_group(0)
+            fence_async_shared()
+            mbarrier.arrive(v_ready.index(slot), count=1)
+        else:
+            cp.mbarrier_arrive(v_ready.index(slot), increment_count=False)
 
 
 @gluon.jit
@@ -350,7 +364,7 @@ def prefill_gluon_kernel(
     num_seqs, num_tokens, num_blocks, max_blocks_per_seq, min_q_len, first_seq,
     NUM_QUERIES_PER_KV: gl.constexpr, HEAD: gl.constexpr, PAGE_SIZE: gl.constexpr, BLOCK_N: gl.constexpr,
     NUM_STAGES: gl.constexpr, PRODUCER_WARPS: gl.constexpr, PRODUCER_REGS: gl.constexpr, PIPELINED: gl.constexpr,
-    OVERLAP: gl.constexpr, NUM_CONSUMERS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+    OVERLAP: gl.constexpr, NUM_CONSUMERS: gl.constexpr, CONSUMER_REGS: gl.constexpr, GROUP_SIGNAL: gl.constexpr,
     USE_SOFTCAP: gl.constexpr, ALIBI_MODE: gl.constexpr, USE_WINDOW: gl.constexpr, HAS_PREFIX: gl.constexpr,
 ):
     """out = softmax(scale * q k^T + causal mask) v for one Q tile of one head (see the module docstring),
@@ -417,12 +431,14 @@ def prefill_gluon_kernel(
     kv_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD], dtype)
     k_bufs = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N, HEAD], kv_layout)
     v_bufs = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N, HEAD], kv_layout)
+    # a noinc arrive per producer thread, or the partition's one arrive (GROUP_SIGNAL)
+    READY_ARRIVALS: gl.constexpr = 1 if GROUP_SIGNAL else 32 * PRODUCER_WARPS
     k_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     kv_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     for s in gl.static_range(NUM_STAGES):
-        mbarrier.init(k_ready.index(s), count=32 * PRODUCER_WARPS)
-        mbarrier.init(v_ready.index(s), count=32 * PRODUCER_WARPS)
+        mbarrier.init(k_ready.index(s), count=READY_ARRIVALS)
+        mbarrier.init(v_ready.index(s), count=READY_ARRIVALS)
         mbarrier.init(kv_empty.index(s), count=NUM_CONSUMERS)
     fence_async_shared()  # the queries and the barriers' initialization, before any async-proxy use
 
@@ -437,7 +453,7 @@ def prefill_gluon_kernel(
                          PIPELINED, OVERLAP, FEATURES)),
             (_producer, (k_cache_ptr, v_cache_ptr, bt_row_ptr, k_bufs, v_bufs, k_ready, v_ready, kv_empty, kv_head,
                          t_lo, n_tiles, kv_hi, num_blocks, max_blocks_per_seq, stride_c_b, stride_c_s, stride_c_h,
-                         HEAD, PAGE_SIZE, BLOCK_N, NUM_STAGES, PRODUCER_WARPS)),
+                         HEAD, PAGE_SIZE, BLOCK_N, NUM_STAGES, PRODUCER_WARPS, GROUP_SIGNAL)),
         ], [PRODUCER_WARPS], [PRODUCER_REGS])
     else:
         # both halves walk every tile of the whole tile's range (the ring's protocol), the mask
@@ -449,7 +465,7 @@ def prefill_gluon_kernel(
                          BLOCK_N, NUM_STAGES, NUM_WARPS, PIPELINED, OVERLAP, FEATURES)),
             (_producer, (k_cache_ptr, v_cache_ptr, bt_row_ptr, k_bufs, v_bufs, k_ready, v_ready, kv_empty, kv_head,
                          t_lo, n_tiles, kv_hi, num_blocks, max_blocks_per_seq, stride_c_b, stride_c_s, stride_c_h,
-                         HEAD, PAGE_SIZE, BLOCK_N, NUM_STAGES, PRODUCER_WARPS)),
+                         HEAD, PAGE_SIZE, BLOCK_N, NUM_STAGES, PRODUCER_WARPS, GROUP_SIGNAL)),
             (_consumer, (q_smem.slice(WG_ROWS, WG_ROWS), k_bufs, v_bufs, k_ready, v_ready, kv_empty, out_ptr,
                          lse_ptr, stride_o_t, stride_o_h, stride_lse_t, stride_lse_h, head, q_start, q_len,
                          row_lo + WG_ROWS, context_len, num_tokens, t_lo, t_mid_lo, t_mid_hi, n_tiles, scale, mods,

@@ -35,7 +35,11 @@ class GluonPrefillConfig:
     ``producer_warps`` warps capped at ``producer_regs`` registers a thread; ``pipelined``: the
     consumer's loop software-pipelined by one tile (``False``: the loop measured first on the
     H200, kept for the comparison); ``overlap``: P V of a tile in flight during the next tile's
-    softmax too."""
+    softmax too; ``group_signal``: the producer completes each tile's copies through cp.async
+    commit groups (one tile in flight) and arrives on the ready barriers with a plain arrive,
+    the form Triton's ConSan (``TRITON_INSTRUMENTATION_MODE=consan``) can follow; the default,
+    ``cp.async.mbarrier.arrive.noinc``, keeps every ring slot's copies in flight at once, and
+    ConSan in triton 3.6 counts cp.async as done only at a ``wait_group``."""
 
     block_m: int = 128
     block_n: int = 64
@@ -46,6 +50,7 @@ class GluonPrefillConfig:
     overlap: bool = False  # with pipelined: this tile's P V also runs during the next tile's softmax
     split_consumers: bool = False  # the two 64-row halves in two partitions (block_m 128 only)
     consumer_regs: int = 208  # the second consumer partition's register cap (split_consumers)
+    group_signal: bool = False  # tiles' copies completed through commit groups (for ConSan)
 
     @property
     def num_consumers(self) -> int:
@@ -71,6 +76,8 @@ GLUON_PREFILL_CONFIGS = {"1": GLUON_PREFILL_CONFIG, "split": GluonPrefillConfig(
                          # the producer at 72 registers and the second consumer at 200 (3 stages spill)
                          "n128": GluonPrefillConfig(split_consumers=True, overlap=True, block_n=128, num_stages=2,
                                                     producer_regs=72, consumer_regs=200),
+                         # the default with the ready barriers signalled in the form ConSan follows
+                         "groups": GluonPrefillConfig(split_consumers=True, overlap=True, group_signal=True),
                          "0": GLUON_OFF}
 # the automatic rule's floor: below it the tl kernel was as fast on the H200 (a 512-token prefill:
 # 16.7 against 16.9 us), above it the Gluon kernel was faster (2048: 99.9 against 101.5 us; 4 x 512
@@ -200,7 +207,8 @@ def launch_prefill_gluon(
            NUM_QUERIES_PER_KV=num_q_heads // k.shape[2], HEAD=q.shape[2], PAGE_SIZE=k.shape[1],
            BLOCK_N=config.block_n, NUM_STAGES=config.num_stages, PRODUCER_WARPS=config.producer_warps,
            PRODUCER_REGS=config.producer_regs, PIPELINED=config.pipelined, OVERLAP=config.overlap,
-           NUM_CONSUMERS=config.num_consumers, CONSUMER_REGS=config.consumer_regs, USE_SOFTCAP=bool(a.softcap),
+           NUM_CONSUMERS=config.num_consumers, CONSUMER_REGS=config.consumer_regs,
+           GROUP_SIGNAL=config.group_signal, USE_SOFTCAP=bool(a.softcap),
            ALIBI_MODE=int(a.alibi_mode),
            USE_WINDOW=bool(a.sliding_window and a.sliding_window > 0), HAS_PREFIX=pr is not None,
            num_warps=config.num_warps)
