@@ -133,6 +133,29 @@ def test_report_marks_eager_timing_after_failed_capture():
     assert "- router on c: timed eagerly, do_bench (graph capture failed: RuntimeError: sync)" in table
 
 
+
+def _timed(provider, us, method, graph_us=None):
+    rec = dict(case="mixed", provider=provider, status="ok", time_us=us, method=method, n_copies=1,
+               kv_bytes=1e9, flops=1e12)
+    return rec if graph_us is None else {**rec, "graph_us": graph_us}
+
+
+def test_a_case_is_timed_one_way():
+    """Where every provider of a case was replayed, the do_bench readings give way to the
+    replays (kept beside them); a provider never captured leaves the row as it was."""
+    from pagedattn.bench.cli import _one_method
+
+    records = [_timed("pagedattn", 261.8, "do_bench", graph_us=226.4),
+               _timed("pagedattn-gluon", 226.8, "cudagraph x1 copies"), dict(provider="x", status="skip")]
+    _one_method(records, {})
+    assert [r.get("time_us") for r in records] == [226.4, 226.8, None]
+    assert records[0]["do_bench_us"] == 261.8 and records[0]["method"].startswith("cudagraph x1")
+    assert records[0]["tflops"] == pytest.approx(1e12 / 226.4e-6 / 1e12)
+    never = [_timed("a", 1300.0, "do_bench"), _timed("b", 970.0, "do_bench", graph_us=972.1)]
+    _one_method(never, {})
+    assert [r["time_us"] for r in never] == [1300.0, 970.0] and "do_bench_us" not in never[1]
+
+
 WAVES_ROWS = [
     dict(batch=b, context=ctx, schedule=sched, persistent_us=p, persistent_err=1e-3,
          **(dict(variable_grid_us=v, best_true_size_us=best, best_true_size_eager_us=best + 5,
@@ -222,8 +245,7 @@ def test_gluon_providers_only_when_named(capsys):
     from pagedattn.bench.providers import PROVIDERS
 
     gluon = [n for n in PROVIDERS if n.startswith("pagedattn-gluon")]
-    assert gluon == ["pagedattn-gluon", "pagedattn-gluon-split", "pagedattn-gluon-pipelined", "pagedattn-gluon-serial",
-                     "pagedattn-gluon-n128"]
+    assert gluon == ["pagedattn-gluon", "pagedattn-gluon-split", "pagedattn-gluon-pipelined", "pagedattn-gluon-serial"]
     assert not any(PROVIDERS[n].by_default for n in gluon + ["pagedattn-tl"])
     assert main(["--quick", "--list"]) == 0
     listed = capsys.readouterr().out

@@ -64,8 +64,7 @@ OVERLAP = GluonPrefillConfig(split_consumers=True, overlap=True)  # and P V besi
         pytest.param(64, torch.float16, False, PIPELINED, 64, False, id="page64-fp16-head64-pipelined"),
         pytest.param(16, torch.bfloat16, True, SPLIT, 128, False, id="page16-bf16-lse-split"),
         pytest.param(64, torch.float16, False, SPLIT, 64, False, id="page64-fp16-head64-split"),
-        pytest.param(16, torch.bfloat16, True, GLUON_PREFILL_CONFIGS["n128"], 128, False, id="page16-bf16-lse-n128"),
-        pytest.param(256, torch.float16, False, GLUON_PREFILL_CONFIGS["n128"], 64, False, id="page256-fp16-head64-n128"),
+        pytest.param(16, torch.bfloat16, True, GLUON_PREFILL_CONFIGS["groups"], 128, True, id="page16-bf16-lse-groups"),
         pytest.param(16, torch.bfloat16, True, GLUON_PREFILL_CONFIG, 128, True, id="page16-bf16-lse-modifiers"),
         pytest.param(256, torch.float16, False, GLUON_PREFILL_CONFIG, 64, True, id="page256-fp16-head64-modifiers"),
         pytest.param(64, torch.bfloat16, True, SERIAL, 128, True, id="page64-bf16-lse-serial-modifiers"),
@@ -104,13 +103,13 @@ def _args(dtype=torch.bfloat16, cache_dtype=None, head_size=128, page_size=16, n
 
 
 def test_gluon_prefill_variable_picks_the_config(monkeypatch):
-    """PAGEDATTN_PREFILL_GLUON: 1 the default config, split / pipelined / serial the kept
-    variants, 0 off, anything else (or unset) the automatic rule; read at each call."""
+    """PAGEDATTN_PREFILL_GLUON: 1 the default config, split / pipelined / serial / groups the
+    kept variants, 0 off, anything else (or unset) the automatic rule; read at each call."""
     monkeypatch.delenv(GLUON_PREFILL_ENV, raising=False)
     assert gluon_prefill_requested() is None
     assert GLUON_PREFILL_CONFIG == OVERLAP
     for value, config in (("1", OVERLAP), ("serial", SERIAL), ("split", SPLIT), ("pipelined", PIPELINED),
-                          ("n128", GLUON_PREFILL_CONFIGS["n128"]), ("0", GLUON_OFF), ("yes", None)):
+                          ("groups", GLUON_PREFILL_CONFIGS["groups"]), ("0", GLUON_OFF), ("yes", None)):
         monkeypatch.setenv(GLUON_PREFILL_ENV, value)
         assert gluon_prefill_requested() == config, value
 
@@ -118,13 +117,15 @@ def test_gluon_prefill_variable_picks_the_config(monkeypatch):
 @needs_gluon
 def test_gluon_prefill_automatic_rule(monkeypatch):
     """Unset, on sm9x (faked here), the default config serves calls of at least
-    GLUON_MIN_QUERY_TOKENS query tokens with a sequence of GLUON_MIN_QUERY_LEN or more, and only
-    calls the kernel serves; =1 serves the small ones too; =0 none."""
+    GLUON_MIN_QUERY_TOKENS query tokens with a sequence of GLUON_MIN_QUERY_LEN or more and no
+    shorter sequence beside the launch, and only calls the kernel serves; =1 serves the small
+    ones too; =0 none."""
     monkeypatch.setattr(launch_module, "on_sm9x", lambda t: True)
     monkeypatch.delenv(GLUON_PREFILL_ENV, raising=False)
     big = _args(q=torch.zeros(GLUON_MIN_QUERY_TOKENS, 8, 128, dtype=torch.bfloat16))
     assert use_gluon_prefill(big, GLUON_MIN_QUERY_LEN) == GLUON_PREFILL_CONFIG
     assert use_gluon_prefill(big, GLUON_MIN_QUERY_LEN - 1) is None  # many short sequences
+    assert use_gluon_prefill(big, GLUON_MIN_QUERY_LEN, short_beside=True) is None  # decodes beside it
     small = _args(q=torch.zeros(GLUON_MIN_QUERY_TOKENS - 1, 8, 128, dtype=torch.bfloat16))
     assert use_gluon_prefill(small, GLUON_MIN_QUERY_LEN) is None
     # a score modifier: the kernel computes it, but only an explicit PAGEDATTN_PREFILL_GLUON sends it there
@@ -133,6 +134,7 @@ def test_gluon_prefill_automatic_rule(monkeypatch):
                              GLUON_MIN_QUERY_LEN) is None
     monkeypatch.setenv(GLUON_PREFILL_ENV, "1")
     assert use_gluon_prefill(small, 20) == GLUON_PREFILL_CONFIG
+    assert use_gluon_prefill(big, GLUON_MIN_QUERY_LEN, short_beside=True) == GLUON_PREFILL_CONFIG
     assert use_gluon_prefill(dataclasses.replace(big, softcap=2.0), GLUON_MIN_QUERY_LEN) == GLUON_PREFILL_CONFIG
     monkeypatch.setenv(GLUON_PREFILL_ENV, "serial")
     assert use_gluon_prefill(small, 20) == SERIAL
@@ -181,6 +183,33 @@ def test_gluon_prefill_refuses_a_modifier_it_has_never_heard_of():
     a = WithTemperature(**{f.name: getattr(_args(), f.name) for f in dataclasses.fields(AttentionArgs)})
     assert gluon_prefill_supported(a, 20) is None
     assert "temperature" in gluon_prefill_supported(dataclasses.replace(a, temperature=0.7), 20)
+
+
+@needs_gluon
+@pytest.mark.parametrize("cases, gluon", [([(2048, 2048)], True), ([(512, 4608)] * 4, True),
+                                          ([(2048, 2048)] + [(1, 2049)] * 63, False)],
+                         ids=["prefill", "extends", "among-decodes"])
+def test_gluon_prefill_rule_sees_the_plans_short_sequences(monkeypatch, cases, gluon):
+    """The automatic rule inside a call (the launchers and sm9x faked): with a plan, a prefill and
+    extends alone take the Gluon kernel, a prefill among decodes the tl one; without a plan the
+    call does not know its short sequences and takes the Gluon kernel."""
+    monkeypatch.setattr(launch_module, "on_sm9x", lambda t: True)
+    monkeypatch.setattr(launch_module, "gluon_prefill_supported", lambda *a, **k: None)
+    monkeypatch.delenv(GLUON_PREFILL_ENV, raising=False)
+    launched = []
+    for name in ("launch_prefill_gluon", "launch_prefill", "launch_unified"):
+        monkeypatch.setattr(api_module, name, lambda *a, name=name, **k: launched.append(name))
+    batch = make_paged_batch(cases, num_q_heads=8, num_kv_heads=2, head_size=128, block_size=16,
+                             dtype=torch.bfloat16, device="cpu")
+    plan = plan_attention(batch.query_start_loc, batch.seq_lens, num_q_heads=8, num_kv_heads=2, head_size=128,
+                          device="cpu", dtype=torch.bfloat16)
+    assert plan.path == "prefill"
+    for with_plan in (True, False):
+        launched.clear()
+        paged_attention(*batch.args(), max_query_len=batch.max_query_len, max_seq_len=batch.max_seq_len,
+                        plan=plan if with_plan else None)
+        expected = "launch_prefill_gluon" if gluon or not with_plan else "launch_prefill"
+        assert launched[0] == expected, (with_plan, launched)
 
 
 def test_gluon_prefill_not_used_off_gpu(monkeypatch):
@@ -316,12 +345,12 @@ def test_gluon_prefill_single_sequence_gpu(calls, seq_len, heads, block_size, dt
 @pytest.mark.gpu
 @needs_gluon
 @needs_sm90
-@pytest.mark.parametrize("variant", ["1", "split", "pipelined", "m64", "serial", "n128", "groups"])
+@pytest.mark.parametrize("variant", ["1", "split", "pipelined", "m64", "serial", "groups"])
 @pytest.mark.parametrize("block_size", [16, 64, 256], ids=lambda n: f"page{n}")
 def test_gluon_prefill_extend_gpu(calls, block_size, variant):
     """Extends: 128 and 300 queries over 2000 keys, queries that start mid-page, a Q tile that
     ends mid-tile; 64- and 128-row tiles, the serial loop, the pipelined one and the overlapped
-    one, one consumer partition and two, 64- and 128-key tiles."""
+    one, one consumer partition and two, the producer signalling through commit groups."""
     if variant != "m64":
         require_first_call(variant)
     calls.config = BLOCK_M64 if variant == "m64" else GLUON_PREFILL_CONFIGS[variant]

@@ -530,8 +530,6 @@ PROVIDERS: dict[str, Provider] = {
                           description="automatic path, Gluon sm90 prefill kernel, one consumer partition"),
         PagedAttnProvider("pagedattn-gluon-serial", gluon="serial", by_default=False,
                           description="automatic path, Gluon sm90 prefill kernel, serial loop"),
-        PagedAttnProvider("pagedattn-gluon-n128", gluon="n128", by_default=False,
-                          description="automatic path, Gluon sm90 prefill kernel, 128 keys a step"),
         RouterProvider("router", description="three-path router backend, batch in routed order (engine reorders per step)"),
         RouterProvider("router-gather", reorder=False,
                        description="three-path router backend, caller's order (q / out gathers inside the call)"),

@@ -72,17 +72,15 @@ GLUON_OFF = "off"
 # serves, 0 the portable kernel everywhere, or a variant kept for a same-run comparison
 GLUON_PREFILL_CONFIGS = {"1": GLUON_PREFILL_CONFIG, "split": GluonPrefillConfig(split_consumers=True),
                          "pipelined": GluonPrefillConfig(), "serial": GluonPrefillConfig(pipelined=False),
-                         # 128 keys a step (FA3's tile for head 128 on sm90) at 2 stages: no spills with
-                         # the producer at 72 registers and the second consumer at 200 (3 stages spill)
-                         "n128": GluonPrefillConfig(split_consumers=True, overlap=True, block_n=128, num_stages=2,
-                                                    producer_regs=72, consumer_regs=200),
                          # the default with the ready barriers signalled in the form ConSan follows
                          "groups": GluonPrefillConfig(split_consumers=True, overlap=True, group_signal=True),
                          "0": GLUON_OFF}
 # the automatic rule's floor: below it the tl kernel was as fast on the H200 (a 512-token prefill:
-# 16.7 against 16.9 us), above it the Gluon kernel was faster (2048: 99.9 against 101.5 us; 4 x 512
-# on 4096: 355.5 against 381.3; 8192: 1263 against 1353) except on a 2048-token prefill among 63
-# decodes (226.8 against 221.0 us in that run, 231 against 264 in another)
+# 16.7 against 16.9 us), above it the Gluon kernel was faster (2048: 99.1 against 100.3 us; 4 x 512
+# on 4096: 349.6 against 380.9; 8192: 1276 against 1347), except beside shorter sequences: a
+# 2048-token prefill among 63 decodes, both replayed as CUDA graphs, ran 226.4 against 220.6 us
+# (226.8 against 221.0 on another machine), the decodes' unified kernel running on a second
+# stream beside a prefill kernel that holds 131 KB of shared memory and 12 warps an SM
 GLUON_MIN_QUERY_TOKENS = 2048
 GLUON_MIN_QUERY_LEN = 512
 # AttentionArgs' score modifiers the kernel computes (any other sends the call to the tl kernel)
@@ -147,20 +145,24 @@ def gluon_prefill_supported(a: AttentionArgs, max_query_len: int,
     return None
 
 
-def use_gluon_prefill(a: AttentionArgs, max_query_len: int) -> GluonPrefillConfig | None:
+def use_gluon_prefill(a: AttentionArgs, max_query_len: int, short_beside: bool = False) -> GluonPrefillConfig | None:
     """The Gluon config of this call's prefill launch, or None for the portable kernel.
 
     On a CUDA GPU of compute capability 9.x, for a call the kernel serves: the config
     ``PAGEDATTN_PREFILL_GLUON`` names, else (unset) the default one when the call holds at least
-    GLUON_MIN_QUERY_TOKENS query tokens and a sequence of GLUON_MIN_QUERY_LEN or more and no
-    score modifier: the kernel's modifiers are compiled and tested on the CPU but not yet
-    checked on a GPU, so only an explicit ``PAGEDATTN_PREFILL_GLUON`` sends them there.
+    GLUON_MIN_QUERY_TOKENS query tokens and a sequence of GLUON_MIN_QUERY_LEN or more, no
+    sequence shorter than the prefill launch's runs beside it (``short_beside``: the plan says
+    so; a call without a plan does not know) and no score modifier: the modifiers passed the
+    GPU suite against the float64 reference, but the one shape timed with them (GPT-OSS's:
+    head 64, a 128-key window, sinks; 4096 tokens) ran 139.9 us on the Gluon kernel against
+    115.6 on the tl kernel, so only an explicit ``PAGEDATTN_PREFILL_GLUON`` sends them there.
     """
     config = gluon_prefill_requested()
     if config is GLUON_OFF or not on_sm9x(a.q):
         return None
     if config is None:
-        if a.q.shape[0] < GLUON_MIN_QUERY_TOKENS or max_query_len < GLUON_MIN_QUERY_LEN or a.score_modifiers():
+        if (a.q.shape[0] < GLUON_MIN_QUERY_TOKENS or max_query_len < GLUON_MIN_QUERY_LEN or short_beside
+                or a.score_modifiers()):
             return None
         config = GLUON_PREFILL_CONFIG
     return config if gluon_prefill_supported(a, max_query_len, config) is None else None
