@@ -119,3 +119,18 @@ def test_prefill_among_decodes_runs_on_the_callers_metadata(monkeypatch):
     assert kw["queries"].query_start_loc.data_ptr() == b.query_start_loc.data_ptr()
     assert kw["queries"].seq_lens.data_ptr() == b.seq_lens.data_ptr()
     assert kw["kv"].block_table.data_ptr() == b.block_table.data_ptr()
+
+
+def test_head_256_splits_for_the_two_programs_an_sm_holds():
+    """Head 256's decode kernels hold 2 programs an SM (205 registers on sm90), head 128's 3: 32
+    sequences x 4 KV heads (Gemma's shape) split for one wave of 2 x 132 slots, not 3 x 132."""
+    from pagedattn.ops.common.tiles import Tiles
+    from pagedattn.plan.rule import choose_path, resident_programs_per_sm
+
+    assert [resident_programs_per_sm(h) for h in (64, 128, 256)] == [3, 3, 2]
+    tiles = Tiles(block_m=16, block_q=8, tile_n=32, num_warps=4, num_stages=3, max_registers=None)
+    for window in (None, 1024):
+        picks = {h: choose_path("auto", None, max_query_len=1, max_seq_len=4096, num_kv_heads=4, tiles=tiles,
+                                sms=132, sliding_window=window, num_seqs=32, head_size=h) for h in (128, 256)}
+        assert (picks[128].path, picks[128].num_splits) == ("split_kv", 3)  # 384 programs, 396 slots
+        assert (picks[256].path, picks[256].num_splits) == ("split_kv", 2)  # 256 programs, 264 slots

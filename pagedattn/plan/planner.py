@@ -100,7 +100,7 @@ def plan_attention(
     else:
         choice = choose_path(path, num_splits, max_query_len=sizes.max_query_len, max_seq_len=sizes.max_seq_len,
                              num_kv_heads=num_kv_heads, tiles=tiles, sms=num_sms(device),
-                             sliding_window=sliding_window, q_lens=q_lens, seq_lens=lens)
+                             sliding_window=sliding_window, q_lens=q_lens, seq_lens=lens, head_size=head_size)
     if choice.path == "persistent":
         return _plan_persistent(
             qsl, lens, sizes, tiles=tiles, **heads, device=device,
@@ -239,7 +239,7 @@ def _plan_for_call(num_seqs, num_tokens, max_query_len, max_seq_len, *, num_q_he
     tiles = batch_tiles(max_query_len, num_q_heads, num_kv_heads, head_size, dtype, target_props(device))
     choice = choose_path("auto", None, max_query_len=max_query_len, max_seq_len=max_seq_len,
                          num_kv_heads=num_kv_heads, tiles=tiles, sms=num_sms(device), sliding_window=sliding_window,
-                         num_seqs=num_seqs)
+                         num_seqs=num_seqs, head_size=head_size)
     sizes = PlanSizes(num_seqs=num_seqs, num_tokens=num_tokens, max_query_len=max_query_len, max_seq_len=max_seq_len,
                       max_num_tokens=num_tokens)
     heads = dict(num_q_heads=num_q_heads, num_kv_heads=num_kv_heads, head_size=head_size)

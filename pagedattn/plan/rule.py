@@ -49,6 +49,11 @@ from pagedattn.ops.common.tiles import Tiles
 
 SPLIT_KV_MAX_QUERY_LEN = 8
 RESIDENT_PROGRAMS_PER_SM = 3  # decode tiles (16 x 64 keys, 4 warps, 3 stages): 146 regs, 72 KB smem
+# Head 256 takes 16 x 32 tiles: the split-KV kernel compiles to 205 registers on sm90 (the 2D one
+# to 188), 2 programs an SM, so a split count sized for 3 runs 1.45 waves (Gemma's shape, 32
+# sequences x 4 KV heads: 3 splits, 384 programs for 264 slots), the regime where a persistent
+# list cut for 3 per SM lost 15% to one cut for the 2 it holds (``planner._plan_persistent``)
+WIDE_HEAD_RESIDENT_PROGRAMS_PER_SM = 2
 FILL_MAX_SPLITS = 32  # the one-wave split count is capped here
 LONG_SEGMENT_TOKENS = 4096
 MANY_WAVES_SEGMENT_TOKENS = 2048
@@ -96,17 +101,25 @@ class PathChoice(NamedTuple):
     cap_registers: bool = True
 
 
+def resident_programs_per_sm(head_size: int) -> int:
+    """Decode programs (2D and split-KV kernels) one SM holds at this head size."""
+    return RESIDENT_PROGRAMS_PER_SM if head_size <= 128 else WIDE_HEAD_RESIDENT_PROGRAMS_PER_SM
+
+
 def choose_path(path: str, num_splits: int | None, *, max_query_len: int, max_seq_len: int, num_kv_heads: int,
                 tiles: Tiles, sms: int, sliding_window: int | None, num_seqs: int = 0,
-                q_lens: list[int] | None = None, seq_lens: list[int] | None = None) -> PathChoice:
+                q_lens: list[int] | None = None, seq_lens: list[int] | None = None,
+                head_size: int = 128) -> PathChoice:
     """The module docstring's rule, for ``path`` (``"auto"``, or a path asked for: its split
     count) and ``num_splits`` (None: the rule's; else forced).
 
     ``q_lens`` and ``seq_lens`` are a plan's per-sequence host lengths; a call without a plan
     passes ``num_seqs`` instead and gets the rule from the maxima alone (every sequence counted at
-    ``max_query_len``, no persistent path).
+    ``max_query_len``, no persistent path). ``head_size`` sets the programs an SM holds
+    (:func:`resident_programs_per_sm`).
     """
     lengths = q_lens is not None
+    resident = resident_programs_per_sm(head_size)
     segment = 0
     if num_splits is not None:
         if num_splits < 1:
@@ -117,11 +130,12 @@ def choose_path(path: str, num_splits: int | None, *, max_query_len: int, max_se
             num_q_blocks = sum(-(-n // tiles.block_q) for n in q_lens)
         else:
             num_q_blocks = num_seqs * cdiv(max_query_len, tiles.block_q)
-        splits = choose_num_splits(num_q_blocks, num_kv_heads, max_query_len, max_seq_len, sms, sliding_window)
+        splits = choose_num_splits(num_q_blocks, num_kv_heads, max_query_len, max_seq_len, sms, sliding_window,
+                                   programs_per_sm=resident)
         if lengths and path in ("auto", "split_kv") and max_query_len <= SPLIT_KV_MAX_QUERY_LEN:
             segment = balanced_segment(q_lens, seq_lens, block_q=tiles.block_q, tile_n=tiles.tile_n,
                                        num_kv_heads=num_kv_heads, splits=splits, sms=sms,
-                                       sliding_window=sliding_window)
+                                       sliding_window=sliding_window, programs_per_sm=resident)
             if segment and path == "auto":
                 # unequal lengths: a compact work list of about equal items (the persistent
                 # kernel) instead of a grid of every sequence x split, whose slots past the
@@ -135,7 +149,7 @@ def choose_path(path: str, num_splits: int | None, *, max_query_len: int, max_se
         visible = min(max_seq_len, sliding_window) if sliding_window else max_seq_len
         if (lengths and path == "unified" and num_splits is None and max_query_len == 1
                 and visible >= LONG_DECODE_TOKENS
-                and persistent_takes_fewer_waves(num_q_blocks * num_kv_heads, sms)):
+                and persistent_takes_fewer_waves(num_q_blocks * num_kv_heads, sms, programs_per_sm=resident)):
             # long decodes in fewer waves of 2 programs per SM: uncapped
             return PathChoice("persistent", splits, segment, cap_registers=False)
     return PathChoice(path, 1 if path == "unified" else splits, segment)
@@ -160,8 +174,9 @@ def auto_path(max_query_len: int, num_splits: int) -> str:
 
 
 def choose_num_splits(num_q_blocks: int, num_kv_heads: int, max_query_len: int, max_seq_len: int, sms: int,
-                      sliding_window: int | None = None) -> int:
-    """The module docstring's rule; 1 means the unified path.
+                      sliding_window: int | None = None, programs_per_sm: int = RESIDENT_PROGRAMS_PER_SM) -> int:
+    """The module docstring's rule; 1 means the unified path. A wave is ``programs_per_sm`` x
+    ``sms`` programs.
 
     With a sliding window a query sees at most ``sliding_window + max_query_len - 1`` keys, and
     that length (not the sequence's) decides how many segments are worth it.
@@ -171,10 +186,10 @@ def choose_num_splits(num_q_blocks: int, num_kv_heads: int, max_query_len: int, 
     if max_query_len > SPLIT_KV_MAX_QUERY_LEN or max_seq_len <= MIN_SEGMENT_TOKENS:
         return 1
     programs_2d = max(1, num_q_blocks * num_kv_heads)
-    wave = RESIDENT_PROGRAMS_PER_SM * sms
+    wave = programs_per_sm * sms
     if programs_2d >= wave:
         return 1
-    if split_costs_more(programs_2d, max_seq_len, wave, RESIDENT_PROGRAMS_PER_SM):
+    if split_costs_more(programs_2d, max_seq_len, wave, programs_per_sm):
         return 1  # short contexts: the idle SMs' share of the keys does not pay for the merge
     splits = max(1, min(FILL_MAX_SPLITS, wave // programs_2d))
     full_wave = splits > 1 and programs_2d * splits >= FULL_WAVE_FILL * wave
@@ -185,7 +200,7 @@ def choose_num_splits(num_q_blocks: int, num_kv_heads: int, max_query_len: int, 
 
 
 def balanced_segment(q_lens, lens, *, block_q: int, tile_n: int, num_kv_heads: int, splits: int, sms: int,
-                     sliding_window: int | None) -> int:
+                     sliding_window: int | None, programs_per_sm: int = RESIDENT_PROGRAMS_PER_SM) -> int:
     """Keys per split at fixed positions for a decode batch of unequal lengths, or 0 (keep the
     uniform rule).
 
@@ -208,7 +223,7 @@ def balanced_segment(q_lens, lens, *, block_q: int, tile_n: int, num_kv_heads: i
     longest = max([v for v, q in zip(visible, q_lens) if q > 0] + [0])
     if work == 0 or longest <= MIN_SEGMENT_TOKENS or longest * blocks * num_kv_heads <= UNEQUAL_RATIO * work:
         return 0  # equal lengths: the uniform rule's cut (one split of a short context included)
-    share = work / (RESIDENT_PROGRAMS_PER_SM * sms)
+    share = work / (programs_per_sm * sms)
     segment = max(MIN_SEGMENT_TOKENS, -(-int(share) // tile_n) * tile_n)
     if longest / splits <= 2 * segment:
         return 0
@@ -217,13 +232,13 @@ def balanced_segment(q_lens, lens, *, block_q: int, tile_n: int, num_kv_heads: i
     return segment
 
 
-def persistent_takes_fewer_waves(programs: int, sms: int) -> bool:
+def persistent_takes_fewer_waves(programs: int, sms: int, programs_per_sm: int = RESIDENT_PROGRAMS_PER_SM) -> bool:
     """Whether ``programs`` equal decode programs finish sooner in the uncapped persistent kernel
-    (2 per SM) than in the 2D kernel (3 per SM): a wave's time grows with the programs sharing
-    an SM, so each kernel's time is its waves x its programs per SM; the persistent kernel must
-    win by at least half of one of its waves (closer calls keep 2D)."""
+    (2 per SM) than in the 2D kernel (``programs_per_sm``, 3 up to head 128): a wave's time grows
+    with the programs sharing an SM, so each kernel's time is its waves x its programs per SM; the
+    persistent kernel must win by at least half of one of its waves (closer calls keep 2D)."""
     persistent = cdiv(programs, PERSISTENT_UNCAPPED_PROGRAMS_PER_SM * sms) * PERSISTENT_UNCAPPED_PROGRAMS_PER_SM
-    two_d = cdiv(programs, RESIDENT_PROGRAMS_PER_SM * sms) * RESIDENT_PROGRAMS_PER_SM
+    two_d = cdiv(programs, programs_per_sm * sms) * programs_per_sm
     return persistent <= two_d - PERSISTENT_UNCAPPED_PROGRAMS_PER_SM / 2
 
 
