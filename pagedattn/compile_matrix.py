@@ -117,6 +117,7 @@ def variants(full: bool = True) -> list[Variant]:
             Variant("mla", kv_fp8=True, ci=True), Variant("mla_kv_write", ci=True)]
     out += [Variant("mla_gluon", ci=True), Variant("mla_gluon", page_size=64), Variant("mla_gluon", dtype="fp16"),
             Variant("prefill_gluon", ci=True), Variant("prefill_gluon", page_size=64), Variant("prefill_gluon", 64),
+            Variant("prefill_gluon", 256),
             Variant("prefill_gluon", dtype="fp16"), Variant("prefill_gluon", feature="modifiers", ci=True)]
     return out if full else [v for v in out if v.ci]
 

@@ -66,6 +66,8 @@ OVERLAP = GluonPrefillConfig(split_consumers=True, overlap=True)  # and P V besi
         pytest.param(64, torch.float16, False, SPLIT, 64, False, id="page64-fp16-head64-split"),
         pytest.param(16, torch.bfloat16, True, GLUON_PREFILL_CONFIGS["groups"], 128, True, id="page16-bf16-lse-groups"),
         pytest.param(16, torch.bfloat16, True, GLUON_PREFILL_CONFIG, 128, True, id="page16-bf16-lse-modifiers"),
+        pytest.param(16, torch.bfloat16, True, GLUON_PREFILL_CONFIG, 256, False, id="page16-bf16-lse-head256"),
+        pytest.param(64, torch.float16, False, GLUON_PREFILL_CONFIG, 256, False, id="page64-fp16-head256"),
         pytest.param(256, torch.float16, False, GLUON_PREFILL_CONFIG, 64, True, id="page256-fp16-head64-modifiers"),
         pytest.param(64, torch.bfloat16, True, SERIAL, 128, True, id="page64-bf16-lse-serial-modifiers"),
     ],
@@ -112,6 +114,9 @@ def test_gluon_prefill_variable_picks_the_config(monkeypatch):
                           ("groups", GLUON_PREFILL_CONFIGS["groups"]), ("0", GLUON_OFF), ("yes", None)):
         monkeypatch.setenv(GLUON_PREFILL_ENV, value)
         assert gluon_prefill_requested() == config, value
+    # past head 128 every config takes 32-key tiles (64 spill at head 256)
+    assert GLUON_PREFILL_CONFIG.for_head(128) == GLUON_PREFILL_CONFIG == GLUON_PREFILL_CONFIG.for_head(64)
+    assert GLUON_PREFILL_CONFIG.for_head(256) == dataclasses.replace(GLUON_PREFILL_CONFIG, block_n=32)
 
 
 @needs_gluon
@@ -127,6 +132,10 @@ def test_gluon_prefill_automatic_rule(monkeypatch):
     assert use_gluon_prefill(big, GLUON_MIN_QUERY_LEN - 1) is None  # many short sequences
     assert use_gluon_prefill(big, GLUON_MIN_QUERY_LEN, short_beside=True) is None  # decodes beside it
     small = _args(q=torch.zeros(GLUON_MIN_QUERY_TOKENS - 1, 8, 128, dtype=torch.bfloat16))
+    # head 256: served, not yet timed: only an explicit PAGEDATTN_PREFILL_GLUON sends it there
+    wide = _args(head_size=256)
+    wide = dataclasses.replace(wide, q=torch.zeros(GLUON_MIN_QUERY_TOKENS, 8, 256, dtype=torch.bfloat16))
+    assert use_gluon_prefill(wide, GLUON_MIN_QUERY_LEN) is None
     assert use_gluon_prefill(small, GLUON_MIN_QUERY_LEN) is None
     # a score modifier: the kernel computes it, but only an explicit PAGEDATTN_PREFILL_GLUON sends it there
     assert use_gluon_prefill(dataclasses.replace(big, softcap=2.0), GLUON_MIN_QUERY_LEN) is None
@@ -134,6 +143,7 @@ def test_gluon_prefill_automatic_rule(monkeypatch):
                              GLUON_MIN_QUERY_LEN) is None
     monkeypatch.setenv(GLUON_PREFILL_ENV, "1")
     assert use_gluon_prefill(small, 20) == GLUON_PREFILL_CONFIG
+    assert use_gluon_prefill(wide, GLUON_MIN_QUERY_LEN) == GLUON_PREFILL_CONFIG
     assert use_gluon_prefill(big, GLUON_MIN_QUERY_LEN, short_beside=True) == GLUON_PREFILL_CONFIG
     assert use_gluon_prefill(dataclasses.replace(big, softcap=2.0), GLUON_MIN_QUERY_LEN) == GLUON_PREFILL_CONFIG
     monkeypatch.setenv(GLUON_PREFILL_ENV, "serial")
@@ -147,6 +157,7 @@ def test_gluon_prefill_supported():
     assert gluon_prefill_supported(_args(), 20) is None
     assert gluon_prefill_supported(_args(torch.float16, page_size=64, num_q_heads=8, num_kv_heads=8), 20) is None
     assert gluon_prefill_supported(_args(head_size=64, page_size=256), 20) is None
+    assert gluon_prefill_supported(_args(head_size=256), 20) is None
     a = _args()
     every = dict(sliding_window=7, softcap=2.0, alibi_mode=2, alibi_slopes=torch.ones(8), sinks=torch.ones(8))
     for name, value in every.items():
@@ -363,7 +374,7 @@ def test_gluon_prefill_extend_gpu(calls, block_size, variant):
 @pytest.mark.gpu
 @needs_gluon
 @needs_sm90
-@pytest.mark.parametrize("head_size", [64, 128])
+@pytest.mark.parametrize("head_size", [64, 128, 256])
 def test_gluon_prefill_among_decodes_gpu(calls, head_size):
     """A prefill among decodes and a short extend: the Gluon kernel serves the long sequence
     only (the others stay on the unified kernel, on the side stream)."""

@@ -12,6 +12,7 @@ that pagedattn imports where it is missing.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -24,7 +25,10 @@ from pagedattn.ops.common.launching import launch
 from pagedattn.ops.prefill.launch import q_tiles_fit
 
 GLUON_PREFILL_ENV = "PAGEDATTN_PREFILL_GLUON"
-GLUON_HEAD_SIZES = (64, 128)
+GLUON_HEAD_SIZES = (64, 128, 256)
+# the head sizes the automatic rule sends to the kernel: those timed on the H200 (head 256 compiles
+# for sm90 without spills and is served with PAGEDATTN_PREFILL_GLUON=1; not yet run on a GPU)
+GLUON_AUTO_HEAD_SIZES = (64, 128)
 GLUON_MIN_PAGE = 16
 
 
@@ -51,6 +55,17 @@ class GluonPrefillConfig:
     split_consumers: bool = False  # the two 64-row halves in two partitions (block_m 128 only)
     consumer_regs: int = 208  # the second consumer partition's register cap (split_consumers)
     group_signal: bool = False  # tiles' copies completed through commit groups (for ConSan)
+
+    def for_head(self, head_size: int) -> "GluonPrefillConfig":
+        """This config at ``head_size``: past head 128 the key tile is 32 keys. At head 256 and 64
+        keys a consumer holds a [64, 256] fp32 O and a [64, 64] score tile and spills 200 B on
+        sm90 (2 stages: 197 KB of shared memory); at 32 keys and 3 stages it compiles without
+        spills (193 / 198 / 61 registers, 164 KB), and with every score modifier at once spills
+        4-8 B (207 / 206 / 56 registers; with the second consumer at 224 and the producer at 56
+        still 4-8 B: not register pressure)."""
+        if head_size > 128 and self.block_n > 32:
+            return dataclasses.replace(self, block_n=32)
+        return self
 
     @property
     def num_consumers(self) -> int:
@@ -150,7 +165,8 @@ def use_gluon_prefill(a: AttentionArgs, max_query_len: int, short_beside: bool =
 
     On a CUDA GPU of compute capability 9.x, for a call the kernel serves: the config
     ``PAGEDATTN_PREFILL_GLUON`` names, else (unset) the default one when the call holds at least
-    GLUON_MIN_QUERY_TOKENS query tokens and a sequence of GLUON_MIN_QUERY_LEN or more, no
+    GLUON_MIN_QUERY_TOKENS query tokens and a sequence of GLUON_MIN_QUERY_LEN or more, a head
+    size of GLUON_AUTO_HEAD_SIZES, no
     sequence shorter than the prefill launch's runs beside it (``short_beside``: the plan says
     so; a call without a plan does not know) and no score modifier: the modifiers passed the
     GPU suite against the float64 reference, but the one shape timed with them (GPT-OSS's:
@@ -162,7 +178,7 @@ def use_gluon_prefill(a: AttentionArgs, max_query_len: int, short_beside: bool =
         return None
     if config is None:
         if (a.q.shape[0] < GLUON_MIN_QUERY_TOKENS or max_query_len < GLUON_MIN_QUERY_LEN or short_beside
-                or a.score_modifiers()):
+                or a.score_modifiers() or a.q.shape[2] not in GLUON_AUTO_HEAD_SIZES):
             return None
         config = GLUON_PREFILL_CONFIG
     return config if gluon_prefill_supported(a, max_query_len, config) is None else None
@@ -183,9 +199,11 @@ def launch_prefill_gluon(
 
     ``out`` ``[num_tokens, num_q_heads, head_size]`` q's dtype and ``lse`` ``[num_tokens,
     num_q_heads]`` float32 or None: the rows of sequences ``seqs = (first, end)`` (default: all)
-    with at least ``min_q_len`` queries are written.
+    with at least ``min_q_len`` queries are written. ``config`` is taken at q's head size
+    (``GluonPrefillConfig.for_head``).
     """
     kernel = required(gluon_kernel())
+    config = config.for_head(a.q.shape[2])
     q, k, v, pr = a.q, a.k_cache, a.v_cache, a.prefix_ranges
     num_seqs = a.seq_lens.shape[0]
     first, end = (0, num_seqs) if seqs is None else seqs
