@@ -269,7 +269,7 @@ from pagedattn.testing import use_scratch_allocator_when_instrumented
 use_scratch_allocator_when_instrumented()
 import pagedattn
 from pagedattn.testing import make_paged_batch
-batch = make_paged_batch([(300, 300), (129, 700)], num_q_heads=8, num_kv_heads=2, head_size=128, block_size=16,
+batch = make_paged_batch([(300, 300), (129, 700)], num_q_heads=8, num_kv_heads=2, head_size=HEAD, block_size=16,
                          dtype=torch.bfloat16, device="cuda")
 pagedattn.paged_attention(*batch.args(), max_query_len=300, max_seq_len=700)
 torch.cuda.synchronize()
@@ -277,17 +277,18 @@ torch.cuda.synchronize()
 
 
 @functools.lru_cache(maxsize=None)
-def first_call_problem(variant: str) -> str | None:
+def first_call_problem(variant: str, head_size: int = 128) -> str | None:
     """One small call of a PAGEDATTN_PREFILL_GLUON variant in a separate process: what went
     wrong, or None. A kernel that never finishes (a barrier protocol that deadlocks) then fails
     the tests of that variant instead of hanging the suite."""
-    return runs_within(SMOKE, timeout=180, env={GLUON_PREFILL_ENV: variant})
+    return runs_within(SMOKE.replace("HEAD", str(head_size)), timeout=180, env={GLUON_PREFILL_ENV: variant})
 
 
-def require_first_call(variant: str) -> None:
-    problem = first_call_problem(variant)
+def require_first_call(variant: str, head_size: int = 128) -> None:
+    problem = first_call_problem(variant, head_size)
     if problem:
-        pytest.fail(f"the Gluon prefill kernel's first call ({GLUON_PREFILL_ENV}={variant}) {problem}")
+        pytest.fail(f"the Gluon prefill kernel's first call ({GLUON_PREFILL_ENV}={variant}, head {head_size}) "
+                    f"{problem}")
 
 
 @pytest.fixture(scope="module")
@@ -378,6 +379,7 @@ def test_gluon_prefill_extend_gpu(calls, block_size, variant):
 def test_gluon_prefill_among_decodes_gpu(calls, head_size):
     """A prefill among decodes and a short extend: the Gluon kernel serves the long sequence
     only (the others stay on the unified kernel, on the side stream)."""
+    require_first_call("1", head_size)
     cases = [(1, 77), (700, 700), (1, 1500), (5, 40), (0, 9)]
     batch = make_batch(cases, head_size=head_size, dtype=torch.float16, seed=head_size)
     run_and_compare(batch)
