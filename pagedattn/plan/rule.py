@@ -189,8 +189,11 @@ def choose_num_splits(num_q_blocks: int, num_kv_heads: int, max_query_len: int, 
     wave = programs_per_sm * sms
     if programs_2d >= wave:
         return 1
-    if split_costs_more(programs_2d, max_seq_len, wave, programs_per_sm):
-        return 1  # short contexts: the idle SMs' share of the keys does not pay for the merge
+    # short contexts: the idle SMs' share of the keys does not pay for the merge. The bound was
+    # measured on the 2D kernel at 3 programs an SM and reads a wave of that size, whatever the
+    # head size sets for ``wave`` above
+    if split_costs_more(programs_2d, max_seq_len, RESIDENT_PROGRAMS_PER_SM * sms, RESIDENT_PROGRAMS_PER_SM):
+        return 1
     splits = max(1, min(FILL_MAX_SPLITS, wave // programs_2d))
     full_wave = splits > 1 and programs_2d * splits >= FULL_WAVE_FILL * wave
     if -(-max_seq_len // splits) > LONG_SEGMENT_TOKENS and not full_wave:

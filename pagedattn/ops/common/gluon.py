@@ -12,6 +12,8 @@ import triton
 GLUON_TRITON = "3.6"  # Gluon's API changes between releases; the kernels are written against this one
 GLUON_DTYPES = (torch.bfloat16, torch.float16)  # the 16-bit inputs wgmma takes from shared memory
 NO_GLUON = "triton.experimental.gluon is not available in this Triton"
+# what a PAGEDATTN_*_GLUON variable's ``0`` maps to: the portable kernel, whatever the automatic rule says
+GLUON_OFF = "off"
 
 
 @functools.lru_cache(maxsize=None)

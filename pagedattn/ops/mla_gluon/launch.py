@@ -15,7 +15,15 @@ from dataclasses import dataclass
 import torch
 
 from pagedattn.ops.common.device import environ_value
-from pagedattn.ops.common.gluon import GLUON_DTYPES, aligned, load_kernel, on_sm9x, required, unavailable_reason
+from pagedattn.ops.common.gluon import (
+    GLUON_DTYPES,
+    GLUON_OFF,
+    aligned,
+    load_kernel,
+    on_sm9x,
+    required,
+    unavailable_reason,
+)
 from pagedattn.ops.common.launching import launch
 from pagedattn.ops.mla.launch import MLAConfig, mla_strides, split_destination
 from pagedattn.ops.split_kv.launch import launch_merge_splits
@@ -49,7 +57,6 @@ class GluonMLAConfig:
 GLUON_MLA_CONFIG = GluonMLAConfig()
 # what PAGEDATTN_MLA_GLUON may ask for: 0 the portable kernel everywhere, 1 the default config
 # for every call the kernel serves, or a variant kept for a same-run comparison on the GPU
-GLUON_OFF = "off"
 GLUON_MLA_CONFIGS = {"1": GLUON_MLA_CONFIG, "n32": GluonMLAConfig(tile_n=32, num_stages=4), "0": GLUON_OFF}
 
 

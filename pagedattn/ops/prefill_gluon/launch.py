@@ -19,7 +19,15 @@ import torch
 
 from pagedattn.ops.common.bundles import AttentionArgs
 from pagedattn.ops.common.device import environ_value
-from pagedattn.ops.common.gluon import GLUON_DTYPES, aligned, load_kernel, on_sm9x, required, unavailable_reason
+from pagedattn.ops.common.gluon import (
+    GLUON_DTYPES,
+    GLUON_OFF,
+    aligned,
+    load_kernel,
+    on_sm9x,
+    required,
+    unavailable_reason,
+)
 from pagedattn.ops.common.host_math import cdiv
 from pagedattn.ops.common.launching import launch
 from pagedattn.ops.prefill.launch import q_tiles_fit
@@ -82,7 +90,6 @@ class GluonPrefillConfig:
 # prefill and extend point timed on the H200 (docs/perf-notes.md, the Gluon prefill entry, has the
 # timings and each variant's registers and shared memory)
 GLUON_PREFILL_CONFIG = GluonPrefillConfig(split_consumers=True, overlap=True)
-GLUON_OFF = "off"
 # what PAGEDATTN_PREFILL_GLUON may ask for: 1 the default config for every call the kernel
 # serves, 0 the portable kernel everywhere, or a variant kept for a same-run comparison
 GLUON_PREFILL_CONFIGS = {"1": GLUON_PREFILL_CONFIG, "split": GluonPrefillConfig(split_consumers=True),
