@@ -97,6 +97,73 @@ def _load_rows(ptr, rows, rows_ok, col0, offs_c, DIM: tl.constexpr, EXACT: tl.co
     return tl.load(ptr + rows[:, None] + cols[None, :], mask=(cols < DIM)[None, :], other=0.0)
 
 
+@triton.jit
+def _program_coords(num_heads, num_splits, VALUE_SPLIT: tl.constexpr, BLOCK_H: tl.constexpr):
+    """(value part, head group, split, global Q block) of this program: value part fastest, then
+    head group, then split, so the programs that read the same pages run side by side."""
+    pid = tl.program_id(0)
+    value_part = pid % VALUE_SPLIT
+    rest = pid // VALUE_SPLIT
+    num_head_groups = tl.cdiv(num_heads, BLOCK_H)
+    head_group = rest % num_head_groups
+    rest = rest // num_head_groups
+    return value_part, head_group, rest % num_splits, rest // num_splits
+
+
+@triton.jit
+def _tile_rows(pages, first_page, start, k_pos, slot, seg_hi, num_blocks, st, CFG: tl.constexpr):
+    """(cache row offset, key ok) of the tile's keys ``k_pos`` from ``start``.
+
+    Keys past the segment or the table row (id -1), and bad block ids, are not ok: the checked
+    loop masks them and never dereferences their rows. Tiles of whole pages (``slot``: each key's
+    offset in its page, computed once) gather one id per page, broadcast to the page's keys.
+    """
+    if CFG.TILE_N % CFG.PAGE_SIZE == 0:
+        page = page_of_tile_keys(pages, first_page, start, CFG.PAGE_SIZE, CFG.TILE_N)
+        in_page = slot
+    else:
+        page = page_of_keys(pages, first_page, k_pos, CFG.PAGE_SIZE)
+        in_page = k_pos % CFG.PAGE_SIZE
+        if CFG.LARGE_CACHE:
+            in_page = in_page.to(tl.int64)
+        in_page = in_page * st.stride_c_s
+    k_ok = (k_pos < seg_hi) & (page >= 0) & (page < num_blocks)
+    if CFG.LARGE_CACHE:
+        page = page.to(tl.int64)
+    return page * st.stride_c_b + in_page, k_ok  # [TILE_N]; int64 for a large cache
+
+
+@triton.jit
+def _softmax_tile(m_i, l_i, x, k_pos, q_pos, seg_hi, row_ok, CHECKED: tl.constexpr, BLOCK_Q: tl.constexpr):
+    """``online_softmax_step`` on the base-2 scores ``x`` [BLOCK_M, TILE_N] with only the masks
+    the tile needs."""
+    if CHECKED:
+        # Keys with a bad block id read zeros and stay in the softmax (score 0) instead of
+        # being dropped: only a corrupt sequence's output changes and it stays finite.
+        vis = (k_pos[None, :] <= q_pos[:, None]) & (k_pos < seg_hi)[None, :] & row_ok[:, None]
+        return online_softmax_step(m_i, l_i, tl.where(vis, x, float("-inf")), 1.0)
+    elif BLOCK_Q > 1:  # whole tiles inside the segment: only the causal rule and the rows
+        vis = (k_pos[None, :] <= q_pos[:, None]) & row_ok[:, None]
+        return online_softmax_step(m_i, l_i, tl.where(vis, x, float("-inf")), 1.0)
+    else:  # one query token: every key below seg_hi <= q_pos + 1 is visible to every row
+        return online_softmax_step_finite(m_i, l_i, x, 1.0)
+
+
+@triton.jit
+def _store_split(out_ptr, lse_ptr, out, lse, token, head, split, row_ok, cols, value_part, st,
+                 LATENT_DIM: tl.constexpr):
+    """Store the program's output columns ``cols`` of its rows, and their lse from value part 0
+    (every value part computes the same lse), at split ``split`` (0 when unsplit)."""
+    split64 = split.to(tl.int64)
+    o_rows = token * st.stride_o_t + head * st.stride_o_h + split64 * st.stride_o_s
+    o_mask = row_ok[:, None] & (cols < LATENT_DIM)[None, :]
+    tl.store(out_ptr + o_rows[:, None] + cols[None, :], out.to(out_ptr.dtype.element_ty), mask=o_mask)
+    if lse_ptr is not None:
+        first_part = (head * 0 + value_part) == 0  # (interpreter: no scalar & vector)
+        tl.store(lse_ptr + token * st.stride_lse_t + head * st.stride_lse_h + split64 * st.stride_lse_s, lse,
+                 mask=row_ok & first_part)
+
+
 @triton.jit(do_not_specialize=["num_seqs", "num_tokens", "num_blocks", "max_blocks_per_seq", "num_splits"])
 def mla_decode_kernel(
     out_ptr,  # [num_tokens, num_heads, LATENT_DIM] (q's dtype), or partials [.., num_splits, LATENT_DIM] fp32
@@ -135,15 +202,9 @@ def mla_decode_kernel(
     ROPE_EXACT: tl.constexpr = CFG.ROPE_PAD == CFG.ROPE_DIM
     if CFG.USE_PDL:  # the merge kernel may launch now; it waits for this grid in the kernel
         tl.extra.cuda.gdc_launch_dependents()
-    pid = tl.program_id(0)
-    value_part = pid % CFG.VALUE_SPLIT
-    rest = pid // CFG.VALUE_SPLIT
-    num_head_groups = tl.cdiv(num_heads, CFG.BLOCK_H)
-    head_group = rest % num_head_groups
-    rest = rest // num_head_groups
-    split = rest % num_splits
+    value_part, head_group, split, q_block = _program_coords(num_heads, num_splits, CFG.VALUE_SPLIT, CFG.BLOCK_H)
     seq, q_start, q_len, q_block_local, seq_len, valid = _locate_q_block(
-        query_start_loc_ptr, seq_lens_ptr, rest // num_splits, num_seqs, CFG.BLOCK_Q
+        query_start_loc_ptr, seq_lens_ptr, q_block, num_seqs, CFG.BLOCK_Q
     )
     if not valid:
         return
@@ -200,9 +261,7 @@ def mla_decode_kernel(
     CHUNK_PAGES: tl.constexpr = _pages_per_chunk(CFG.PAGE_SIZE, CFG.TILE_N)
     CHUNK_KEYS: tl.constexpr = _keys_per_chunk(CFG.PAGE_SIZE, CFG.TILE_N)
     # Tiles of whole pages (TILE_N a multiple of the page; tiles start at multiples of TILE_N): a
-    # key's slot in its page is the same in every tile (computed once here) and a tile's ids are
-    # gathered once per page, broadcast to the page's keys.
-    PAGE_ALIGNED: tl.constexpr = CFG.TILE_N % CFG.PAGE_SIZE == 0
+    # key's slot in its page is the same in every tile, computed once here (``_tile_rows``).
     if CFG.LARGE_CACHE:
         slot = (offs_n % CFG.PAGE_SIZE).to(tl.int64) * st.stride_c_s
     else:
@@ -221,21 +280,7 @@ def mla_decode_kernel(
                 tile_hi = chunk_hi
             for start in range(tile_lo, tile_hi, CFG.TILE_N):
                 k_pos = start + offs_n  # [TILE_N]
-                if PAGE_ALIGNED:
-                    page = page_of_tile_keys(pages, first_page, start, CFG.PAGE_SIZE, CFG.TILE_N)
-                    in_page = slot
-                else:
-                    page = page_of_keys(pages, first_page, k_pos, CFG.PAGE_SIZE)
-                    in_page = k_pos % CFG.PAGE_SIZE
-                    if CFG.LARGE_CACHE:
-                        in_page = in_page.to(tl.int64)
-                    in_page = in_page * st.stride_c_s
-                # keys past the segment or the table row (id -1), and bad block ids: masked in the
-                # checked loop, never dereferenced
-                k_ok = (k_pos < seg_hi) & (page >= 0) & (page < num_blocks)
-                if CFG.LARGE_CACHE:
-                    page = page.to(tl.int64)
-                row = page * st.stride_c_b + in_page  # [TILE_N]; int64 for a large cache
+                row, k_ok = _tile_rows(pages, first_page, start, k_pos, slot, seg_hi, num_blocks, st, CFG)
                 CHECK: tl.constexpr = loop == 1
                 kv0 = _load_rows(kv_cache_ptr, row, k_ok, col0, offs_v, CFG.LATENT_DIM, LATENT_EXACT, CHECK)
                 k_pe = _load_rows(rope_ptr, row, k_ok, 0, offs_r, CFG.ROPE_DIM, ROPE_EXACT, CHECK)  # [TILE_N, ROPE_PAD]
@@ -258,30 +303,15 @@ def mla_decode_kernel(
                     s = tl.dot(q3, tl.trans(kv3), acc=s, input_precision=CFG.DOT_PRECISION)
                 s = tl.dot(q_pe, tl.trans(k_pe), acc=s, input_precision=CFG.DOT_PRECISION)  # [BLOCK_M, TILE_N]
                 s = nonfinite_to_nan(s)  # an inf key's -inf score must not read as masked
-                if CHECK:
-                    # Keys with a bad block id read zeros and stay in the softmax (score 0) instead of
-                    # being dropped: only a corrupt sequence's output changes and it stays finite.
-                    vis = (k_pos[None, :] <= q_pos[:, None]) & (k_pos < seg_hi)[None, :] & row_ok[:, None]
-                    p, alpha, m_i, l_i = online_softmax_step(m_i, l_i, tl.where(vis, s * qk_scale, float("-inf")), 1.0)
-                elif CFG.BLOCK_Q > 1:  # whole tiles inside the segment: only the causal rule and the rows
-                    vis = (k_pos[None, :] <= q_pos[:, None]) & row_ok[:, None]
-                    p, alpha, m_i, l_i = online_softmax_step(m_i, l_i, tl.where(vis, s * qk_scale, float("-inf")), 1.0)
-                else:  # one query token: every key below seg_hi <= q_pos + 1 is visible to every row
-                    p, alpha, m_i, l_i = online_softmax_step_finite(m_i, l_i, s * qk_scale, 1.0)
+                p, alpha, m_i, l_i = _softmax_tile(m_i, l_i, s * qk_scale, k_pos, q_pos, seg_hi, row_ok,
+                                                   CHECKED=CHECK, BLOCK_Q=CFG.BLOCK_Q)
                 acc = tl.dot(p.to(kv0.dtype), kv0, acc=acc * alpha[:, None], input_precision=CFG.DOT_PRECISION)
 
     out, lse = finalize_softmax(acc, m_i, l_i)
     if FP8:
         out = out * kv_scale
-    split64 = split.to(tl.int64)
-    o_rows = token * st.stride_o_t + head * st.stride_o_h + split64 * st.stride_o_s
-    cols = col0 + offs_v
-    o_mask = row_ok[:, None] & (cols < CFG.LATENT_DIM)[None, :]
-    tl.store(out_ptr + o_rows[:, None] + cols[None, :], out.to(out_ptr.dtype.element_ty), mask=o_mask)
-    if lse_ptr is not None:  # every value part computes the same lse; the first writes it
-        first_part = (offs_m * 0 + value_part) == 0  # (interpreter: no scalar & vector)
-        tl.store(lse_ptr + token * st.stride_lse_t + head * st.stride_lse_h + split64 * st.stride_lse_s, lse,
-                 mask=row_ok & first_part)
+    _store_split(out_ptr, lse_ptr, out, lse, token, head, split, row_ok, col0 + offs_v, value_part, st,
+                 LATENT_DIM=CFG.LATENT_DIM)
 
 
 @triton.jit
