@@ -70,6 +70,37 @@ def _issue_tile(kn_buf, kr_buf, kv_cache_ptr, bt_row_ptr, tile_start, seg_hi, nu
                                    mask=ok[:, None])
 
 
+@gluon.jit
+def _softmax_step(s, tile_start, offs_sn, seg_hi, qk_scale, m_i, l_acc):
+    """One tile of the online softmax in base 2 on the raw scores ``s`` [BLOCK_M, TILE_N] of the
+    keys from ``tile_start``: keys past ``seg_hi`` are masked, an inf dot product becomes NaN (never read as a masked
+    key). Returns (p, alpha, m_i, l_acc); the row sums stay unreduced in ``l_acc``."""
+    s = s + s * 0.0
+    k_pos = tile_start + offs_sn
+    x = gl.where((k_pos < seg_hi)[None, :], s * qk_scale, float("-inf"))
+    m_new = gl.maximum(m_i, gl.reduce(x, 1, max_combine))
+    m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+    p = gl.exp2(x - m_safe[:, None])
+    alpha = gl.exp2(m_i - m_safe)
+    return p, alpha, m_new, l_acc * alpha[:, None] + p
+
+
+@gluon.jit
+def _store_split(out_ptr, lse_ptr, out, lse, token, head0, split64, num_heads, stride_o_t, stride_o_h, stride_o_s,
+                 stride_lse_t, stride_lse_h, stride_lse_s, s_l: gl.constexpr, o_l: gl.constexpr):
+    """Store the rows of heads ``head0 ..`` (out in the output MMA's layout, lse in the scores')
+    at split ``split64`` (stride 0 when the kernel writes the final output)."""
+    o_head = (head0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, o_l))).to(gl.int64)
+    o_cols = gl.arange(0, LATENT_DIM, layout=gl.SliceLayout(0, o_l))
+    o_rows = token * stride_o_t + o_head * stride_o_h + split64 * stride_o_s
+    gl.store(out_ptr + o_rows[:, None] + o_cols[None, :], out.to(out_ptr.dtype.element_ty),
+             mask=(o_head < num_heads)[:, None])
+    if lse_ptr is not None:
+        l_head = (head0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_l))).to(gl.int64)
+        gl.store(lse_ptr + token * stride_lse_t + l_head * stride_lse_h + split64 * stride_lse_s, lse,
+                 mask=l_head < num_heads)
+
+
 @gluon.jit(do_not_specialize=["num_seqs", "num_tokens", "num_blocks", "max_blocks_per_seq", "num_splits"])
 def mla_decode_gluon_kernel(
     out_ptr,  # [num_tokens, num_heads, 512] (q's dtype), or partials [.., num_splits, 512] fp32
@@ -174,16 +205,7 @@ def mla_decode_gluon_kernel(
         s = warpgroup_mma(q_r_smem, kr.permute((1, 0)), s, is_async=True)
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))  # [BLOCK_M, TILE_N] fp32
 
-        # online softmax, base 2; an inf dot product becomes NaN (never read as a masked key)
-        s = s + s * 0.0
-        k_pos = seg_lo + i * TILE_N + offs_sn
-        x = gl.where((k_pos < seg_hi)[None, :], s * qk_scale, float("-inf"))
-        m_new = gl.maximum(m_i, gl.reduce(x, 1, max_combine))
-        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
-        p = gl.exp2(x - m_safe[:, None])
-        alpha = gl.exp2(m_i - m_safe)
-        l_acc = l_acc * alpha[:, None] + p
-        m_i = m_new
+        p, alpha, m_i, l_acc = _softmax_step(s, seg_lo + i * TILE_N, offs_sn, seg_hi, qk_scale, m_i, l_acc)
 
         p_smem.store(p.to(dtype))
         fence_async_shared()
@@ -196,13 +218,5 @@ def mla_decode_gluon_kernel(
     l_i = gl.reduce(l_acc, 1, sum_combine)
     out, lse = finalize_rows(acc, m_i, l_i, s_l, o_l)
 
-    split64 = split.to(gl.int64)
-    o_head = (head_group * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, o_l))).to(gl.int64)
-    o_cols = gl.arange(0, LATENT_DIM, layout=gl.SliceLayout(0, o_l))
-    o_rows = token * stride_o_t + o_head * stride_o_h + split64 * stride_o_s
-    gl.store(out_ptr + o_rows[:, None] + o_cols[None, :], out.to(out_ptr.dtype.element_ty),
-             mask=(o_head < num_heads)[:, None])
-    if lse_ptr is not None:
-        l_head = (head_group * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_l))).to(gl.int64)
-        gl.store(lse_ptr + token * stride_lse_t + l_head * stride_lse_h + split64 * stride_lse_s, lse,
-                 mask=l_head < num_heads)
+    _store_split(out_ptr, lse_ptr, out, lse, token, head_group * BLOCK_M, split.to(gl.int64), num_heads,
+                 stride_o_t, stride_o_h, stride_o_s, stride_lse_t, stride_lse_h, stride_lse_s, s_l, o_l)
