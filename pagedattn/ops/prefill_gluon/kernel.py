@@ -348,6 +348,28 @@ def _key_tiles(p_first, p_last, seq_len, sliding_window, pr_row, num_prefix_rang
     return kv_hi, t_lo, t_mid_lo, t_mid_hi, n_tiles
 
 
+@gluon.jit
+def _ring_barriers(NUM_STAGES: gl.constexpr, READY_ARRIVALS: gl.constexpr, NUM_CONSUMERS: gl.constexpr):
+    """The ring's barriers, one per slot each: K landed, V landed (READY_ARRIVALS arrivals), and
+    the slot free again (one arrival per consumer partition)."""
+    k_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    kv_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(NUM_STAGES):
+        mbarrier.init(k_ready.index(s), count=READY_ARRIVALS)
+        mbarrier.init(v_ready.index(s), count=READY_ARRIVALS)
+        mbarrier.init(kv_empty.index(s), count=NUM_CONSUMERS)
+    return k_ready, v_ready, kv_empty
+
+
+@gluon.jit
+def _invalidate_ring(k_ready, v_ready, kv_empty, NUM_STAGES: gl.constexpr):
+    for s in gl.static_range(NUM_STAGES):
+        mbarrier.invalidate(k_ready.index(s))
+        mbarrier.invalidate(v_ready.index(s))
+        mbarrier.invalidate(kv_empty.index(s))
+
+
 @gluon.jit(do_not_specialize=["num_seqs", "num_tokens", "num_blocks", "max_blocks_per_seq", "min_q_len", "first_seq",
                               "sliding_window", "num_prefix_ranges"])
 def prefill_gluon_kernel(
@@ -433,13 +455,7 @@ def prefill_gluon_kernel(
     v_bufs = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N, HEAD], kv_layout)
     # a noinc arrive per producer thread, or the partition's one arrive (GROUP_SIGNAL)
     READY_ARRIVALS: gl.constexpr = 1 if GROUP_SIGNAL else 32 * PRODUCER_WARPS
-    k_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    v_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    kv_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    for s in gl.static_range(NUM_STAGES):
-        mbarrier.init(k_ready.index(s), count=READY_ARRIVALS)
-        mbarrier.init(v_ready.index(s), count=READY_ARRIVALS)
-        mbarrier.init(kv_empty.index(s), count=NUM_CONSUMERS)
+    k_ready, v_ready, kv_empty = _ring_barriers(NUM_STAGES, READY_ARRIVALS, NUM_CONSUMERS)
     fence_async_shared()  # the queries and the barriers' initialization, before any async-proxy use
 
     bt_row_ptr = block_table_ptr + seq.to(gl.int64) * stride_bt_s
@@ -472,7 +488,4 @@ def prefill_gluon_kernel(
                          sink_log2, WG_ROWS, BLOCK_N, NUM_STAGES, NUM_WARPS, PIPELINED, OVERLAP, FEATURES)),
         ], [PRODUCER_WARPS, NUM_WARPS], [PRODUCER_REGS, CONSUMER_REGS])
 
-    for s in gl.static_range(NUM_STAGES):
-        mbarrier.invalidate(k_ready.index(s))
-        mbarrier.invalidate(v_ready.index(s))
-        mbarrier.invalidate(kv_empty.index(s))
+    _invalidate_ring(k_ready, v_ready, kv_empty, NUM_STAGES)
