@@ -98,6 +98,30 @@ def _load_rows(ptr, rows, rows_ok, col0, offs_c, DIM: tl.constexpr, EXACT: tl.co
 
 
 @triton.jit
+def _load_q_chunks(q_nope_ptr, qn_rows, row_ok, value_part, offs_v, VALUE_BLOCK: tl.constexpr, CFG: tl.constexpr):
+    """The program's VALUE_SPLIT column chunks of q_nope [BLOCK_M, VALUE_BLOCK], its own (columns
+    from ``value_part * VALUE_BLOCK``) first, and the first columns of the others; the chunks
+    past VALUE_SPLIT repeat the first (never read)."""
+    EXACT: tl.constexpr = CFG.LATENT_PAD == CFG.LATENT_DIM
+    q0 = _load_tile(q_nope_ptr, qn_rows, row_ok, value_part * VALUE_BLOCK, offs_v, CFG.LATENT_DIM, EXACT)
+    q1 = q0
+    q2 = q0
+    q3 = q0
+    col1 = value_part * VALUE_BLOCK
+    col2 = col1
+    col3 = col1
+    if CFG.VALUE_SPLIT > 1:
+        col1 = ((value_part + 1) % CFG.VALUE_SPLIT) * VALUE_BLOCK
+        q1 = _load_tile(q_nope_ptr, qn_rows, row_ok, col1, offs_v, CFG.LATENT_DIM, EXACT)
+    if CFG.VALUE_SPLIT > 2:
+        col2 = ((value_part + 2) % CFG.VALUE_SPLIT) * VALUE_BLOCK
+        col3 = ((value_part + 3) % CFG.VALUE_SPLIT) * VALUE_BLOCK
+        q2 = _load_tile(q_nope_ptr, qn_rows, row_ok, col2, offs_v, CFG.LATENT_DIM, EXACT)
+        q3 = _load_tile(q_nope_ptr, qn_rows, row_ok, col3, offs_v, CFG.LATENT_DIM, EXACT)
+    return q0, q1, q2, q3, col1, col2, col3
+
+
+@triton.jit
 def _program_coords(num_heads, num_splits, VALUE_SPLIT: tl.constexpr, BLOCK_H: tl.constexpr):
     """(value part, head group, split, global Q block) of this program: value part fastest, then
     head group, then split, so the programs that read the same pages run side by side."""
@@ -227,16 +251,8 @@ def mla_decode_kernel(
     offs_v = tl.arange(0, VALUE_BLOCK)
     offs_r = tl.arange(0, CFG.ROPE_PAD)
     col0 = value_part * VALUE_BLOCK
-    qn_rows = token * st.stride_qn_t + head * st.stride_qn_h
-    q0 = _load_tile(q_nope_ptr, qn_rows, row_ok, col0, offs_v, CFG.LATENT_DIM, LATENT_EXACT)  # [BLOCK_M, VALUE_BLOCK]
-    if CFG.VALUE_SPLIT > 1:
-        col1 = ((value_part + 1) % CFG.VALUE_SPLIT) * VALUE_BLOCK
-        q1 = _load_tile(q_nope_ptr, qn_rows, row_ok, col1, offs_v, CFG.LATENT_DIM, LATENT_EXACT)
-    if CFG.VALUE_SPLIT > 2:
-        col2 = ((value_part + 2) % CFG.VALUE_SPLIT) * VALUE_BLOCK
-        col3 = ((value_part + 3) % CFG.VALUE_SPLIT) * VALUE_BLOCK
-        q2 = _load_tile(q_nope_ptr, qn_rows, row_ok, col2, offs_v, CFG.LATENT_DIM, LATENT_EXACT)
-        q3 = _load_tile(q_nope_ptr, qn_rows, row_ok, col3, offs_v, CFG.LATENT_DIM, LATENT_EXACT)
+    q0, q1, q2, q3, col1, col2, col3 = _load_q_chunks(q_nope_ptr, token * st.stride_qn_t + head * st.stride_qn_h,
+                                                      row_ok, value_part, offs_v, VALUE_BLOCK, CFG)
     q_pe = _load_tile(q_pe_ptr, token * st.stride_qp_t + head * st.stride_qp_h, row_ok, 0, offs_r, CFG.ROPE_DIM, ROPE_EXACT)
     qk_scale = scale * LOG2E
     kv_scale = 1.0
