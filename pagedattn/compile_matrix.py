@@ -220,6 +220,7 @@ def gluon_call(family: str, *, page_size: int = 16, dtype=None, head_size: int =
 
     dtype = dtype or torch.bfloat16
     if family == "mla_gluon":
+        from pagedattn.ops.mla.launch import MLAInputs
         from pagedattn.ops.mla_gluon.launch import GLUON_MLA_CONFIG, launch_mla_decode_gluon
 
         seqs, heads = 2, 128
@@ -229,9 +230,10 @@ def gluon_call(family: str, *, page_size: int = 16, dtype=None, head_size: int =
             partials = dict(partial_out=torch.empty(seqs, heads, num_splits, 512),
                             partial_lse=torch.empty(seqs, heads, num_splits))
         launch_mla_decode_gluon(torch.empty(seqs, heads, 512, dtype=dtype),
-                                torch.empty(seqs, heads) if return_lse else None, q[..., :512], q[..., 512:],
-                                torch.zeros(8, page_size, 576, dtype=dtype), torch.zeros(seqs, 4, dtype=torch.int32),
-                                torch.ones(seqs, dtype=torch.int32), torch.arange(seqs + 1, dtype=torch.int32),
+                                torch.empty(seqs, heads) if return_lse else None,
+                                MLAInputs(q[..., :512], q[..., 512:], torch.zeros(8, page_size, 576, dtype=dtype),
+                                          torch.zeros(seqs, 4, dtype=torch.int32), torch.ones(seqs, dtype=torch.int32),
+                                          torch.arange(seqs + 1, dtype=torch.int32)),
                                 scale=0.07, config=config or GLUON_MLA_CONFIG, num_splits=num_splits, **partials)
         return
     from pagedattn.ops.common.bundles import AttentionArgs

@@ -27,6 +27,7 @@ from pagedattn._checks import (
 from pagedattn.ops.mla.launch import (
     MLA_MAX_QUERY_LEN,
     MLAConfig,
+    MLAInputs,
     launch_mla_decode,
     launch_write_mla_kv,
 )
@@ -221,8 +222,8 @@ def _mla_decode(q_nope, q_pe, kv_cache, block_table, seq_lens, query_start_loc, 
     if num_splits > 1 and num_tokens > 0:
         partial_out, partial_lse = _workspace(num_tokens, num_heads, num_splits, latent_dim, device)
     run = functools.partial(
-        launch_mla_decode_gluon if gluon else launch_mla_decode, out, lse, q_nope, q_pe, kv_cache, block_table,
-        seq_lens, query_start_loc,
+        launch_mla_decode_gluon if gluon else launch_mla_decode, out, lse,
+        MLAInputs(q_nope, q_pe, kv_cache, block_table, seq_lens, query_start_loc),
         scale=float(scale), kv_scale=scale_tensor(kv_scale, device) if fp8 else None, config=gluon or config,
         num_splits=num_splits, partial_out=partial_out, partial_lse=partial_lse,
     )

@@ -22,6 +22,18 @@ from pagedattn.ops.common.launching import launch
 MLA_MAX_QUERY_LEN = 8  # the longest query mla_decode serves (decode and speculative steps)
 
 
+class MLAInputs(NamedTuple):
+    """The tensors of one ``mla_decode`` call, as both MLA launchers take them (shapes in
+    ``pagedattn.mla.mla_decode``)."""
+
+    q_nope: torch.Tensor
+    q_pe: torch.Tensor
+    kv_cache: torch.Tensor
+    block_table: torch.Tensor
+    seq_lens: torch.Tensor
+    query_start_loc: torch.Tensor
+
+
 class MLAStrides(NamedTuple):
     """The strides of the MLA decode kernel's tensors, in its parameter order."""
 
@@ -107,12 +119,7 @@ def split_destination(out, lse, partial_out, partial_lse, num_splits: int):
 def launch_mla_decode(
     out: torch.Tensor,
     lse: torch.Tensor | None,
-    q_nope: torch.Tensor,
-    q_pe: torch.Tensor,
-    kv_cache: torch.Tensor,
-    block_table: torch.Tensor,
-    seq_lens: torch.Tensor,
-    query_start_loc: torch.Tensor,
+    x: MLAInputs,
     *,
     scale: float,
     kv_scale: torch.Tensor | None,
@@ -126,6 +133,7 @@ def launch_mla_decode(
     ``partial_out`` ``[num_tokens, num_heads, num_splits, latent_dim]`` fp32 and ``partial_lse``
     ``[num_tokens, num_heads, num_splits]`` fp32 are needed when ``num_splits > 1``.
     """
+    q_nope, q_pe, kv_cache, block_table, seq_lens, query_start_loc = x
     num_tokens, num_heads, latent_dim = q_nope.shape
     rope_dim = q_pe.shape[2]
     num_seqs = seq_lens.shape[0]

@@ -25,7 +25,7 @@ from pagedattn.ops.common.gluon import (
     unavailable_reason,
 )
 from pagedattn.ops.common.launching import launch
-from pagedattn.ops.mla.launch import MLAConfig, mla_strides, split_destination
+from pagedattn.ops.mla.launch import MLAConfig, MLAInputs, mla_strides, split_destination
 from pagedattn.ops.split_kv.launch import launch_merge_splits
 
 GLUON_ENV = "PAGEDATTN_MLA_GLUON"
@@ -124,12 +124,7 @@ def use_gluon_mla(q_nope: torch.Tensor, q_pe: torch.Tensor, kv_cache: torch.Tens
 def launch_mla_decode_gluon(
     out: torch.Tensor,
     lse: torch.Tensor | None,
-    q_nope: torch.Tensor,
-    q_pe: torch.Tensor,
-    kv_cache: torch.Tensor,
-    block_table: torch.Tensor,
-    seq_lens: torch.Tensor,
-    query_start_loc: torch.Tensor,
+    x: MLAInputs,
     *,
     scale: float,
     kv_scale: torch.Tensor | None = None,
@@ -148,6 +143,7 @@ def launch_mla_decode_gluon(
     if kv_scale is not None:
         raise ValueError("kv_scale: the Gluon MLA kernel takes no fp8 cache")
     kernel = required(gluon_kernel())
+    q_nope, q_pe, kv_cache, block_table, seq_lens, query_start_loc = x
     num_tokens, num_heads, _ = q_nope.shape
     num_seqs = seq_lens.shape[0]
     if num_tokens == 0 or num_seqs == 0:
