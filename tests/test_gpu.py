@@ -72,6 +72,51 @@ def test_cache_past_int32_offsets_gpu():
     compare(batch, {}, torch.bfloat16)
 
 
+@pytest.mark.parametrize("planned", [False, True], ids=["no-plan", "plan"])
+def test_wide_heads_cache_past_int32_offsets_gpu(planned):
+    # Gemma-3's attention (16 / 8 heads of 256, a 1024-key window) over a cache laid out as vLLM
+    # keeps it, K and V interleaved in one [num_blocks, 16, 8, 2 * 256] tensor whose K and V views
+    # span past 2**31 elements (vLLM's hybrid cache gives Gemma-3's layers views of that size);
+    # the batch uses the top blocks: two 4096-token prompts past the window beside two decodes.
+    # New tokens are written with write_kv first, as an engine step does.
+    import dataclasses
+
+    from pagedattn import plan_attention
+
+    g = torch.Generator().manual_seed(14)
+    shape = dict(num_q_heads=16, num_kv_heads=8, head_size=256, block_size=16)
+    cases = [(4096, 4096), (1, 4100), (4096, 4096), (1, 700)]
+    num_blocks = 2**31 // (16 * 8 * 512) + 64
+    batch = make_paged_batch(cases, num_blocks=num_blocks, dtype=torch.bfloat16, device="cuda", generator=g, **shape)
+    kv = torch.empty(num_blocks, 16, 8, 512, dtype=torch.bfloat16, device="cuda")
+    k_cache, v_cache = kv[..., :256], kv[..., 256:]
+    k_cache.copy_(batch.k_cache)
+    v_cache.copy_(batch.v_cache)
+    batch = dataclasses.replace(batch, k_cache=k_cache, v_cache=v_cache)
+    assert k_cache.stride(0) * (num_blocks - 1) + 1 > 2**31
+    # the step's new tokens into their slots (the last query_len positions of each sequence)
+    slots = []
+    for s, (ql, kvl) in enumerate(cases):
+        pos = torch.arange(kvl - ql, kvl)
+        slots.append(batch.block_table[s].cpu()[pos // 16].long() * 16 + pos % 16)
+    slots = torch.cat(slots).to("cuda")
+    key = torch.randn(slots.shape[0], 8, 256, generator=g).to("cuda", torch.bfloat16)
+    value = torch.randn(slots.shape[0], 8, 256, generator=g).to("cuda", torch.bfloat16)
+    write_kv(key, value, k_cache, v_cache, slots)
+    torch.cuda.synchronize()
+    kwargs = {"sliding_window": 1024}
+    if planned:
+        kwargs["plan"] = plan_attention(batch.query_start_loc.cpu(), batch.seq_lens.cpu(), num_q_heads=16,
+                                        num_kv_heads=8, head_size=256, device="cuda", sliding_window=1024,
+                                        dtype=torch.bfloat16)
+    out = torch.full_like(batch.q, float("nan"))
+    out, lse = paged_attention(*batch.args(), max_query_len=batch.max_query_len, max_seq_len=batch.max_seq_len,
+                               out=out, return_lse=True, **kwargs)
+    torch.cuda.synchronize()
+    kwargs.pop("plan", None)
+    assert_matches_reference(out, lse, *paged_attention_ref(*batch.args(), **kwargs))
+
+
 @pytest.mark.parametrize("cache_dtype", [torch.bfloat16, torch.float8_e4m3fn], ids=["bf16", "fp8"])
 def test_write_kv_gpu(cache_dtype):
     g = torch.Generator().manual_seed(12)
