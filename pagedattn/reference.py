@@ -198,28 +198,36 @@ def paged_attention_ref(
     Returns ``(out, lse)`` in ``compute_dtype``: out ``[num_tokens, num_q_heads, head_size]``,
     lse ``[num_tokens, num_q_heads]``.
     """
+    lens = seq_lens.tolist()
+
+    def kv_of(s):
+        return gather_kv_ref(k_cache, v_cache, block_table[s], lens[s], k_scale=k_scale, v_scale=v_scale,
+                             compute_dtype=compute_dtype)
+
+    return _attend_sequences(q, v_cache.shape[-1], query_start_loc.tolist(), lens, kv_of, scale=scale,
+                             prefix_ranges=prefix_ranges, compute_dtype=compute_dtype, causal=causal,
+                             sliding_window=sliding_window, softcap=softcap, alibi_slopes=alibi_slopes,
+                             alibi_sqrt=alibi_sqrt, sinks=sinks)
+
+
+def _attend_sequences(q, head_size_v, qsl, kv_lens, kv_of, *, scale, prefix_ranges, compute_dtype, **features):
+    """(out, lse) of every sequence s: its queries ``q[qsl[s]:qsl[s + 1]]``, the last tokens of its
+    ``kv_lens[s]`` keys, over ``kv_of(s)`` = (K, V); rows of no query stay 0 / -inf."""
     num_tokens, num_q_heads, head_size = q.shape
     if scale is None:
         scale = 1.0 / math.sqrt(head_size)
-    out = torch.zeros(num_tokens, num_q_heads, v_cache.shape[-1], dtype=compute_dtype, device=q.device)
+    out = torch.zeros(num_tokens, num_q_heads, head_size_v, dtype=compute_dtype, device=q.device)
     lse = torch.full((num_tokens, num_q_heads), float("-inf"), dtype=compute_dtype, device=q.device)
-    qsl = query_start_loc.tolist()
-    lens = seq_lens.tolist()
-    for s in range(len(lens)):
+    for s in range(len(kv_lens)):
         q0, q1 = qsl[s], qsl[s + 1]
         if q1 == q0:
             continue
-        k, v = gather_kv_ref(
-            k_cache, v_cache, block_table[s], lens[s],
-            k_scale=k_scale, v_scale=v_scale, compute_dtype=compute_dtype,
-        )
-        q_pos = torch.arange(q1 - q0, device=q.device) + (lens[s] - (q1 - q0))
+        k, v = kv_of(s)
+        q_pos = torch.arange(q1 - q0, device=q.device) + (kv_lens[s] - (q1 - q0))
         o, l = attention_ref(
-            q[q0:q1], k, v, q_pos=q_pos, scale=scale, causal=causal,
-            sliding_window=sliding_window, softcap=softcap, alibi_slopes=alibi_slopes,
-            alibi_sqrt=alibi_sqrt, sinks=sinks,
+            q[q0:q1], k, v, q_pos=q_pos, scale=scale,
             prefix_ranges=None if prefix_ranges is None else prefix_ranges[s],
-            compute_dtype=compute_dtype,
+            compute_dtype=compute_dtype, **features,
         )
         out[q0:q1] = o
         lse[q0:q1] = l
@@ -241,27 +249,12 @@ def varlen_attention_ref(
 
     The queries of a sequence are its last tokens (same position rule as the paged form).
     """
-    num_tokens, num_q_heads, head_size = q.shape
-    if scale is None:
-        scale = 1.0 / math.sqrt(head_size)
-    prefix_ranges = features.pop("prefix_ranges", None)
-    out = torch.zeros(num_tokens, num_q_heads, v.shape[-1], dtype=compute_dtype, device=q.device)
-    lse = torch.full((num_tokens, num_q_heads), float("-inf"), dtype=compute_dtype, device=q.device)
-    cq = cu_seqlens_q.tolist()
     ck = cu_seqlens_k.tolist()
-    for s in range(len(cq) - 1):
-        q0, q1, k0, k1 = cq[s], cq[s + 1], ck[s], ck[s + 1]
-        if q1 == q0:
-            continue
-        q_pos = torch.arange(q1 - q0, device=q.device) + ((k1 - k0) - (q1 - q0))
-        o, l = attention_ref(
-            q[q0:q1], k[k0:k1], v[k0:k1], q_pos=q_pos, scale=scale,
-            prefix_ranges=None if prefix_ranges is None else prefix_ranges[s],
-            compute_dtype=compute_dtype, **features,
-        )
-        out[q0:q1] = o
-        lse[q0:q1] = l
-    return out, lse
+    kv_lens = [ck[s + 1] - ck[s] for s in range(len(ck) - 1)]
+    prefix_ranges = features.pop("prefix_ranges", None)
+    return _attend_sequences(q, v.shape[-1], cu_seqlens_q.tolist(), kv_lens,
+                             lambda s: (k[ck[s]:ck[s + 1]], v[ck[s]:ck[s + 1]]), scale=scale,
+                             prefix_ranges=prefix_ranges, compute_dtype=compute_dtype, **features)
 
 
 def write_kv_ref(
