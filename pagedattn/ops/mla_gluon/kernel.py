@@ -73,8 +73,9 @@ def _issue_tile(kn_buf, kr_buf, kv_cache_ptr, bt_row_ptr, tile_start, seg_hi, nu
 @gluon.jit
 def _softmax_step(s, tile_start, offs_sn, seg_hi, qk_scale, m_i, l_acc):
     """One tile of the online softmax in base 2 on the raw scores ``s`` [BLOCK_M, TILE_N] of the
-    keys from ``tile_start``: keys past ``seg_hi`` are masked, an inf dot product becomes NaN (never read as a masked
-    key). Returns (p, alpha, m_i, l_acc); the row sums stay unreduced in ``l_acc``."""
+    keys from ``tile_start``: keys past ``seg_hi`` are masked, an inf dot product becomes NaN
+    (never read as a masked key). Returns (p, alpha, m_i, l_acc); the row sums stay unreduced in
+    ``l_acc``."""
     s = s + s * 0.0
     k_pos = tile_start + offs_sn
     x = gl.where((k_pos < seg_hi)[None, :], s * qk_scale, float("-inf"))
