@@ -59,6 +59,30 @@ def test_shapes_gpu(num_q_heads, num_kv_heads, head_size, block_size):
     compare(batch, {"sliding_window": 333, "softcap": 30.0}, torch.bfloat16)
 
 
+@pytest.mark.parametrize("path", ["unified", "split_kv", "persistent", "prefill"])
+@pytest.mark.parametrize("num_q_heads, num_kv_heads, head_size, block_size",
+                         [pytest.param(*shape, id=name) for name, shape in GPU_SHAPES.items()])
+def test_keys_past_one_table_chunk_gpu(num_q_heads, num_kv_heads, head_size, block_size, path):
+    # The kernels read a sequence's block ids a chunk at a time (256 ids at 16-token pages) and
+    # gather each tile's ids from the chunk; the loop pipeliner issues the gathers of the tiles
+    # after a chunk's last one too. Full attention over more keys than one chunk, through each
+    # path: at head 256 those gathers once read past the kernel's shared memory (vLLM, Gemma-3).
+    from pagedattn import plan_attention
+
+    g = torch.Generator().manual_seed(head_size + block_size)
+    cases = [(1, 4064), (1, 4097), (3, 9000), (1, 130), (200, 4300)]
+    batch = make_paged_batch(cases, num_q_heads=num_q_heads, num_kv_heads=num_kv_heads, head_size=head_size,
+                             block_size=block_size, dtype=torch.bfloat16, device="cuda", generator=g)
+    plan = plan_attention(batch.query_start_loc.cpu(), batch.seq_lens.cpu(), num_q_heads=num_q_heads,
+                          num_kv_heads=num_kv_heads, head_size=head_size, device="cuda", path=path,
+                          dtype=torch.bfloat16)
+    out = torch.full_like(batch.q, float("nan"))
+    out, lse = paged_attention(*batch.args(), max_query_len=batch.max_query_len, max_seq_len=batch.max_seq_len,
+                               out=out, return_lse=True, plan=plan)
+    torch.cuda.synchronize()
+    assert_matches_reference(out, lse, *paged_attention_ref(*batch.args()))
+
+
 def test_cache_past_int32_offsets_gpu():
     # [num_blocks, 16, 8, 128] bf16 past 2**31 elements (> 4 GiB); the batch uses the top blocks.
     # The 300-query sequence runs the large-tile prefill kernel, the others the unified kernel.
@@ -72,12 +96,14 @@ def test_cache_past_int32_offsets_gpu():
     compare(batch, {}, torch.bfloat16)
 
 
+@pytest.mark.parametrize("window", [1024, None], ids=["window", "full"])
 @pytest.mark.parametrize("planned", [False, True], ids=["no-plan", "plan"])
-def test_wide_heads_cache_past_int32_offsets_gpu(planned):
+def test_wide_heads_cache_past_int32_offsets_gpu(planned, window):
     # Gemma-3's attention (16 / 8 heads of 256, a 1024-key window) over a cache laid out as vLLM
     # keeps it, K and V interleaved in one [num_blocks, 16, 8, 2 * 256] tensor whose K and V views
     # span past 2**31 elements (vLLM's hybrid cache gives Gemma-3's layers views of that size);
-    # the batch uses the top blocks: two 4096-token prompts past the window beside two decodes.
+    # the batch uses the top blocks: two 4096-token prompts beside two decodes, with Gemma-3's
+    # local (1024-key window) and global (full) attention.
     # New tokens are written with write_kv first, as an engine step does.
     import dataclasses
 
@@ -104,10 +130,10 @@ def test_wide_heads_cache_past_int32_offsets_gpu(planned):
     value = torch.randn(slots.shape[0], 8, 256, generator=g).to("cuda", torch.bfloat16)
     write_kv(key, value, k_cache, v_cache, slots)
     torch.cuda.synchronize()
-    kwargs = {"sliding_window": 1024}
+    kwargs = {"sliding_window": window}
     if planned:
         kwargs["plan"] = plan_attention(batch.query_start_loc.cpu(), batch.seq_lens.cpu(), num_q_heads=16,
-                                        num_kv_heads=8, head_size=256, device="cuda", sliding_window=1024,
+                                        num_kv_heads=8, head_size=256, device="cuda", sliding_window=window,
                                         dtype=torch.bfloat16)
     out = torch.full_like(batch.q, float("nan"))
     out, lse = paged_attention(*batch.args(), max_query_len=batch.max_query_len, max_seq_len=batch.max_seq_len,

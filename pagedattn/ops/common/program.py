@@ -304,9 +304,23 @@ def chunk_pages_in_cache(pages, first_page, chunk_hi, num_blocks, PAGE_SIZE: tl.
 
 
 @triton.jit
+def chunk_ids(pages, idx):
+    """``pages[idx]``, with ``idx`` clamped into the chunk.
+
+    The loop pipeliner issues the gathers of the next num_stages - 1 tiles before the loop's
+    test, so past a chunk's last tile they index one or two pages past the chunk (their keys'
+    loads are predicated off; the gather is not). A gather reads its source through a shared
+    memory scratch, and where that scratch ends the kernel's allocation (the unified kernel at
+    head 256 on sm90: 73728 + 1024 of 74752 bytes) the read past it is an illegal address on
+    the H200 (compute-sanitizer: invalid __shared__ read in this gather). Clamped, such a lane
+    reads a real id of the chunk, and its key stays masked."""
+    return tl.gather(pages, tl.minimum(tl.maximum(idx, 0), pages.shape[0] - 1), 0)
+
+
+@triton.jit
 def page_of_keys(pages, first_page, k_pos, PAGE_SIZE: tl.constexpr):
     """The block id of each key position (int32), gathered from a chunk's ids in registers."""
-    return tl.gather(pages, k_pos // PAGE_SIZE - first_page, 0)
+    return chunk_ids(pages, k_pos // PAGE_SIZE - first_page)
 
 
 @triton.jit
@@ -315,7 +329,7 @@ def page_of_tile_keys(pages, first_page, start, PAGE_SIZE: tl.constexpr, TILE_N:
     (``start`` a page boundary, TILE_N a multiple of PAGE_SIZE): one gather per page, broadcast
     to its keys (6% faster than one per key in the paged prefill kernel on the H200, S=8192)."""
     TILE_PAGES: tl.constexpr = TILE_N // PAGE_SIZE
-    ids = tl.gather(pages, start // PAGE_SIZE - first_page + tl.arange(0, TILE_PAGES), 0)
+    ids = chunk_ids(pages, start // PAGE_SIZE - first_page + tl.arange(0, TILE_PAGES))
     return tl.reshape(tl.broadcast_to(ids[:, None], (TILE_PAGES, PAGE_SIZE)), (TILE_N,))
 
 
@@ -366,7 +380,7 @@ def attend_kv_range(qt, m_i, l_i, acc, kv, block_row_ptr, mods, n, tile_lo, kv_l
             # zeroing V instead measured 1.7x slower: the select between V's load and the dot
             # costs the async-copy pipeline.)
             if HOIST:
-                page = tl.gather(pages, (start - phase) // PAGE_SIZE - first_page + rel_page, 0)
+                page = chunk_ids(pages, (start - phase) // PAGE_SIZE - first_page + rel_page)
                 k_ok = (k_pos >= kv_lo) & (k_pos < kv_hi) & (clean | ((page >= 0) & (page < n.num_blocks)))
                 if CFG.LARGE_CACHE:  # offsets of 2**31 elements or more; otherwise int32 saves registers
                     page = page.to(tl.int64)
