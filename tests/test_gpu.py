@@ -96,6 +96,39 @@ def test_cache_past_int32_offsets_gpu():
     compare(batch, {}, torch.bfloat16)
 
 
+def test_compile_ahead_leaves_a_large_cache_nothing_to_compile_gpu():
+    # vLLM's builder warms the kernels up on a small scratch cache (their 32-bit-offset variants)
+    # and, where vLLM sized a cache past 2**31 elements, compiles the same launches ahead with
+    # LARGE_CACHE=True. The call over such a cache then compiles nothing and matches the reference.
+    # (A shape no other GPU test compiles, so the kernels' cache starts without these variants.)
+    from triton import knobs
+
+    from pagedattn.ops.common.launching import capturing, compile_ahead
+
+    shape = dict(num_q_heads=6, num_kv_heads=2, head_size=72, block_size=16)
+    cases = [(1, 1500), (300, 1800), (1, 17)]
+    g = torch.Generator().manual_seed(15)
+    small = make_paged_batch(cases, dtype=torch.bfloat16, device="cuda", generator=g, **shape)
+    with capturing() as launched:
+        paged_attention(*small.args(), max_query_len=small.max_query_len, max_seq_len=small.max_seq_len)
+    assert compile_ahead(launched, LARGE_CACHE=True) >= 1
+    num_blocks = 2**31 // (16 * 2 * 72) + 64
+    large = make_paged_batch(cases, num_blocks=num_blocks, dtype=torch.bfloat16, device="cuda", generator=g, **shape)
+    assert large.k_cache.numel() > 2**31
+    compiled = []
+    hook = knobs.runtime.jit_post_compile_hook
+    knobs.runtime.jit_post_compile_hook = lambda **kw: compiled.append(getattr(kw.get("fn"), "name", "?"))
+    try:
+        out = torch.full_like(large.q, float("nan"))
+        out, lse = paged_attention(*large.args(), max_query_len=large.max_query_len, max_seq_len=large.max_seq_len,
+                                   out=out, return_lse=True)
+        torch.cuda.synchronize()
+    finally:
+        knobs.runtime.jit_post_compile_hook = hook
+    assert compiled == []
+    assert_matches_reference(out, lse, *paged_attention_ref(*large.args()))
+
+
 @pytest.mark.parametrize("window", [1024, None], ids=["window", "full"])
 @pytest.mark.parametrize("planned", [False, True], ids=["no-plan", "plan"])
 def test_wide_heads_cache_past_int32_offsets_gpu(planned, window):

@@ -211,3 +211,59 @@ def test_replay_passes_a_workspace_as_its_address_and_keeps_it_alive(guard_kind)
     assert tape.replay((a, b, c))
     assert calls == [(4, 2, 1, "stream", a.data_ptr(), ref().data_ptr(), (3, ref().data_ptr()))]
     assert all(type(x) is int for x in calls[0][5:6] + calls[0][6])
+
+
+def test_capturing_neither_replays_a_tape_nor_keeps_one():
+    """Inside ``capturing`` every launch is listed: a recorded tape is not replayed (its launches
+    would bypass the list), and a recording made while capturing, which launched nothing and may
+    hold only cross-stream waits, is not kept."""
+    calls = []
+    tapes = Tapes()
+    bindables = _tensors()
+    tapes.record("k", bindables, _recording(bindables, calls))
+    with launching.capturing() as launched:
+        assert not tapes.replay("k", bindables)
+    assert calls == [] and launched == []
+    assert tapes.replay("k", bindables)  # outside, the tape replays as before
+
+    kernel, grid, kwargs = object(), (3,), {"x": 1}
+    fresh = Tapes()
+
+    def run():
+        launching._RECORDING.get()._ops.append(("side", "caller", None))  # a wait, then a listed launch
+        launching.launch(kernel, grid, **kwargs)
+
+    with launching.capturing() as launched:
+        fresh.record("k", bindables, run)
+    assert launched == [(kernel, grid, kwargs)]
+    assert "k" not in fresh
+
+
+def test_compile_ahead_skips_what_it_cannot_or_need_not_compile(monkeypatch):
+    """Only a JIT kernel whose ``CFG`` has the named fields at other values is compiled, with those
+    fields replaced and every other argument as captured; on the interpreter nothing is."""
+    from typing import NamedTuple
+
+    from triton.runtime.jit import JITFunction
+
+    class Cfg(NamedTuple):
+        LARGE_CACHE: bool
+        TILE_N: int
+
+    compiled = []
+
+    class StandIn(JITFunction):  # a JIT kernel's warmup without a compiler
+        def __init__(self):
+            pass
+
+        def warmup(self, *, grid, **kwargs):
+            compiled.append((grid, kwargs))
+
+    kernel = StandIn()
+    launched = [(kernel, (2, 1), {"CFG": Cfg(False, 64), "x": 7, "num_warps": 4}),
+                (kernel, (2, 1), {"CFG": Cfg(True, 64)}),  # already the variant asked for
+                (kernel, (1,), {"x": 3}),  # no CFG
+                (object(), (1,), {"CFG": Cfg(False, 32)})]  # not a JIT kernel (the interpreter's)
+    assert launching.compile_ahead(launched, LARGE_CACHE=True) == 1
+    assert compiled == [((2, 1), {"CFG": Cfg(True, 64), "x": 7, "num_warps": 4})]
+    assert launching.compile_ahead(launched, OTHER=1) == 0  # no such field

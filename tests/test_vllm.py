@@ -66,14 +66,15 @@ def _softcap_runs() -> bool:
 # the stand-in config and the layer: attributes the builder and impl read, nothing more
 
 def make_config(*, cudagraph_mode=CUDAGraphMode.NONE, capture_sizes=(), dtype=torch.float16, max_model_len=256,
-                num_q_heads=NUM_Q_HEADS):
+                num_q_heads=NUM_Q_HEADS, num_gpu_blocks=None):
     model_config = types.SimpleNamespace(dtype=dtype, max_model_len=max_model_len,
                                          get_num_attention_heads=lambda parallel_config: num_q_heads)
     compilation = types.SimpleNamespace(cudagraph_mode=cudagraph_mode, cudagraph_capture_sizes=list(capture_sizes),
                                         static_forward_context={})
     return types.SimpleNamespace(model_config=model_config, compilation_config=compilation,
                                  parallel_config=types.SimpleNamespace(decode_context_parallel_size=1),
-                                 scheduler_config=types.SimpleNamespace(max_num_seqs=64), speculative_config=None)
+                                 scheduler_config=types.SimpleNamespace(max_num_seqs=64), speculative_config=None,
+                                 cache_config=types.SimpleNamespace(num_gpu_blocks=num_gpu_blocks))
 
 
 def make_layer(k_scale=1.0, v_scale=1.0):
@@ -83,12 +84,12 @@ def make_layer(k_scale=1.0, v_scale=1.0):
 
 
 def test_config_stand_in_matches_vllm():
-    from vllm.config import CompilationConfig, ModelConfig, ParallelConfig, SchedulerConfig
+    from vllm.config import CacheConfig, CompilationConfig, ModelConfig, ParallelConfig, SchedulerConfig
 
     stand_in = make_config()
     assert_stand_in_matches(stand_in, {ModelConfig: stand_in.model_config, CompilationConfig: stand_in.compilation_config,
                                        ParallelConfig: stand_in.parallel_config,
-                                       SchedulerConfig: stand_in.scheduler_config})
+                                       SchedulerConfig: stand_in.scheduler_config, CacheConfig: stand_in.cache_config})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -526,6 +527,37 @@ def test_warm_up_runs_each_distinct_layer_through_prefill_steps(monkeypatch):
     assert {impl for impl, _, _ in seen} == {plain, windowed}
     assert [q for impl, q, _ in seen if impl is plain] == [20, 18]
     assert all(shape == (2 + 1 + 3, NUM_KV_HEADS, 16, 2 * HEAD_SIZE) for _, _, shape in seen)
+
+
+# blocks of [16, NUM_KV_HEADS, 2 * HEAD_SIZE]: the most whose K and V views stay under 2**31 elements
+BLOCKS_BELOW_2_31 = 2**31 // (16 * NUM_KV_HEADS * 2 * HEAD_SIZE)
+
+
+@pytest.mark.parametrize("num_gpu_blocks, large", [(None, False), (BLOCKS_BELOW_2_31, False),
+                                                   (BLOCKS_BELOW_2_31 + 1, True)], ids=["unsized", "below", "past"])
+def test_warm_up_also_compiles_the_64_bit_offset_variants_of_a_large_cache(monkeypatch, num_gpu_blocks, large):
+    """Where the cache vLLM sized gives each layer K/V views past 2**31 elements (Gemma-3-12B's
+    hybrid cache on the H200), the kernels take their 64-bit-offset variants, which the warm-up's
+    small scratch cache never reaches: the warm-up then also compiles each of its launches in that
+    variant, so the first request compiles nothing. Shapes only: no large cache is allocated."""
+    from pagedattn.integrations.vllm import backend as vllm_backend
+
+    spec, _ = vllm_kv_cache(4, 16, "NHD", torch.float16)
+    config = make_config(num_gpu_blocks=num_gpu_blocks)
+    impl = PagedAttnImpl(NUM_Q_HEADS, HEAD_SIZE, 0.2, NUM_KV_HEADS, None, None, "auto")
+    config.compilation_config.static_forward_context["layer.0"] = types.SimpleNamespace(impl=impl,
+                                                                                        **vars(make_layer()))
+    builder = PagedAttnMetadataBuilder(spec, ["layer.0"], config, DEVICE)  # CPU: no warm-up at construction
+    asked = []
+    monkeypatch.setattr(vllm_backend, "compile_ahead", lambda launched, **fields: asked.append((launched, fields)))
+    assert builder.real_cache_is_large() is large
+    assert builder.warm_up((((20, 20),), ((1, 9), (18, 40)))) == 2
+    if not large:
+        assert asked == []
+        return
+    assert [fields for _, fields in asked] == [{"LARGE_CACHE": True}] * 2
+    for launched, _ in asked:  # the step's attention launches as made on the scratch cache
+        assert launched and all(kwargs["CFG"].LARGE_CACHE is False for _, _, kwargs in launched)
 
 
 @pytest.mark.parametrize("num_q_heads, num_kv_heads, head_size", [(32, 8, 128), (8, 2, 128), (32, 8, 64), (16, 16, 256)])

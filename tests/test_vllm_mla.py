@@ -49,7 +49,7 @@ BLOCK = 16
 
 
 def make_config(*, cudagraph_mode=CUDAGraphMode.NONE, capture_sizes=(), dtype=torch.float16, max_model_len=512,
-                cache_dtype="auto", speculative_tokens=None):
+                cache_dtype="auto", speculative_tokens=None, num_gpu_blocks=None):
     model_config = types.SimpleNamespace(
         dtype=dtype, max_model_len=max_model_len, use_mla=True,
         get_num_attention_heads=lambda parallel_config: HEADS, get_head_size=lambda: LATENT + ROPE,
@@ -64,7 +64,7 @@ def make_config(*, cudagraph_mode=CUDAGraphMode.NONE, capture_sizes=(), dtype=to
     return types.SimpleNamespace(
         model_config=model_config, compilation_config=compilation, parallel_config=parallel,
         scheduler_config=types.SimpleNamespace(max_num_seqs=16, max_num_batched_tokens=256),
-        cache_config=types.SimpleNamespace(cache_dtype=cache_dtype, block_size=BLOCK),
+        cache_config=types.SimpleNamespace(cache_dtype=cache_dtype, block_size=BLOCK, num_gpu_blocks=num_gpu_blocks),
         attention_config=types.SimpleNamespace(mla_prefill_backend=None, use_prefill_query_quantization=False),
         speculative_config=spec, kv_transfer_config=None)
 
@@ -359,6 +359,28 @@ def test_warm_up_runs_decode_steps_and_prefill_calls(monkeypatch):
     assert builder.warm_up(steps, prefill_tokens=24) == 2 + 3
     assert decodes == [1, 2]
     assert prefills == [(True, False), (True, True), (False, True)]
+
+
+@pytest.mark.parametrize("large", [False, True], ids=["below", "past"])
+def test_warm_up_also_compiles_the_64_bit_offset_decode_variants_of_a_large_cache(monkeypatch, large):
+    """Where the latent cache vLLM sized passes 2**31 elements (a few DeepSeek-V3 layers on one
+    H200), the decode kernel takes its 64-bit-offset variant, which the scratch cache never
+    reaches: the warm-up then also compiles each decode launch in that variant (shapes only)."""
+    from pagedattn.integrations.vllm import mla as vllm_mla
+
+    below = 2**31 // (BLOCK * (LATENT + ROPE))  # the most blocks whose cache stays under 2**31 elements
+    config = make_config(num_gpu_blocks=below + int(large))
+    builder = make_builder(config)  # on the CPU: no warm-up at construction
+    builder.layer.impl = make_impl(config)
+    asked = []
+    monkeypatch.setattr(vllm_mla, "compile_ahead", lambda launched, **fields: asked.append((launched, fields)))
+    assert builder.warm_up((((1, 20),), ((1, 40), (1, 9))), prefill_tokens=0) == 2
+    if not large:
+        assert asked == []
+        return
+    assert [fields for _, fields in asked] == [{"LARGE_CACHE": True}] * 2
+    for launched, _ in asked:
+        assert launched and any(getattr(kwargs.get("CFG"), "LARGE_CACHE", None) is False for _, _, kwargs in launched)
 
 
 def test_decode_over_an_fp8_cache_matches_reference():

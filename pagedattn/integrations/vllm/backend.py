@@ -37,6 +37,8 @@ from typing import ClassVar
 import torch
 
 import pagedattn
+from pagedattn.ops.common.launching import capturing, compile_ahead
+from pagedattn.ops.common.offsets import needs_int64_offsets
 from pagedattn.ops.prefill_gluon.launch import GLUON_MIN_QUERY_TOKENS
 from pagedattn.plan import MIN_SEGMENT_TOKENS, AttentionPlan
 from vllm.v1.attention.backend import (
@@ -102,6 +104,27 @@ def warm_up_wanted(device: torch.device) -> bool:
     """Whether a builder warms its kernels up when vLLM makes it: on a GPU, unless
     ``PAGEDATTN_VLLM_WARMUP=0``."""
     return device.type == "cuda" and os.environ.get("PAGEDATTN_VLLM_WARMUP", "1") != "0"
+
+
+def layer_views(kv_cache: torch.Tensor, num_kv_heads: int, head_size: int, fp8: bool):
+    """(k_cache, v_cache) ``[num_blocks, block_size, num_kv_heads, head_size]``: views of vLLM's
+    ``[num_blocks, num_kv_heads, block_size, 2 * head_size]`` per-layer cache (fp8: as e4m3)."""
+    if kv_cache.dim() != 4 or kv_cache.shape[1] != num_kv_heads or kv_cache.shape[3] != 2 * head_size:
+        raise ValueError(
+            f"kv_cache must be vLLM's [num_blocks, num_kv_heads={num_kv_heads}, block_size, "
+            f"2 * head_size={2 * head_size}] layer view, got shape {list(kv_cache.shape)}")
+    if kv_cache.stride(3) != 1:
+        raise ValueError(f"kv_cache must be contiguous in its last dimension (stride {kv_cache.stride(3)})")
+    nhd = (fp8_view(kv_cache) if fp8 else kv_cache).transpose(1, 2)
+    return nhd[..., :head_size], nhd[..., head_size:]
+
+
+def sized_cache_blocks(vllm_config) -> int | None:
+    """The blocks of each layer's cache view once vLLM has sized the cache (the worker sets
+    ``cache_config.num_gpu_blocks`` before it makes the builders), else None. Layers whose KV
+    groups share one pool (hybrid models) each view the whole pool."""
+    blocks = getattr(vllm_config.cache_config, "num_gpu_blocks", None)
+    return int(blocks) if blocks else None
 
 
 def fp8_view(kv_cache: torch.Tensor) -> torch.Tensor:
@@ -278,6 +301,7 @@ class PagedAttnMetadataBuilder(AttentionMetadataBuilder[PagedAttnMetadata]):
         # vLLM's default (NHD) memory order: [num_blocks, block_size, num_kv_heads, 2 * head_size]
         cache = torch.zeros(num_blocks, page, self.num_kv_heads, 2 * self.head_size, dtype=self.cache_dtype,
                             device=self.device).transpose(1, 2)
+        large = self.real_cache_is_large()
         runs = 0
         for step in steps:
             common = _scratch_step(step, page, self.device)
@@ -287,9 +311,25 @@ class PagedAttnMetadataBuilder(AttentionMetadataBuilder[PagedAttnMetadata]):
             kv = torch.zeros(n, self.num_kv_heads, self.head_size, dtype=self.dtype, device=self.device)
             out = torch.empty_like(q)
             for layer in distinct.values():
+                if large:  # the kernels' 64-bit-offset variants, which the scratch cache cannot reach
+                    with capturing() as launched:
+                        layer.impl.forward(layer, q, kv, kv, cache, md, out)
+                    compile_ahead(launched, LARGE_CACHE=True)
                 layer.impl.forward(layer, q, kv, kv, cache, md, out)
                 runs += 1
         return runs
+
+    def real_cache_is_large(self) -> bool:
+        """Whether the cache vLLM sized for this group gives its layers K/V views of 2**31
+        elements or more, which the kernels address with 64-bit offsets (Gemma-3-12B's hybrid
+        cache on the H200: about 83,600 blocks, 5.5e9 elements per view). Known from the block
+        count (:func:`sized_cache_blocks`), without the cache: its shape on the meta device."""
+        blocks = sized_cache_blocks(self.vllm_config)
+        if blocks is None:
+            return False
+        meta = torch.empty(blocks, self.block_size, self.num_kv_heads, 2 * self.head_size, dtype=self.cache_dtype,
+                           device="meta").transpose(1, 2)
+        return needs_int64_offsets(*layer_views(meta, self.num_kv_heads, self.head_size, False))
 
     def _make_persistent_plan(self, max_model_len: int) -> AttentionPlan:
         per_split = self.graph_max_tokens * self.num_q_heads * self.head_size * 4
@@ -506,15 +546,7 @@ class PagedAttnImpl(AttentionImpl[PagedAttnMetadata]):
         vLLM's ``[num_blocks, num_kv_heads, block_size, 2 * head_size]`` per-layer cache."""
         if self._views is not None and self._views[0] is kv_cache:
             return self._views[1], self._views[2]
-        if kv_cache.dim() != 4 or kv_cache.shape[1] != self.num_kv_heads or kv_cache.shape[3] != 2 * self.head_size:
-            raise ValueError(
-                f"kv_cache must be vLLM's [num_blocks, num_kv_heads={self.num_kv_heads}, block_size, "
-                f"2 * head_size={2 * self.head_size}] layer view, got shape {list(kv_cache.shape)}")
-        if kv_cache.stride(3) != 1:
-            raise ValueError(f"kv_cache must be contiguous in its last dimension (stride {kv_cache.stride(3)})")
-        cache = fp8_view(kv_cache) if self._fp8 else kv_cache
-        nhd = cache.transpose(1, 2)
-        k_cache, v_cache = nhd[..., : self.head_size], nhd[..., self.head_size:]
+        k_cache, v_cache = layer_views(kv_cache, self.num_kv_heads, self.head_size, self._fp8)
         self._views = (kv_cache, k_cache, v_cache)
         return k_cache, v_cache
 

@@ -31,6 +31,8 @@ import torch
 
 import pagedattn
 from pagedattn.mla import check_mla_dims
+from pagedattn.ops.common.launching import capturing, compile_ahead
+from pagedattn.ops.common.offsets import needs_int64_offsets
 from pagedattn.ops.mla.launch import MLA_MAX_QUERY_LEN
 from vllm.model_executor.layers.attention.mla_attention import (
     MLACommonBackend,
@@ -50,6 +52,7 @@ from pagedattn.integrations.vllm.backend import (
     _scratch_step,
     fp8_view,
     full_graph_limits,
+    sized_cache_blocks,
     warm_up_wanted,
 )
 
@@ -180,8 +183,11 @@ class PagedAttnMLAMetadataBuilder(MLACommonMetadataBuilder[MLACommonMetadata]):
         runs = 0
         if isinstance(impl, PagedAttnMLAImpl):
             num_blocks = sum(-(-kv // page) for step in decode_steps for _, kv in step)
-            cache = torch.zeros(num_blocks, page, dims.kv_lora_rank + dims.qk_rope_head_dim,
-                                dtype=self.kv_cache_spec.dtype, device=device)
+            width = dims.kv_lora_rank + dims.qk_rope_head_dim
+            cache = torch.zeros(num_blocks, page, width, dtype=self.kv_cache_spec.dtype, device=device)
+            blocks = sized_cache_blocks(self.vllm_config)
+            # the real cache's 64-bit-offset kernel variants, which the scratch cache cannot reach
+            large = blocks is not None and needs_int64_offsets(torch.empty(blocks, page, width, device="meta"))
             for step in decode_steps:
                 if max(q for q, _ in step) > self.reorder_batch_threshold:
                     continue  # a speculative step, without speculative decoding configured
@@ -189,6 +195,10 @@ class PagedAttnMLAMetadataBuilder(MLACommonMetadataBuilder[MLACommonMetadata]):
                 n = md.num_decode_tokens
                 q_nope = torch.zeros(n, self.num_heads, dims.kv_lora_rank, dtype=dtype, device=device)
                 q_pe = torch.zeros(n, self.num_heads, dims.qk_rope_head_dim, dtype=dtype, device=device)
+                if large:
+                    with capturing() as launched:
+                        impl.forward_mqa((q_nope, q_pe), cache, md, self.layer)
+                    compile_ahead(launched, LARGE_CACHE=True)
                 impl.forward_mqa((q_nope, q_pe), cache, md, self.layer)
                 runs += 1
         prefill = self._prefill_backend

@@ -42,6 +42,9 @@ def launch(kernel, grid, **kwargs):
     captured = _CAPTURING.get()
     if captured is not None:
         captured.append((kernel, grid, kwargs))
+        tape = _RECORDING.get()
+        if tape is not None:  # nothing was launched: a replay of this recording would launch nothing
+            tape.usable = False
         return None
     compiled = kernel[grid](**kwargs)
     tape = _RECORDING.get()
@@ -61,6 +64,29 @@ def capturing():
         yield launched
     finally:
         _CAPTURING.reset(token)
+
+
+def compile_ahead(launched: list, **cfg_fields) -> int:
+    """Compile each captured launch ``(kernel, grid, kwargs)`` (from :func:`capturing`) with the
+    named fields of its ``CFG`` set to the values given, launching nothing; returns how many were
+    compiled. A launch whose ``CFG`` lacks a field or already has the values, and every launch on
+    the interpreter (nothing compiles there), is skipped.
+
+    For variants that a scratch call cannot reach: a warm-up on a small cache compiles the kernels
+    with 32-bit offsets, and ``compile_ahead(launched, LARGE_CACHE=True)`` the ones that a cache of
+    2**31 elements or more takes. Triton keys a compiled kernel on its constexprs and its
+    arguments' alignment, so a later launch whose other arguments match finds it."""
+    compiled = 0
+    for kernel, grid, kwargs in launched:
+        fn, kw = _jit_function(kernel, kwargs)
+        cfg = kw.get("CFG")
+        if fn is None or not hasattr(cfg, "_replace") or not all(hasattr(cfg, f) for f in cfg_fields):
+            continue
+        if all(getattr(cfg, f) == value for f, value in cfg_fields.items()):
+            continue
+        fn.warmup(grid=grid, **{**kw, "CFG": cfg._replace(**cfg_fields)})
+        compiled += 1
+    return compiled
 
 
 def call_context(t: torch.Tensor) -> tuple:
@@ -99,6 +125,8 @@ class Tapes:
     def replay(self, key, bindables) -> bool:
         """Replay the tape recorded under ``key`` for ``bindables``' layout; False (nothing
         launched) if there is none, or if its pointers' alignment differs from the recording's."""
+        if _CAPTURING.get() is not None:  # capturing lists launches: a replay would bypass the list
+            return False
         entries = self._by_key.get(key, ())
         for i, tape in enumerate(entries):
             try:
