@@ -129,8 +129,8 @@ class BatchMetadata:
     ``query_start_loc`` ``[num_seqs + 1]`` int32 live on the kernels' device; ``query_start_loc_host``
     and ``seq_lens_host`` are the same numbers as Python lists (the backends that loop over
     sequences read these, so their per-layer calls do not synchronize). ``state`` is what the
-    backend's planner made (an :class:`pagedattn.AttentionPlan` for ``triton``, a router plan for
-    ``router``; None for the others). ``backend`` names the backend that planned it.
+    backend's planner made (an :class:`pagedattn.AttentionPlan` for ``triton``; None for the
+    others). ``backend`` names the backend that planned it.
     """
 
     block_table: torch.Tensor

@@ -30,7 +30,7 @@ __all__ = [
 logger = logging.getLogger("pagedattn.backends")
 
 ENV_VAR = "PAGEDATTN_BACKEND"
-# The automatic choice, best first. "router", "mla" (MLA layers' latent cache) and "helion" are chosen by name only.
+# The automatic choice, best first. "mla" (MLA layers' latent cache) and "helion" are chosen by name only.
 AUTO_PRIORITY = ["triton", "flashinfer", "sdpa", "flex", "torch"]
 
 _REGISTRY: dict[str, AttentionBackend] = {}
@@ -46,13 +46,11 @@ def _load_builtins() -> None:
     from pagedattn.backends.flex import FlexBackend
     from pagedattn.backends.helion_backend import HelionBackend
     from pagedattn.backends.mla import MLABackend
-    from pagedattn.backends.router import RouterBackend
     from pagedattn.backends.sdpa import SdpaBackend
     from pagedattn.backends.torch_backend import TorchBackend
     from pagedattn.backends.triton_backend import TritonBackend
 
-    for cls in (TritonBackend, TorchBackend, SdpaBackend, FlexBackend, FlashInferBackend, RouterBackend,
-                MLABackend, HelionBackend):
+    for cls in (TritonBackend, TorchBackend, SdpaBackend, FlexBackend, FlashInferBackend, MLABackend, HelionBackend):
         if cls.name not in _REGISTRY:
             _REGISTRY[cls.name] = cls()
 

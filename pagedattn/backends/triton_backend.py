@@ -25,8 +25,8 @@ def plan_for_config(query_start_loc, seq_lens, config: BackendConfig, **options)
     """:func:`pagedattn.plan_attention` for ``config``'s attention shape, on its device, for its
     dtype unless ``options`` name another (``options``: ``path`` and the rest of plan_attention's).
 
-    The one planning call of the ``triton`` and ``router`` backends and of the engine's pagedattn
-    attention (``pagedattn.engine.attention``).
+    The one planning call of the ``triton`` backend and of the engine's pagedattn attention
+    (``pagedattn.engine.attention``).
     """
     from pagedattn.plan import plan_attention
 

@@ -35,6 +35,11 @@ def _identity(x):
     return x
 
 
+def _unroute(out: torch.Tensor, *, inv: torch.Tensor) -> torch.Tensor:
+    """Rows of an output computed in a reordered batch, back in the caller's token order."""
+    return out.index_select(0, inv)
+
+
 @dataclass
 class Prepared:
     """A zero-argument call plus how to turn its result into ``[num_tokens, num_q_heads, head_size]``."""
@@ -122,77 +127,6 @@ class PagedAttnProvider(Provider):
                 return paged_attention(*args, out=out, **kwargs)
 
         return Prepared(run)
-
-
-# ---------------------------------------------------------------------------------------------
-# the three-path router (pagedattn.backends.router)
-
-
-def _routed_inputs(inputs: CaseInputs):
-    """The case's batch in the router's order ``[decode | extend | prefill]``, as an engine that
-    reorders its batch once per step would hand it to every layer: (q, block_table, seq_lens,
-    query_start_loc, order)."""
-    from pagedattn.backends.router import route_order
-
-    qsl_host, lens_host = inputs.query_start_loc.tolist(), inputs.seq_lens.tolist()
-    order = route_order(qsl_host, lens_host, device=inputs.q.device)
-    if order.is_identity:
-        return inputs.q, inputs.block_table, inputs.seq_lens, inputs.query_start_loc, order
-    qsl = order.query_start_loc(qsl_host)
-    return (inputs.q.index_select(0, order.token_perm), inputs.block_table.index_select(0, order.seq_perm),
-            inputs.seq_lens.index_select(0, order.seq_perm),
-            torch.tensor(qsl, dtype=torch.int32, device=inputs.q.device), order)
-
-
-def _unroute(out: torch.Tensor, *, inv: torch.Tensor) -> torch.Tensor:
-    return out.index_select(0, inv)
-
-
-@dataclass
-class RouterProvider(Provider):
-    """The ``router`` backend: decode, extend and prefill sequences each on their own path.
-
-    ``prepare`` (not timed) plans the step: ``router.plan(..., block_size=...)`` reads the host
-    metadata and builds the sub-batches, the extend chunks (slot lists, block tables, plans) and
-    the workspaces. The timed call is one layer's ``router.forward(..., out=out)``: the decode
-    launch, per extend chunk the K/V gather into the workspace, an attention launch and a merge,
-    and the prefill launch. With ``reorder`` (``router``) the batch is put in routed order once,
-    outside the timing, as an engine would per step; without it (``router-gather``) the call
-    also gathers q into routed order and scatters the output back (two gathers per layer).
-    """
-
-    reorder: bool = True
-    chunk_tokens: int = 32768
-
-    def available(self):
-        return PROVIDERS["pagedattn"].available()
-
-    def prepare(self, inputs):
-        from pagedattn.backends import BackendConfig, get_backend
-
-        router = get_backend("router")
-        features = dict(inputs.features)
-        q, k_cache, v_cache = inputs.q, inputs.k_cache, inputs.v_cache
-        to_tokens = _identity
-        if self.reorder:
-            q, block_table, seq_lens, query_start_loc, order = _routed_inputs(inputs)
-            if not order.is_identity:
-                to_tokens = partial(_unroute, inv=order.token_inv_perm)
-        else:
-            block_table, seq_lens, query_start_loc = inputs.block_table, inputs.seq_lens, inputs.query_start_loc
-        config = BackendConfig.for_call(q, k_cache, **features)
-        md = router.plan(block_table, seq_lens, query_start_loc, config, chunk_tokens=self.chunk_tokens,
-                         block_size=k_cache.shape[1], sliding_window=features.get("sliding_window"))
-        plan = md.state
-        counts = ", ".join(f"{plan.order.counts[k]} {k}" for k in ("decode", "extend", "prefill")
-                           if plan.order.counts[k])
-        chunks = plan.parts["extend"].chunks if "extend" in plan.parts else None
-        note = f"routed: {counts}"
-        if chunks is not None:
-            note += f"; extend context in {len(chunks.context)} chunk(s) of <= {self.chunk_tokens} keys"
-        note += "; batch reordered once outside the timing" if self.reorder else "; per-call gathers timed"
-        out = torch.empty_like(q)
-        return Prepared(lambda: router.forward(q, k_cache, v_cache, md, out=out, **features), to_tokens, note)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -530,9 +464,6 @@ PROVIDERS: dict[str, Provider] = {
                           description="automatic path, Gluon sm90 prefill kernel, one consumer partition"),
         PagedAttnProvider("pagedattn-gluon-serial", gluon="serial", by_default=False,
                           description="automatic path, Gluon sm90 prefill kernel, serial loop"),
-        RouterProvider("router", description="three-path router backend, batch in routed order (engine reorders per step)"),
-        RouterProvider("router-gather", reorder=False,
-                       description="three-path router backend, caller's order (q / out gathers inside the call)"),
         SdpaProvider("sdpa-cudnn", anchor=True, backend="CUDNN_ATTENTION",
                      description="torch SDPA, cuDNN backend, contiguous KV"),
         SdpaProvider("sdpa-flash", anchor=True, backend="FLASH_ATTENTION",

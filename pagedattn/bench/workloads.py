@@ -4,14 +4,14 @@ A case is a batch written as segments ``(count, query_len, seq_len)``: ``count``
 sequences with the same query and KV length. Decode B=8 L=4096 is ``[(8, 1, 4096)]``; the mixed
 batch is ``[(1, 2048, 2048), (63, 1, 2049)]``.
 
-The router comparison adds two mixes beside the reference ``mixed`` batch, each with prefill,
-extend and decode sequences (this suite's choice):
+Two mixes stand beside the reference ``mixed`` batch, each with prefill, extend and decode
+sequences (this suite's choice):
 
 * ``prefill-heavy``: 2 prefills of 4096 tokens, 2 extends of 512 tokens on 4096 cached, 16
   decodes at 4096 (compute-bound: ~97% of the FLOPs are prefill and extend);
 * ``decode-heavy``: 1 prefill of 256, 1 extend of 512 on 3584 cached, 32 decodes at 8192
   (bandwidth-bound: the decodes read 1 GB of KV at bf16; their 2D grid, 32 x 8 programs,
-  is below the split rule's threshold on an H200, so the router's decode part is split-KV).
+  is below the split rule's threshold on an H200: a call of the decodes alone would be split-KV).
 
 The heterogeneous suite (``--suite hetero``) holds batches whose sequences differ in length, where
 balancing the work decides the time; each is reported beside its bytes floor (KV bytes read at
