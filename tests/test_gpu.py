@@ -24,11 +24,12 @@ BF16_TOL = dict(zip(("atol", "rtol"), TOLERANCES[torch.bfloat16]))  # the tolera
 MIXED = [(1, 1328), (5, 18), (129, 463), (0, 7), (1, 1), (300, 2000), (8, 4096), (1, 32768)]
 
 
-def compare(batch, kwargs, dtype):
+def compare(batch, kwargs, dtype, plan=None):
+    """paged_attention (with ``plan`` if given) into a NaN-poisoned output, against float64."""
     out = torch.full_like(batch.q, float("nan"))
     out, lse = paged_attention(
         *batch.args(), max_query_len=batch.max_query_len, max_seq_len=batch.max_seq_len,
-        out=out, return_lse=True, **kwargs,
+        out=out, return_lse=True, plan=plan, **kwargs,
     )
     assert out.dtype == dtype
     assert_matches_reference(out, lse, *paged_attention_ref(*batch.args(), **kwargs))
@@ -76,11 +77,7 @@ def test_keys_past_one_table_chunk_gpu(num_q_heads, num_kv_heads, head_size, blo
     plan = plan_attention(batch.query_start_loc.cpu(), batch.seq_lens.cpu(), num_q_heads=num_q_heads,
                           num_kv_heads=num_kv_heads, head_size=head_size, device="cuda", path=path,
                           dtype=torch.bfloat16)
-    out = torch.full_like(batch.q, float("nan"))
-    out, lse = paged_attention(*batch.args(), max_query_len=batch.max_query_len, max_seq_len=batch.max_seq_len,
-                               out=out, return_lse=True, plan=plan)
-    torch.cuda.synchronize()
-    assert_matches_reference(out, lse, *paged_attention_ref(*batch.args()))
+    compare(batch, {}, torch.bfloat16, plan=plan)
 
 
 def test_cache_past_int32_offsets_gpu():
@@ -119,14 +116,10 @@ def test_compile_ahead_leaves_a_large_cache_nothing_to_compile_gpu():
     hook = knobs.runtime.jit_post_compile_hook
     knobs.runtime.jit_post_compile_hook = lambda **kw: compiled.append(getattr(kw.get("fn"), "name", "?"))
     try:
-        out = torch.full_like(large.q, float("nan"))
-        out, lse = paged_attention(*large.args(), max_query_len=large.max_query_len, max_seq_len=large.max_seq_len,
-                                   out=out, return_lse=True)
-        torch.cuda.synchronize()
+        compare(large, {}, torch.bfloat16)  # the reference is torch code: the hook sees only Triton's compiles
     finally:
         knobs.runtime.jit_post_compile_hook = hook
     assert compiled == []
-    assert_matches_reference(out, lse, *paged_attention_ref(*large.args()))
 
 
 @pytest.mark.parametrize("window", [1024, None], ids=["window", "full"])
@@ -163,17 +156,11 @@ def test_wide_heads_cache_past_int32_offsets_gpu(planned, window):
     value = torch.randn(slots.shape[0], 8, 256, generator=g).to("cuda", torch.bfloat16)
     write_kv(key, value, k_cache, v_cache, slots)
     torch.cuda.synchronize()
-    kwargs = {"sliding_window": window}
+    plan = None
     if planned:
-        kwargs["plan"] = plan_attention(batch.query_start_loc.cpu(), batch.seq_lens.cpu(), num_q_heads=16,
-                                        num_kv_heads=8, head_size=256, device="cuda", sliding_window=window,
-                                        dtype=torch.bfloat16)
-    out = torch.full_like(batch.q, float("nan"))
-    out, lse = paged_attention(*batch.args(), max_query_len=batch.max_query_len, max_seq_len=batch.max_seq_len,
-                               out=out, return_lse=True, **kwargs)
-    torch.cuda.synchronize()
-    kwargs.pop("plan", None)
-    assert_matches_reference(out, lse, *paged_attention_ref(*batch.args(), **kwargs))
+        plan = plan_attention(batch.query_start_loc.cpu(), batch.seq_lens.cpu(), num_q_heads=16, num_kv_heads=8,
+                              head_size=256, device="cuda", sliding_window=window, dtype=torch.bfloat16)
+    compare(batch, {"sliding_window": window}, torch.bfloat16, plan=plan)
 
 
 @pytest.mark.parametrize("cache_dtype", [torch.bfloat16, torch.float8_e4m3fn], ids=["bf16", "fp8"])
