@@ -106,8 +106,9 @@ def test_compile_ahead_leaves_a_large_cache_nothing_to_compile_gpu():
     cases = [(1, 1500), (300, 1800), (1, 17)]
     g = torch.Generator().manual_seed(15)
     small = make_paged_batch(cases, dtype=torch.bfloat16, device="cuda", generator=g, **shape)
-    with capturing() as launched:
-        paged_attention(*small.args(), max_query_len=small.max_query_len, max_seq_len=small.max_seq_len)
+    with capturing() as launched:  # the same call as compare()'s below (out= and the LSE select the variant)
+        paged_attention(*small.args(), max_query_len=small.max_query_len, max_seq_len=small.max_seq_len,
+                        out=torch.empty_like(small.q), return_lse=True)
     assert compile_ahead(launched, LARGE_CACHE=True) >= 1
     num_blocks = 2**31 // (16 * 2 * 72) + 64
     large = make_paged_batch(cases, num_blocks=num_blocks, dtype=torch.bfloat16, device="cuda", generator=g, **shape)
