@@ -13,6 +13,7 @@
 #                       mixes    the prefill-heavy and decode-heavy batch mixes     -> mixes.json
 #                       hetero   a few long contexts among many short decodes         -> hetero.json
 #                       specdecode  2-8 query tokens a sequence (speculative decode)     -> specdecode.json
+#                       models   Gemma-3-12B's local and global decode steps, also on the graph plan -> models.json
 #                       heads    paged prefill at heads 64 and 256                 -> prefill-heads.json
 #                       autotune prefill/extend/mixed with PAGEDATTN_AUTOTUNE=1     -> prefill-autotuned.json
 #                       parts    the mixed batch's parts and streams               -> mixed-parts.json
@@ -112,7 +113,7 @@ ON_GPU=$($PY -c "import torch; print(int(torch.cuda.is_available()))" 2>/dev/nul
 # What this checkout's benchmark offers: its --list prints "<workload> <case>" and "provider <name>: available".
 LIST=$($KERNELS --suite all --list $Q 2>/dev/null || $KERNELS --list $Q 2>/dev/null)
 WORKLOADS=$(echo "$LIST" | awk '$1 != "provider" {print $1}' | sort -u | tr '\n' ' ')
-AVAILABLE=$(echo "$LIST" | sed -n 's/^provider \([^:]*\): available$/\1/p' | tr '\n' ',')
+AVAILABLE=$(echo "$LIST" | sed -n 's/^provider \([^: ]*\)\( (only when named)\)\{0,1\}: available$/\1/p' | tr '\n' ',')
 has_workload() { [[ " $WORKLOADS " == *" $1 "* ]]; }
 pick_providers() {  # the wanted providers that are available, then every available peer
   local want=$1 out="" p
@@ -171,6 +172,8 @@ for b in ${BENCH//,/ }; do
     decode) kernels decode "$DECODE_PROVIDERS" decode ;;
     prefill|extend|mixed) PEM="$PEM,$b" ;;
     mixes) kernels mixes "$PREFILL_PROVIDERS" prefill-heavy,decode-heavy ;;
+    models) if has_workload gemma3; then kernels models "$(pick_providers "${PROVIDERS:-pagedattn,pagedattn-graph}")" gemma3
+            else STATUS+=("models: to be measured (this checkout's benchmark has no gemma3 workload)"); fi ;;
     hetero|specdecode)
       if has_workload "$b"; then kernels "$b" "$DECODE_PROVIDERS" "$b"
       else STATUS+=("$b: to be measured (this checkout's benchmark has no $b workload)"); fi ;;

@@ -134,3 +134,25 @@ def test_head_256_splits_for_the_two_programs_an_sm_holds():
                                 sms=132, sliding_window=window, num_seqs=32, head_size=h) for h in (128, 256)}
         assert (picks[128].path, picks[128].num_splits) == ("split_kv", 3)  # 384 programs, 396 slots
         assert (picks[256].path, picks[256].num_splits) == ("split_kv", 2)  # 256 programs, 264 slots
+
+
+def test_plan_for_graphs_sizes_its_splits_and_serves_each_step():
+    """The graphs' persistent plan: as many splits as the longest context needs at
+    MIN_SEGMENT_TOKENS a segment, fewer when the workspace cap binds; then each step's batch,
+    smaller than the capacity, through update(), with the right result."""
+    from pagedattn.plan import plan_for_graphs
+
+    shape = dict(num_q_heads=4, num_kv_heads=2, head_size=32, device=DEVICE)
+    plan = plan_for_graphs(8, 1, 5 * MIN_SEGMENT_TOKENS, **shape)
+    assert plan.path == "persistent" and plan.max_num_tokens == plan.max_num_seqs == 8
+    assert plan.partial_out.shape[2] == 5
+    per_split = 8 * 4 * 32 * 4  # tokens x query heads x head size x fp32
+    assert plan_for_graphs(8, 1, 5 * MIN_SEGMENT_TOKENS, workspace_bytes=2 * per_split, **shape).partial_out.shape[2] == 2
+    for cases in ([(1, 600), (1, 3), (1, 77)], [(1, 40)] * 6):
+        b = make_paged_batch(cases, num_q_heads=4, num_kv_heads=2, head_size=32, device=DEVICE)
+        plan.update(b.query_start_loc.tolist(), b.seq_lens.tolist())
+        out = torch.full_like(b.q, float("nan"))
+        paged_attention(*b.args(), plan=plan, out=out)
+        assert_matches_reference(out, None, *paged_attention_ref(*b.args()))
+    with pytest.raises(ValueError, match="capacity"):
+        plan.update(list(range(10)), [5] * 9)

@@ -81,8 +81,11 @@ def _has_gpu() -> bool:
 class PagedAttnProvider(Provider):
     """``paged_attention`` with a plan built once from host metadata (outside the timed call).
 
-    ``path`` is the plan's path: "auto" (the planner's rule), "unified" or "split_kv"; later
-    "persistent" and "prefill".
+    ``path`` is the plan's path: "auto" (the planner's rule), "unified", "split_kv", "persistent"
+    or "prefill"; or "graph", decodes only: the persistent plan that vLLM's builder makes for its
+    CUDA graphs (``plan_for_graphs``), sized as ``run_vllm_e2e.py``'s grid sizes it (largest
+    capture size max(64, B), max_model_len the context plus 65 tokens rounded up to 256), then
+    ``update()``-d with the batch, as each graph step is.
     """
 
     path: str = "auto"
@@ -104,17 +107,26 @@ class PagedAttnProvider(Provider):
                 return False, reason
         return True, ""
 
+    def supports(self, case):
+        if self.path == "graph" and any(q != 1 for q in case.query_lens):
+            return False, "the graph plan serves decode steps (one query token a sequence)"
+        return True, ""
+
     def prepare(self, inputs):
         from pagedattn.api import paged_attention
-        from pagedattn.plan import plan_attention
+        from pagedattn.plan import plan_attention, plan_for_graphs
 
         args = inputs.paged_args()
         q, k_cache = inputs.q, inputs.k_cache
-        plan = plan_attention(
-            inputs.query_start_loc.cpu(), inputs.seq_lens.cpu(), num_q_heads=q.shape[1],
-            num_kv_heads=k_cache.shape[2], head_size=q.shape[2], device=q.device, path=self.path,
-            sliding_window=inputs.features.get("sliding_window"), dtype=q.dtype,
-        )
+        shape = dict(num_q_heads=q.shape[1], num_kv_heads=k_cache.shape[2], head_size=q.shape[2], device=q.device,
+                     sliding_window=inputs.features.get("sliding_window"), dtype=q.dtype)
+        qsl, lens = inputs.query_start_loc.cpu(), inputs.seq_lens.cpu()
+        if self.path == "graph":
+            context = -(-(int(lens.max()) + 65) // 256) * 256
+            plan = plan_for_graphs(max(64, len(lens)), 1, context, **shape)
+            plan.update(qsl, lens)
+        else:
+            plan = plan_attention(qsl, lens, path=self.path, **shape)
         kwargs = dict(inputs.paged_kwargs(), plan=plan)
         out = torch.empty_like(q)
         if self.gluon is None:
@@ -454,6 +466,8 @@ PROVIDERS: dict[str, Provider] = {
         PagedAttnProvider("pagedattn-split", path="split_kv", description="split-KV path (forced)"),
         PagedAttnProvider("pagedattn-persistent", path="persistent", description="persistent path (forced)"),
         PagedAttnProvider("pagedattn-prefill", path="prefill", description="large-tile prefill kernel (forced)"),
+        PagedAttnProvider("pagedattn-graph", path="graph", by_default=False,
+                          description="decodes: the persistent plan vLLM's builder makes for CUDA graphs, updated"),
         PagedAttnProvider("pagedattn-tl", gluon="0", by_default=False,
                           description="automatic path, portable tl kernels only (no Gluon on sm90)"),
         PagedAttnProvider("pagedattn-gluon", gluon="1", by_default=False,

@@ -30,14 +30,15 @@ import torch
 
 __all__ = [
     "WORKLOADS", "Case", "CaseInputs", "ContiguousGroup", "make_cases", "build_inputs", "work",
-    "describe", "ALL_WORKLOADS", "SUITES", "HETERO_WORKLOADS", "BYTES_FLOOR_TBPS", "bytes_floor_us",
+    "describe", "ALL_WORKLOADS", "SUITES", "HETERO_WORKLOADS", "MODEL_WORKLOADS", "BYTES_FLOOR_TBPS", "bytes_floor_us",
 ]
 
 WORKLOADS = ("decode", "prefill", "extend", "mixed", "prefill-heavy", "decode-heavy", "gptoss", "gemma")
 HETERO_WORKLOADS = ("hetero", "specdecode")
-ALL_WORKLOADS = WORKLOADS + HETERO_WORKLOADS
-# named sets of workloads: the reference workloads, the heterogeneous batches, or both
-SUITES = {"reference": WORKLOADS, "hetero": HETERO_WORKLOADS, "all": ALL_WORKLOADS}
+MODEL_WORKLOADS = ("gemma3",)  # decode steps of a model's layers as vLLM runs them (docs/vllm.md)
+ALL_WORKLOADS = WORKLOADS + HETERO_WORKLOADS + MODEL_WORKLOADS
+# named sets of workloads: the reference workloads, the heterogeneous batches, model steps, or all
+SUITES = {"reference": WORKLOADS, "hetero": HETERO_WORKLOADS, "models": MODEL_WORKLOADS, "all": ALL_WORKLOADS}
 
 # Bandwidth of the bytes floor: the H200's decode read ceiling (cuDNN's paged decode reads at up
 # to 4.6 TB/s on it, above a device copy's 4.25 TB/s of read + write).
@@ -46,6 +47,8 @@ BYTES_FLOOR_TBPS = 4.6
 LLAMA = dict(num_q_heads=32, num_kv_heads=8, head_size=128)
 GPTOSS = dict(num_q_heads=64, num_kv_heads=8, head_size=64, sliding_window=128, sinks=True)
 GEMMA = dict(num_q_heads=8, num_kv_heads=4, head_size=256, sliding_window=1024, softcap=50.0)
+# Gemma-3-12B: five local layers (1024-key window) to one global, heads of 256
+GEMMA3 = dict(num_q_heads=16, num_kv_heads=8, head_size=256, sliding_window=1024)
 BLOCK_SIZE = 16
 MAX_DECODE_TOKENS = 4 * 1024 * 1024  # skip decode cases with B * L above this
 
@@ -133,14 +136,15 @@ def make_cases(workloads=WORKLOADS, *, quick: bool = False, tiny_heads: bool = F
     ``quick`` shrinks every length; ``tiny_heads`` (for the CPU interpreter) also shrinks the
     head counts while keeping each workload's head size and features.
     """
-    llama, gptoss, gemma = dict(LLAMA), dict(GPTOSS), dict(GEMMA)
+    llama, gptoss, gemma, gemma3 = dict(LLAMA), dict(GPTOSS), dict(GEMMA), dict(GEMMA3)
     if quick:
         gptoss["sliding_window"] = 16
-        gemma["sliding_window"] = 32
+        gemma["sliding_window"] = gemma3["sliding_window"] = 32
     if tiny_heads:
         llama.update(num_q_heads=4, num_kv_heads=2, head_size=32)
         gptoss.update(num_q_heads=4, num_kv_heads=2)
         gemma.update(num_q_heads=2, num_kv_heads=1)
+        gemma3.update(num_q_heads=2, num_kv_heads=1)
 
     if quick:
         decode_b, decode_l, prefill_s = (1, 2), (64, 200), (64,)
@@ -151,6 +155,7 @@ def make_cases(workloads=WORKLOADS, *, quick: bool = False, tiny_heads: bool = F
         feat_b, feat_l, feat_s = 2, 64, 64
         hetero = ([(2, 1, 256), (6, 1, 16)], [(2, 1, 128), (4, 1, 8)])
         specdecode = (4, 6, 128)  # sequences, new tokens, context
+        model_steps = ((2, 64),)  # (batch, context) of the model workloads' decode steps
     else:
         decode_b, decode_l, prefill_s = (1, 8, 32, 128), (512, 4096, 32768), (512, 2048, 8192, 32768)
         extend = (4, 512, 4096)
@@ -160,6 +165,7 @@ def make_cases(workloads=WORKLOADS, *, quick: bool = False, tiny_heads: bool = F
         feat_b, feat_l, feat_s = 32, 4096, 4096
         hetero = ([(2, 1, 16384), (126, 1, 512)], [(8, 1, 8192), (56, 1, 256)])
         specdecode = (16, 6, 8192)
+        model_steps = ((16, 4096), (64, 2048))  # the uniform points of docs/vllm.md's Gemma-3 grid
 
     cases: list[Case] = []
     for w in workloads:
@@ -187,6 +193,10 @@ def make_cases(workloads=WORKLOADS, *, quick: bool = False, tiny_heads: bool = F
         elif w == "specdecode":
             n, new, ctx = specdecode
             cases.append(_case(f"specdecode {n}x{new}@{ctx}", "specdecode", "decode", [(n, new, ctx)], llama))
+        elif w == "gemma3":  # a local layer's and a global layer's decode at each point
+            for b, ctx in model_steps:
+                cases += _decode_cases(w, "gemma3 local ", gemma3, (b,), (ctx,))
+                cases += _decode_cases(w, "gemma3 global ", dict(gemma3, sliding_window=None), (b,), (ctx,))
         else:
             raise ValueError(f"unknown workload {w!r}; choose from {', '.join(ALL_WORKLOADS)}")
     return cases

@@ -13,7 +13,7 @@ One module per concern:
 * ``worklist.py``: the persistent kernel's work lists, grid constants and schedules
 * ``workspace.py``: the split partials, the work-list buffers and their pinned staging
 * ``attention_plan.py``: :class:`AttentionPlan`, its one constructor and ``update``
-* ``planner.py``: :func:`plan_attention` and :func:`plan_for_call`
+* ``planner.py``: :func:`plan_attention`, :func:`plan_for_graphs` and :func:`plan_for_call`
 * ``mla.py``: the MLA decode's config and split choice
 
 This package re-exports the names other modules use. A test that replaces a function must
@@ -31,7 +31,13 @@ from pagedattn.plan.mla import (
     pick_mla_config,
     resolve_mla_config,
 )
-from pagedattn.plan.planner import CALL_PLANS_KEPT, plan_attention, plan_for_call
+from pagedattn.plan.planner import (
+    CALL_PLANS_KEPT,
+    GRAPH_WORKSPACE_BYTES,
+    plan_attention,
+    plan_for_call,
+    plan_for_graphs,
+)
 from pagedattn.plan.prefill import SHORT_PREFILL_WAVES, pick_prefill_tiles, short_prefill
 from pagedattn.plan.rule import (
     FILL_MAX_SPLITS,
@@ -68,7 +74,8 @@ from pagedattn.plan.worklist import (
 )
 
 __all__ = [
-    "ATOMIC_MIN_ITEMS_PER_PROGRAM", "CALL_PLANS_KEPT", "FILL_MAX_SPLITS", "FULL_WAVE_FILL", "INVARIANT_SEGMENT_TOKENS",
+    "ATOMIC_MIN_ITEMS_PER_PROGRAM", "CALL_PLANS_KEPT", "FILL_MAX_SPLITS", "FULL_WAVE_FILL", "GRAPH_WORKSPACE_BYTES",
+    "INVARIANT_SEGMENT_TOKENS",
     "LONG_DECODE_TOKENS", "LONG_SEGMENT_TOKENS", "MANY_WAVES_SEGMENT_TOKENS", "MAX_SPLITS", "MIN_SEGMENT_TOKENS",
     "MLA_FILL_PER_SM", "MLA_MAX_SPLITS", "MLA_MIN_SEGMENT_TOKENS", "PATHS", "PERSISTENT_MAX_SPLITS",
     "PERSISTENT_PROGRAMS_PER_SM", "PERSISTENT_UNCAPPED_PROGRAMS_PER_SM", "PREFILL_MIN_QUERY_LEN",
@@ -77,6 +84,7 @@ __all__ = [
     "AttentionPlan", "PlanSizes", "Tiles",
     "auto_path", "balanced_segment", "choose_mla_splits", "choose_num_splits", "choose_path", "fitted", "host_list",
     "mla_programs_per_sm", "num_sms", "persistent_takes_fewer_waves", "persistent_work_list", "pick_mla_config",
-    "pick_prefill_tiles", "pick_tiles", "plan_attention", "plan_for_call", "resolve_mla_config", "short_prefill",
+    "pick_prefill_tiles", "pick_tiles", "plan_attention", "plan_for_call", "plan_for_graphs", "resolve_mla_config",
+    "short_prefill",
     "work_list_layout",
 ]

@@ -1,4 +1,5 @@
-"""Plans: :func:`plan_attention` for an engine step, :func:`plan_for_call` for a call without one.
+"""Plans: :func:`plan_attention` for an engine step, :func:`plan_for_graphs` for CUDA graphs,
+:func:`plan_for_call` for a call without one.
 
 Each is the path rule (``rule.py``) applied to a batch, with the tiles it needs (``tiles.py``,
 ``prefill.py``), the persistent work list (``worklist.py``) and the workspaces (``workspace.py``).
@@ -207,6 +208,30 @@ def _plan_persistent(qsl, lens, sizes: PlanSizes, *, tiles, num_q_heads, num_kv_
     else:
         plan.update(qsl, lens)
     return plan
+
+
+GRAPH_WORKSPACE_BYTES = 256 * 2**20  # split-KV workspace of a plan for CUDA graphs (plan_for_graphs)
+
+
+def plan_for_graphs(max_num_tokens: int, max_query_len: int, max_context_len: int, *, num_q_heads: int,
+                    num_kv_heads: int, head_size: int, device, sliding_window: int | None = None,
+                    dtype: torch.dtype = torch.bfloat16, workspace_bytes: int = GRAPH_WORKSPACE_BYTES) -> AttentionPlan:
+    """A persistent plan behind CUDA graphs: capture ``paged_attention(..., plan=plan)`` once, then
+    for each step ``plan.update(query_start_loc, seq_lens)`` and replay. It holds any step of up
+    to ``max_num_tokens`` tokens (as many sequences, queries up to ``max_query_len``) over
+    contexts up to ``max_context_len``. Its split count is the most that context needs at
+    MIN_SEGMENT_TOKENS a segment, lowered until the split-KV workspace (``max_num_tokens`` x
+    query heads x splits x ``head_size`` fp32) fits ``workspace_bytes`` (Llama-3.1-8B, 512
+    tokens: 8 MiB a split, so 32 splits)."""
+    per_split = max_num_tokens * num_q_heads * head_size * 4
+    by_length = -(-max_context_len // MIN_SEGMENT_TOKENS)
+    splits = max(1, min(by_length, workspace_bytes // per_split))
+    q = max_query_len  # the tiles for the graphs' query length
+    return plan_attention(
+        [0, q], [q], num_q_heads=num_q_heads, num_kv_heads=num_kv_heads, head_size=head_size, device=device,
+        path="persistent", max_num_tokens=max_num_tokens, max_num_seqs=max_num_tokens,
+        max_context_len=splits * MIN_SEGMENT_TOKENS, sliding_window=sliding_window, dtype=dtype,
+    )
 
 
 def plan_for_call(num_seqs: int, num_tokens: int, max_query_len: int, max_seq_len: int, *, num_q_heads: int,

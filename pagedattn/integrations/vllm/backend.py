@@ -40,7 +40,7 @@ import pagedattn
 from pagedattn.ops.common.launching import capturing, compile_ahead
 from pagedattn.ops.common.offsets import needs_int64_offsets
 from pagedattn.ops.prefill_gluon.launch import GLUON_MIN_QUERY_TOKENS
-from pagedattn.plan import MIN_SEGMENT_TOKENS, AttentionPlan
+from pagedattn.plan import AttentionPlan, plan_for_graphs
 from vllm.v1.attention.backend import (
     AttentionBackend,
     AttentionCGSupport,
@@ -73,10 +73,6 @@ _UNQUANTIZED_KV_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 _ATTN_TYPES = (AttentionType.DECODER, AttentionType.ENCODER, AttentionType.ENCODER_ONLY,
                AttentionType.ENCODER_DECODER)
 _NO_CACHE_TYPES = (AttentionType.ENCODER, AttentionType.ENCODER_ONLY)
-# Split-KV workspace of the persistent plan behind full CUDA graphs: max capture tokens x query
-# heads x splits x head_size fp32. The split count is lowered until the workspace fits this
-# (Llama-3.1-8B at TP=1, 512 capture tokens: 8 MiB per split, so 32 splits).
-PERSISTENT_WORKSPACE_BYTES = 256 * 2**20
 # Steps ``(query_len, seq_len)`` per request that the builder runs once through each distinct layer
 # of its group on a scratch cache (``warm_up``): together they launch every prefill-kernel tile
 # choice and the unified kernel beside it, which vLLM's own warm-up never reaches.
@@ -332,16 +328,9 @@ class PagedAttnMetadataBuilder(AttentionMetadataBuilder[PagedAttnMetadata]):
         return needs_int64_offsets(*layer_views(meta, self.num_kv_heads, self.head_size, False))
 
     def _make_persistent_plan(self, max_model_len: int) -> AttentionPlan:
-        per_split = self.graph_max_tokens * self.num_q_heads * self.head_size * 4
-        by_length = -(-max_model_len // MIN_SEGMENT_TOKENS)
-        splits = max(1, min(by_length, PERSISTENT_WORKSPACE_BYTES // per_split))
-        q = self.graph_max_query_len  # tiles for the graphs' query length
-        return pagedattn.plan_attention(
-            [0, q], [q], num_q_heads=self.num_q_heads, num_kv_heads=self.num_kv_heads, head_size=self.head_size,
-            device=self.device, path="persistent", max_num_tokens=self.graph_max_tokens,
-            max_num_seqs=self.graph_max_tokens, max_context_len=splits * MIN_SEGMENT_TOKENS,
-            sliding_window=self.sliding_window, dtype=self.dtype,
-        )
+        return plan_for_graphs(self.graph_max_tokens, self.graph_max_query_len, max_model_len,
+                               num_q_heads=self.num_q_heads, num_kv_heads=self.num_kv_heads, head_size=self.head_size,
+                               device=self.device, sliding_window=self.sliding_window, dtype=self.dtype)
 
     def graph_eligible(self, m: CommonAttentionMetadata) -> bool:
         """Whether a full CUDA graph could replay this step (then its plan is the persistent one)."""
