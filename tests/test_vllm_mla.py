@@ -366,14 +366,14 @@ def test_warm_up_also_compiles_the_64_bit_offset_decode_variants_of_a_large_cach
     """Where the latent cache vLLM sized passes 2**31 elements (a few DeepSeek-V3 layers on one
     H200), the decode kernel takes its 64-bit-offset variant, which the scratch cache never
     reaches: the warm-up then also compiles each decode launch in that variant (shapes only)."""
-    from pagedattn.integrations.vllm import mla as vllm_mla
+    from pagedattn.integrations.vllm import backend as vllm_backend
 
     below = 2**31 // (BLOCK * (LATENT + ROPE))  # the most blocks whose cache stays under 2**31 elements
     config = make_config(num_gpu_blocks=below + int(large))
     builder = make_builder(config)  # on the CPU: no warm-up at construction
     builder.layer.impl = make_impl(config)
     asked = []
-    monkeypatch.setattr(vllm_mla, "compile_ahead", lambda launched, **fields: asked.append((launched, fields)))
+    monkeypatch.setattr(vllm_backend, "compile_ahead", lambda launched, **fields: asked.append((launched, fields)))
     assert builder.warm_up((((1, 20),), ((1, 40), (1, 9))), prefill_tokens=0) == 2
     if not large:
         assert asked == []

@@ -123,6 +123,17 @@ def sized_cache_blocks(vllm_config) -> int | None:
     return int(blocks) if blocks else None
 
 
+def warm_up_call(forward, large_cache: bool) -> None:
+    """Run ``forward()`` once on the scratch tensors (Triton compiles what it launches). Where the
+    real cache needs 64-bit offsets (``large_cache``), the same launches are first captured and
+    compiled with ``LARGE_CACHE=True``: variants that the scratch cache cannot reach."""
+    if large_cache:
+        with capturing() as launched:
+            forward()
+        compile_ahead(launched, LARGE_CACHE=True)
+    forward()
+
+
 def fp8_view(kv_cache: torch.Tensor) -> torch.Tensor:
     """An fp8 layer's cache as float8_e4m3fn (vLLM allocates it as uint8)."""
     if kv_cache.dtype == torch.float8_e4m3fn:
@@ -267,7 +278,10 @@ class PagedAttnMetadataBuilder(AttentionMetadataBuilder[PagedAttnMetadata]):
         self.graph_max_tokens, self.graph_max_query_len = (
             full_graph_limits(vllm_config, self.batch_invariant) if self.has_cache else (0, 0))
         if self.graph_max_tokens:
-            self.persistent_plan = self._make_persistent_plan(model_config.max_model_len)
+            self.persistent_plan = plan_for_graphs(
+                self.graph_max_tokens, self.graph_max_query_len, model_config.max_model_len,
+                num_q_heads=self.num_q_heads, num_kv_heads=self.num_kv_heads, head_size=self.head_size,
+                device=self.device, sliding_window=self.sliding_window, dtype=self.dtype)
         context = vllm_config.compilation_config.static_forward_context
         self.layers = [layer for name in layer_names
                        if (layer := context.get(name)) is not None and hasattr(layer, "impl")]
@@ -307,11 +321,7 @@ class PagedAttnMetadataBuilder(AttentionMetadataBuilder[PagedAttnMetadata]):
             kv = torch.zeros(n, self.num_kv_heads, self.head_size, dtype=self.dtype, device=self.device)
             out = torch.empty_like(q)
             for layer in distinct.values():
-                if large:  # the kernels' 64-bit-offset variants, which the scratch cache cannot reach
-                    with capturing() as launched:
-                        layer.impl.forward(layer, q, kv, kv, cache, md, out)
-                    compile_ahead(launched, LARGE_CACHE=True)
-                layer.impl.forward(layer, q, kv, kv, cache, md, out)
+                warm_up_call(lambda: layer.impl.forward(layer, q, kv, kv, cache, md, out), large)
                 runs += 1
         return runs
 
@@ -326,11 +336,6 @@ class PagedAttnMetadataBuilder(AttentionMetadataBuilder[PagedAttnMetadata]):
         meta = torch.empty(blocks, self.block_size, self.num_kv_heads, 2 * self.head_size, dtype=self.cache_dtype,
                            device="meta").transpose(1, 2)
         return needs_int64_offsets(*layer_views(meta, self.num_kv_heads, self.head_size, False))
-
-    def _make_persistent_plan(self, max_model_len: int) -> AttentionPlan:
-        return plan_for_graphs(self.graph_max_tokens, self.graph_max_query_len, max_model_len,
-                               num_q_heads=self.num_q_heads, num_kv_heads=self.num_kv_heads, head_size=self.head_size,
-                               device=self.device, sliding_window=self.sliding_window, dtype=self.dtype)
 
     def graph_eligible(self, m: CommonAttentionMetadata) -> bool:
         """Whether a full CUDA graph could replay this step (then its plan is the persistent one)."""

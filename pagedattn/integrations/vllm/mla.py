@@ -31,7 +31,6 @@ import torch
 
 import pagedattn
 from pagedattn.mla import check_mla_dims
-from pagedattn.ops.common.launching import capturing, compile_ahead
 from pagedattn.ops.common.offsets import needs_int64_offsets
 from pagedattn.ops.mla.launch import MLA_MAX_QUERY_LEN
 from vllm.model_executor.layers.attention.mla_attention import (
@@ -53,6 +52,7 @@ from pagedattn.integrations.vllm.backend import (
     fp8_view,
     full_graph_limits,
     sized_cache_blocks,
+    warm_up_call,
     warm_up_wanted,
 )
 
@@ -195,11 +195,7 @@ class PagedAttnMLAMetadataBuilder(MLACommonMetadataBuilder[MLACommonMetadata]):
                 n = md.num_decode_tokens
                 q_nope = torch.zeros(n, self.num_heads, dims.kv_lora_rank, dtype=dtype, device=device)
                 q_pe = torch.zeros(n, self.num_heads, dims.qk_rope_head_dim, dtype=dtype, device=device)
-                if large:
-                    with capturing() as launched:
-                        impl.forward_mqa((q_nope, q_pe), cache, md, self.layer)
-                    compile_ahead(launched, LARGE_CACHE=True)
-                impl.forward_mqa((q_nope, q_pe), cache, md, self.layer)
+                warm_up_call(lambda: impl.forward_mqa((q_nope, q_pe), cache, md, self.layer), large)
                 runs += 1
         prefill = self._prefill_backend
         if isinstance(prefill, PagedAttnMLAPrefill) and prefill_tokens > 0:
