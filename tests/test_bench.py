@@ -117,26 +117,29 @@ def test_bench_quick_mixes_of_prefill_extend_and_decode(tmp_path):
         assert math.isfinite(r["time_us"]) and r["time_us"] > 0
 
 
-def test_models_suite_gemma3_steps_on_the_graph_plan(tmp_path):
-    # Gemma-3's local (window) and global layers' decode steps, on the automatic plan and on the
-    # persistent plan vLLM's builder makes for its graphs; the graph plan declines a prefill.
+def test_models_suite_steps_on_the_graph_plan(tmp_path):
+    # Gemma-3's local (window) and global layers' and Llama-3.1-8B's decode steps at vLLM's grid
+    # points, on the automatic plan and on the persistent plan vLLM's builder makes for its
+    # graphs; the graph plan declines a prefill.
     import torch
 
     from pagedattn.bench.workloads import SUITES, make_cases, work
 
     full = {c.name: c for c in make_cases(SUITES["models"])}
     assert set(full) == {f"gemma3 {kind} decode B={b} L={ctx}" for kind in ("local", "global")
-                         for b, ctx in ((16, 4096), (64, 2048))}
+                         for b, ctx in ((16, 4096), (64, 2048))} | {
+                         f"llama3 decode B={b} L={ctx}" for b, ctx in ((16, 4096), (64, 2048), (128, 1024))}
     local, glob = full["gemma3 local decode B=16 L=4096"], full["gemma3 global decode B=16 L=4096"]
     assert local.params["sliding_window"] == 1024 and glob.params["sliding_window"] is None
     assert work(glob, torch.bfloat16)["kv_bytes"] == 4 * work(local, torch.bfloat16)["kv_bytes"]
     out = tmp_path / "models.json"
-    assert main(["--quick", "--suite", "models", "--workload", "gemma3,mixed", "--provider", "pagedattn,pagedattn-graph",
+    assert main(["--quick", "--suite", "models", "--workload", "gemma3,llama3,mixed", "--provider", "pagedattn,pagedattn-graph",
                  "--json", str(out)]) == 0
     records = json.loads(out.read_text())["records"]
     graph = {r["case"]: r for r in records if r["provider"] == "pagedattn-graph"}
     assert {c for c, r in graph.items() if r["status"] == "ok" and r["ok"]} == {
-        "gemma3 local decode B=2 L=64", "gemma3 global decode B=2 L=64"}
+        "gemma3 local decode B=2 L=64", "gemma3 global decode B=2 L=64", "llama3 decode B=2 L=64",
+        "llama3 decode B=4 L=32"}
     assert graph["mixed 1x32+3x1@33"]["status"] == "skip"
 
 

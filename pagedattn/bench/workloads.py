@@ -35,7 +35,7 @@ __all__ = [
 
 WORKLOADS = ("decode", "prefill", "extend", "mixed", "prefill-heavy", "decode-heavy", "gptoss", "gemma")
 HETERO_WORKLOADS = ("hetero", "specdecode")
-MODEL_WORKLOADS = ("gemma3",)  # decode steps of a model's layers as vLLM runs them (docs/vllm.md)
+MODEL_WORKLOADS = ("gemma3", "llama3")  # decode steps of a model's layers as vLLM runs them (docs/vllm.md)
 ALL_WORKLOADS = WORKLOADS + HETERO_WORKLOADS + MODEL_WORKLOADS
 # named sets of workloads: the reference workloads, the heterogeneous batches, model steps, or all
 SUITES = {"reference": WORKLOADS, "hetero": HETERO_WORKLOADS, "models": MODEL_WORKLOADS, "all": ALL_WORKLOADS}
@@ -155,7 +155,8 @@ def make_cases(workloads=WORKLOADS, *, quick: bool = False, tiny_heads: bool = F
         feat_b, feat_l, feat_s = 2, 64, 64
         hetero = ([(2, 1, 256), (6, 1, 16)], [(2, 1, 128), (4, 1, 8)])
         specdecode = (4, 6, 128)  # sequences, new tokens, context
-        model_steps = ((2, 64),)  # (batch, context) of the model workloads' decode steps
+        model_steps = ((2, 64),)  # (batch, context) of Gemma-3's decode steps
+        llama_steps = ((2, 64), (4, 32))
     else:
         decode_b, decode_l, prefill_s = (1, 8, 32, 128), (512, 4096, 32768), (512, 2048, 8192, 32768)
         extend = (4, 512, 4096)
@@ -166,6 +167,7 @@ def make_cases(workloads=WORKLOADS, *, quick: bool = False, tiny_heads: bool = F
         hetero = ([(2, 1, 16384), (126, 1, 512)], [(8, 1, 8192), (56, 1, 256)])
         specdecode = (16, 6, 8192)
         model_steps = ((16, 4096), (64, 2048))  # the uniform points of docs/vllm.md's Gemma-3 grid
+        llama_steps = ((16, 4096), (64, 2048), (128, 1024))  # and of its Llama-3.1-8B grid
 
     cases: list[Case] = []
     for w in workloads:
@@ -197,6 +199,9 @@ def make_cases(workloads=WORKLOADS, *, quick: bool = False, tiny_heads: bool = F
             for b, ctx in model_steps:
                 cases += _decode_cases(w, "gemma3 local ", gemma3, (b,), (ctx,))
                 cases += _decode_cases(w, "gemma3 global ", dict(gemma3, sliding_window=None), (b,), (ctx,))
+        elif w == "llama3":  # Llama-3.1-8B's decode at the grid points (the reference decode's are others)
+            for b, ctx in llama_steps:
+                cases += _decode_cases(w, "llama3 ", llama, (b,), (ctx,))
         else:
             raise ValueError(f"unknown workload {w!r}; choose from {', '.join(ALL_WORKLOADS)}")
     return cases
