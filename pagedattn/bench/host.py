@@ -345,11 +345,11 @@ def _fmt(x, spec=".1f") -> str:
 
 
 def markdown_table(results: dict) -> str:
-    m = results["machine"]
-    interp = m.get("triton_interpret") or m.get("device") == "cpu"
+    from pagedattn.bench.report import header_line, interpreted
+
+    interp = interpreted(results)
     cfg = results["config"]
-    where = f"**{m['gpu']}**" if m.get("gpu") else f"**{m['device']}**"
-    lines = [f"{where}, torch {m['torch']}, triton {m['triton']}, {cfg['dtype']}, {m['date']}", ""]
+    lines = [header_line(results), ""]
     if interp:
         lines += ["Triton interpreter on the CPU, tiny shapes: the same calls as on a GPU, checked against the "
                   "reference; the host times are interpreter numbers (each call runs the kernels in Python), "

@@ -87,6 +87,16 @@ def interpreted(results: dict) -> bool:
     return bool(m.get("triton_interpret")) or m.get("device") == "cpu"
 
 
+def header_line(results: dict, *, sms: bool = False) -> str:
+    """The first line of a results table: the machine (its SM count with ``sms``), torch, triton,
+    dtype and date."""
+    m = results["machine"]
+    where = f"**{m['device']}**"
+    if m.get("gpu"):
+        where = f"**{m['gpu']}** (SMs {m.get('sm_count')})" if sms else f"**{m['gpu']}**"
+    return f"{where}, torch {m['torch']}, triton {m['triton']}, {results['config']['dtype']}, {m['date']}"
+
+
 def _check_cell(rec: dict | None) -> str:
     """Interpreter runs: pass/fail and the error instead of speed figures."""
     if rec is None:
@@ -127,11 +137,9 @@ def markdown_table(results: dict) -> str:
     cases = list(dict.fromkeys(r["case"] for r in records))
     by_key = {(r["case"], r["provider"]): r for r in records}
     first = {r["case"]: r for r in reversed(records)}
-    m = results["machine"]
     c = results.get("ceilings") or {}
     check_only = interpreted(results)
-    where = f"**{m['gpu']}** (SMs {m.get('sm_count')})" if m.get("gpu") else f"**{m['device']}**"
-    lines = [f"{where}, torch {m['torch']}, triton {m['triton']}, {results['config']['dtype']}, {m['date']}", ""]
+    lines = [header_line(results, sms=True), ""]
     if check_only:
         lines += ["Triton interpreter on the CPU: a correctness run on small shapes. Each cell is the check "
                   "against the reference (max abs error); the interpreter's times mean nothing about speed "
