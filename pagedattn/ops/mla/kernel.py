@@ -188,6 +188,39 @@ def _store_split(out_ptr, lse_ptr, out, lse, token, head, split, row_ok, cols, v
                  mask=row_ok & first_part)
 
 
+@triton.jit
+def _tile_scores(kv_cache_ptr, rope_ptr, row, k_ok, q0, q1, q2, q3, q_pe, col0, col1, col2, col3, offs_v, offs_r,
+                 FP8: tl.constexpr, CHECK: tl.constexpr, CFG: tl.constexpr):
+    """(scores [BLOCK_M, TILE_N], the tile's first latent chunk) of one key tile: the latent row's
+    VALUE_SPLIT column chunks (``col0`` first, which is also V of the output dot) and the rope
+    columns, each loaded and fed to its dot before the next is loaded. An fp8 chunk is converted
+    to q's dtype, exactly (every e4m3 value is an fp16 / bf16 / fp32 value); its scale is applied
+    to the scores by the caller."""
+    LATENT_EXACT: tl.constexpr = CFG.LATENT_PAD == CFG.LATENT_DIM
+    ROPE_EXACT: tl.constexpr = CFG.ROPE_PAD == CFG.ROPE_DIM
+    kv0 = _load_rows(kv_cache_ptr, row, k_ok, col0, offs_v, CFG.LATENT_DIM, LATENT_EXACT, CHECK)
+    k_pe = _load_rows(rope_ptr, row, k_ok, 0, offs_r, CFG.ROPE_DIM, ROPE_EXACT, CHECK)  # [TILE_N, ROPE_PAD]
+    if FP8:
+        kv0 = kv0.to(q0.dtype)
+        k_pe = k_pe.to(q0.dtype)
+    s = tl.dot(q0, tl.trans(kv0), input_precision=CFG.DOT_PRECISION)
+    if CFG.VALUE_SPLIT > 1:
+        kv1 = _load_rows(kv_cache_ptr, row, k_ok, col1, offs_v, CFG.LATENT_DIM, LATENT_EXACT, CHECK)
+        if FP8:
+            kv1 = kv1.to(q0.dtype)
+        s = tl.dot(q1, tl.trans(kv1), acc=s, input_precision=CFG.DOT_PRECISION)
+    if CFG.VALUE_SPLIT > 2:
+        kv2 = _load_rows(kv_cache_ptr, row, k_ok, col2, offs_v, CFG.LATENT_DIM, LATENT_EXACT, CHECK)
+        kv3 = _load_rows(kv_cache_ptr, row, k_ok, col3, offs_v, CFG.LATENT_DIM, LATENT_EXACT, CHECK)
+        if FP8:
+            kv2 = kv2.to(q0.dtype)
+            kv3 = kv3.to(q0.dtype)
+        s = tl.dot(q2, tl.trans(kv2), acc=s, input_precision=CFG.DOT_PRECISION)
+        s = tl.dot(q3, tl.trans(kv3), acc=s, input_precision=CFG.DOT_PRECISION)
+    s = tl.dot(q_pe, tl.trans(k_pe), acc=s, input_precision=CFG.DOT_PRECISION)
+    return nonfinite_to_nan(s), kv0  # an inf key's -inf score must not read as masked
+
+
 @triton.jit(do_not_specialize=["num_seqs", "num_tokens", "num_blocks", "max_blocks_per_seq", "num_splits"])
 def mla_decode_kernel(
     out_ptr,  # [num_tokens, num_heads, LATENT_DIM] (q's dtype), or partials [.., num_splits, LATENT_DIM] fp32
@@ -222,7 +255,6 @@ def mla_decode_kernel(
     BLOCK_M: tl.constexpr = CFG.BLOCK_M
     FP8: tl.constexpr = kv_scale_ptr is not None
     VALUE_BLOCK: tl.constexpr = CFG.LATENT_PAD // CFG.VALUE_SPLIT
-    LATENT_EXACT: tl.constexpr = CFG.LATENT_PAD == CFG.LATENT_DIM
     ROPE_EXACT: tl.constexpr = CFG.ROPE_PAD == CFG.ROPE_DIM
     if CFG.USE_PDL:  # the merge kernel may launch now; it waits for this grid in the kernel
         tl.extra.cuda.gdc_launch_dependents()
@@ -298,27 +330,8 @@ def mla_decode_kernel(
                 k_pos = start + offs_n  # [TILE_N]
                 row, k_ok = _tile_rows(pages, first_page, start, k_pos, slot, seg_hi, num_blocks, st, CFG)
                 CHECK: tl.constexpr = loop == 1
-                kv0 = _load_rows(kv_cache_ptr, row, k_ok, col0, offs_v, CFG.LATENT_DIM, LATENT_EXACT, CHECK)
-                k_pe = _load_rows(rope_ptr, row, k_ok, 0, offs_r, CFG.ROPE_DIM, ROPE_EXACT, CHECK)  # [TILE_N, ROPE_PAD]
-                if FP8:
-                    kv0 = kv0.to(q0.dtype)  # exact: every e4m3 value is an fp16 / bf16 / fp32 value
-                    k_pe = k_pe.to(q0.dtype)
-                s = tl.dot(q0, tl.trans(kv0), input_precision=CFG.DOT_PRECISION)
-                if CFG.VALUE_SPLIT > 1:
-                    kv1 = _load_rows(kv_cache_ptr, row, k_ok, col1, offs_v, CFG.LATENT_DIM, LATENT_EXACT, CHECK)
-                    if FP8:
-                        kv1 = kv1.to(q0.dtype)
-                    s = tl.dot(q1, tl.trans(kv1), acc=s, input_precision=CFG.DOT_PRECISION)
-                if CFG.VALUE_SPLIT > 2:
-                    kv2 = _load_rows(kv_cache_ptr, row, k_ok, col2, offs_v, CFG.LATENT_DIM, LATENT_EXACT, CHECK)
-                    kv3 = _load_rows(kv_cache_ptr, row, k_ok, col3, offs_v, CFG.LATENT_DIM, LATENT_EXACT, CHECK)
-                    if FP8:
-                        kv2 = kv2.to(q0.dtype)
-                        kv3 = kv3.to(q0.dtype)
-                    s = tl.dot(q2, tl.trans(kv2), acc=s, input_precision=CFG.DOT_PRECISION)
-                    s = tl.dot(q3, tl.trans(kv3), acc=s, input_precision=CFG.DOT_PRECISION)
-                s = tl.dot(q_pe, tl.trans(k_pe), acc=s, input_precision=CFG.DOT_PRECISION)  # [BLOCK_M, TILE_N]
-                s = nonfinite_to_nan(s)  # an inf key's -inf score must not read as masked
+                s, kv0 = _tile_scores(kv_cache_ptr, rope_ptr, row, k_ok, q0, q1, q2, q3, q_pe, col0, col1, col2,
+                                      col3, offs_v, offs_r, FP8=FP8, CHECK=CHECK, CFG=CFG)
                 p, alpha, m_i, l_i = _softmax_tile(m_i, l_i, s * qk_scale, k_pos, q_pos, seg_hi, row_ok,
                                                    CHECKED=CHECK, BLOCK_Q=CFG.BLOCK_Q)
                 acc = tl.dot(p.to(kv0.dtype), kv0, acc=acc * alpha[:, None], input_precision=CFG.DOT_PRECISION)

@@ -102,6 +102,34 @@ def _store_split(out_ptr, lse_ptr, out, lse, token, head0, split64, num_heads, s
                  mask=l_head < num_heads)
 
 
+@gluon.jit
+def _split_tiles(seq_len, split, num_splits, TILE_N: gl.constexpr):
+    """(first key, end key, tiles) of this split: the token sits at position seq_len - 1 and sees
+    keys [0, seq_len); each split takes the same count of whole tiles, the last one fewer."""
+    kv_hi = gl.maximum(seq_len, 0)
+    tiles_per_split = ((kv_hi + TILE_N - 1) // TILE_N + num_splits - 1) // num_splits
+    seg_lo = split * tiles_per_split * TILE_N
+    seg_hi = gl.minimum(seg_lo + tiles_per_split * TILE_N, kv_hi)
+    return seg_lo, seg_hi, (gl.maximum(seg_hi - seg_lo, 0) + TILE_N - 1) // TILE_N
+
+
+@gluon.jit
+def _allocate_shared(dtype: gl.constexpr, TILE_N: gl.constexpr, NUM_STAGES: gl.constexpr):
+    """The kernel's shared memory, each buffer in the wgmma operand layout: the queries (latent
+    and rope parts), the ring of NUM_STAGES latent tiles (both parts) and P."""
+    q_n_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, LATENT_DIM],
+                                         gl.NVMMASharedLayout.get_default_for([BLOCK_M, LATENT_DIM], dtype))
+    q_r_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, ROPE_DIM],
+                                         gl.NVMMASharedLayout.get_default_for([BLOCK_M, ROPE_DIM], dtype))
+    kn_bufs = gl.allocate_shared_memory(dtype, [NUM_STAGES, TILE_N, LATENT_DIM],
+                                        gl.NVMMASharedLayout.get_default_for([TILE_N, LATENT_DIM], dtype))
+    kr_bufs = gl.allocate_shared_memory(dtype, [NUM_STAGES, TILE_N, ROPE_DIM],
+                                        gl.NVMMASharedLayout.get_default_for([TILE_N, ROPE_DIM], dtype))
+    p_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, TILE_N],
+                                       gl.NVMMASharedLayout.get_default_for([BLOCK_M, TILE_N], dtype))
+    return q_n_smem, q_r_smem, kn_bufs, kr_bufs, p_smem
+
+
 @gluon.jit(do_not_specialize=["num_seqs", "num_tokens", "num_blocks", "max_blocks_per_seq", "num_splits"])
 def mla_decode_gluon_kernel(
     out_ptr,  # [num_tokens, num_heads, 512] (q's dtype), or partials [.., num_splits, 512] fp32
@@ -143,24 +171,8 @@ def mla_decode_gluon_kernel(
         return  # no query token (one token a sequence: it is query_start_loc[seq])
     token = q_start.to(gl.int64)
     seq_len = gl.load(seq_lens_ptr + seq)
-    # the token sits at position seq_len - 1 and sees keys [0, seq_len); the split takes whole tiles
-    kv_hi = gl.maximum(seq_len, 0)
-    tiles_per_split = ((kv_hi + TILE_N - 1) // TILE_N + num_splits - 1) // num_splits
-    seg_lo = split * tiles_per_split * TILE_N
-    seg_hi = gl.minimum(seg_lo + tiles_per_split * TILE_N, kv_hi)
-    n_tiles = (gl.maximum(seg_hi - seg_lo, 0) + TILE_N - 1) // TILE_N
-
-    # shared memory: queries, the latent ring, P
-    q_n_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, LATENT_DIM],
-                                         gl.NVMMASharedLayout.get_default_for([BLOCK_M, LATENT_DIM], dtype))
-    q_r_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, ROPE_DIM],
-                                         gl.NVMMASharedLayout.get_default_for([BLOCK_M, ROPE_DIM], dtype))
-    kn_bufs = gl.allocate_shared_memory(dtype, [NUM_STAGES, TILE_N, LATENT_DIM],
-                                        gl.NVMMASharedLayout.get_default_for([TILE_N, LATENT_DIM], dtype))
-    kr_bufs = gl.allocate_shared_memory(dtype, [NUM_STAGES, TILE_N, ROPE_DIM],
-                                        gl.NVMMASharedLayout.get_default_for([TILE_N, ROPE_DIM], dtype))
-    p_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, TILE_N],
-                                       gl.NVMMASharedLayout.get_default_for([BLOCK_M, TILE_N], dtype))
+    seg_lo, seg_hi, n_tiles = _split_tiles(seq_len, split, num_splits, TILE_N)
+    q_n_smem, q_r_smem, kn_bufs, kr_bufs, p_smem = _allocate_shared(dtype, TILE_N, NUM_STAGES)
 
     # queries: rows = heads of this head group (rows past num_heads zero-filled)
     offs_m = gl.arange(0, BLOCK_M, layout=row_cp)

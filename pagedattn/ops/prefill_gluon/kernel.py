@@ -370,6 +370,35 @@ def _invalidate_ring(k_ready, v_ready, kv_empty, NUM_STAGES: gl.constexpr):
         mbarrier.invalidate(kv_empty.index(s))
 
 
+@gluon.jit
+def _head_terms(alibi_slopes_ptr, sinks_ptr, head):
+    """(ALiBi slope, sink logit in log2 units) of query head ``head``: 0 and -inf where absent."""
+    slope = 0.0
+    if alibi_slopes_ptr is not None:
+        slope = gl.load(alibi_slopes_ptr + head).to(gl.float32)
+    sink_log2 = float("-inf")
+    if sinks_ptr is not None:
+        sink_log2 = gl.load(sinks_ptr + head).to(gl.float32) * LOG2E
+    return slope, sink_log2
+
+
+@gluon.jit
+def _queries_to_shared(q_ptr, q_start, q_len, row_lo, head, num_tokens, stride_q_t, stride_q_h, dtype: gl.constexpr,
+                       HEAD: gl.constexpr, BLOCK_M: gl.constexpr, NUM_WARPS: gl.constexpr):
+    """The Q tile (rows ``row_lo ..`` of the sequence's queries, one head) in shared memory in the
+    wgmma operand layout; rows past the sequence or outside q read as zeros."""
+    COL_THREADS: gl.constexpr = HEAD // 8
+    ld_l: gl.constexpr = gl.BlockedLayout([1, 8], [32 // COL_THREADS, COL_THREADS], [NUM_WARPS, 1], [1, 0])
+    rows = row_lo + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, ld_l))
+    offs_d = gl.arange(0, HEAD, layout=gl.SliceLayout(0, ld_l))
+    token = (q_start + rows).to(gl.int64)
+    row_ok = (rows < q_len) & (token >= 0) & (token < num_tokens)
+    q = gl.load(q_ptr + token[:, None] * stride_q_t + head * stride_q_h + offs_d[None, :], mask=row_ok[:, None],
+                other=0.0)
+    return gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD], gl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD],
+                                                                                                dtype), q)
+
+
 @gluon.jit(do_not_specialize=["num_seqs", "num_tokens", "num_blocks", "max_blocks_per_seq", "min_q_len", "first_seq",
                               "sliding_window", "num_prefix_ranges"])
 def prefill_gluon_kernel(
@@ -430,26 +459,12 @@ def prefill_gluon_kernel(
     kv_hi, t_lo, t_mid_lo, t_mid_hi, n_tiles = _key_tiles(p_first, p_last, seq_len, sliding_window, pr_row,
                                                           num_prefix_ranges, stride_pr_r, BLOCK_N, USE_WINDOW,
                                                           HAS_PREFIX)
-    slope = 0.0
-    if alibi_slopes_ptr is not None:
-        slope = gl.load(alibi_slopes_ptr + head).to(gl.float32)
-    sink_log2 = float("-inf")
-    if sinks_ptr is not None:
-        sink_log2 = gl.load(sinks_ptr + head).to(gl.float32) * LOG2E
+    slope, sink_log2 = _head_terms(alibi_slopes_ptr, sinks_ptr, head)
     mods = (scale, softcap, slope, sliding_window, pr_row, num_prefix_ranges, stride_pr_r)
     FEATURES: gl.constexpr = (USE_SOFTCAP, ALIBI_MODE, USE_WINDOW, HAS_PREFIX)
 
-    # queries into shared memory (rows past the sequence or outside q read as zeros)
-    COL_THREADS: gl.constexpr = HEAD // 8
-    ld_l: gl.constexpr = gl.BlockedLayout([1, 8], [32 // COL_THREADS, COL_THREADS], [NUM_WARPS, 1], [1, 0])
-    rows = row_lo + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, ld_l))
-    offs_d = gl.arange(0, HEAD, layout=gl.SliceLayout(0, ld_l))
-    token = (q_start + rows).to(gl.int64)
-    row_ok = (rows < q_len) & (token >= 0) & (token < num_tokens)
-    q = gl.load(q_ptr + token[:, None] * stride_q_t + head * stride_q_h + offs_d[None, :], mask=row_ok[:, None],
-                other=0.0)
-    q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD], gl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD],
-                                                                                                  dtype), q)
+    q_smem = _queries_to_shared(q_ptr, q_start, q_len, row_lo, head, num_tokens, stride_q_t, stride_q_h, dtype, HEAD,
+                                BLOCK_M, NUM_WARPS)
     kv_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD], dtype)
     k_bufs = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N, HEAD], kv_layout)
     v_bufs = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N, HEAD], kv_layout)
