@@ -18,7 +18,7 @@ USAGE = """usage: pagedattn <command> [options]
 
 commands:
   check            check every kernel family and feature against the float64 reference
-                   on this machine (about a minute on a GPU, 20 s on a CPU); "check --compile"
+                   on this machine (about a minute on a GPU, 20-35 s on a CPU); "check --compile"
                    compiles every kernel variant for NVIDIA and AMD targets without running them
   bench            benchmarks; "pagedattn bench --help" lists them:
                      kernels (the default), e2e, serve, mla, host, plot, tune, waves
