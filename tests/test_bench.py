@@ -127,8 +127,8 @@ def test_models_suite_steps_on_the_graph_plan(tmp_path):
 
     full = {c.name: c for c in make_cases(SUITES["models"])}
     assert set(full) == {f"gemma3 {kind} decode B={b} L={ctx}" for kind in ("local", "global")
-                         for b, ctx in ((16, 4096), (64, 2048))} | {
-                         f"llama3 decode B={b} L={ctx}" for b, ctx in ((16, 4096), (64, 2048), (128, 1024))}
+                         for b, ctx in ((1, 512), (16, 4096), (64, 2048))} | {
+                         f"llama3 decode B={b} L={ctx}" for b, ctx in ((1, 512), (16, 4096), (64, 2048), (128, 1024))}
     local, glob = full["gemma3 local decode B=16 L=4096"], full["gemma3 global decode B=16 L=4096"]
     assert local.params["sliding_window"] == 1024 and glob.params["sliding_window"] is None
     assert work(glob, torch.bfloat16)["kv_bytes"] == 4 * work(local, torch.bfloat16)["kv_bytes"]

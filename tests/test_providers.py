@@ -566,6 +566,25 @@ def test_flashmla_supports_64_token_pages_and_one_query_length():
     assert not ok and "fp16/bf16" in why
 
 
+def _paged_reference(q, k, v, out, cu_seqlens_q, max_seqlen_q, seqused_k, max_seqlen_k, block_table, *, scale,
+                     causal, window_left, softcap, sinks):
+    """What a FlashAttention-style paged call writes into ``out``: each sequence's queries over
+    its pages (``window_left`` keys before the query stay visible, -1: all), by the reference;
+    checks the host maxima the call was given."""
+    qsl, lens = cu_seqlens_q.tolist(), seqused_k.tolist()
+    assert max(b - a for a, b in zip(qsl[:-1], qsl[1:])) <= max_seqlen_q and max(lens) <= max_seqlen_k
+    bs = k.shape[1]
+    for s, kv_len in enumerate(lens):
+        a, b = qsl[s], qsl[s + 1]
+        pages = block_table[s, : -(-kv_len // bs)].long()
+        ks = k[pages].reshape(-1, k.shape[2], k.shape[3])[:kv_len]
+        vs = v[pages].reshape(-1, v.shape[2], v.shape[3])[:kv_len]
+        res, _ = attention_ref(q[a:b], ks, vs, q_pos=torch.arange(b - a) + kv_len - (b - a), scale=scale,
+                               causal=causal, sliding_window=window_left + 1 if window_left >= 0 else None,
+                               softcap=softcap or None, sinks=sinks)
+        out[a:b] = res.to(out.dtype)
+
+
 class _FakeFA3:
     """``vllm.vllm_flash_attn`` as vLLM 0.26 defines it (the keywords of flash_attn_interface.py),
     computed by the reference from the page table, lengths, window and s_aux it is handed."""
@@ -599,20 +618,43 @@ class _FakeFA3:
         assert m.has_softcap == (softcap > 0) and (m.max_seqlen_q, m.max_seqlen_k) == (max_seqlen_q, max_seqlen_k)
         if s_aux is not None:
             assert s_aux.dtype == torch.bfloat16 and s_aux.shape == (q.shape[1],)
-        qsl, lens = cu_seqlens_q.tolist(), seqused_k.tolist()
-        assert max(b - a for a, b in zip(qsl[:-1], qsl[1:])) <= max_seqlen_q and max(lens) <= max_seqlen_k
-        bs = k.shape[1]
-        for s, kv_len in enumerate(lens):
-            a, b = qsl[s], qsl[s + 1]
-            pages = block_table[s, : -(-kv_len // bs)].long()
-            ks = k[pages].reshape(-1, k.shape[2], k.shape[3])[:kv_len]
-            vs = v[pages].reshape(-1, v.shape[2], v.shape[3])[:kv_len]
-            res, _ = attention_ref(q[a:b], ks, vs, q_pos=torch.arange(b - a) + kv_len - (b - a), scale=softmax_scale,
-                                   causal=causal, sliding_window=left + 1 if left >= 0 else None,
-                                   softcap=softcap or None, sinks=None if s_aux is None else s_aux.float())
-            out[a:b] = res.to(out.dtype)
+        _paged_reference(q, k, v, out, cu_seqlens_q, max_seqlen_q, seqused_k, max_seqlen_k, block_table,
+                         scale=softmax_scale, causal=causal, window_left=left, softcap=softcap,
+                         sinks=None if s_aux is None else s_aux.float())
         self.calls += 1
         return out
+
+
+class _FakeTritonUnified:
+    """``unified_attention`` as vLLM 0.26 defines it (triton_unified_attention.py, its keywords up
+    to the ones TRITON_ATTN passes), with its checks on the segment buffers, computed by the
+    reference from the page table, lengths, window and sinks it is handed."""
+
+    def __init__(self):
+        self.calls = 0
+        self.used_3d = []
+
+    def unified_attention(self, q, k, v, out, cu_seqlens_q, max_seqlen_q, seqused_k, max_seqlen_k, softmax_scale,
+                          causal, window_size, block_table, softcap, q_descale, k_descale, v_descale,
+                          seq_threshold_3D=None, num_par_softmax_segments=None, softmax_segm_output=None,
+                          softmax_segm_max=None, softmax_segm_expsum=None, alibi_slopes=None, output_scale=None,
+                          qq_bias=None, sinks=None, mm_prefix_range=None, rswa_prefix_lens=None, rswa_window=None,
+                          use_alibi_sqrt=False):
+        num_seqs, num_kv_heads, hq = seqused_k.shape[0], k.shape[2], q.shape[1]
+        assert out is not None and out.shape == q.shape and q_descale is None
+        assert k_descale.shape == v_descale.shape == (num_seqs, num_kv_heads) and bool((k_descale == 1).all())
+        assert seq_threshold_3D == 128 // num_kv_heads and num_par_softmax_segments == 16
+        pad = 1 << (q.shape[2] - 1).bit_length()
+        assert softmax_segm_output.shape == (seq_threshold_3D, hq, 16, pad)
+        assert softmax_segm_max.shape == softmax_segm_expsum.shape == (seq_threshold_3D, hq, 16)
+        left, right = window_size
+        assert right == (0 if causal and left >= 0 else (left if left >= 0 else -1))
+        if sinks is not None:
+            assert sinks.dtype == torch.float32 and sinks.shape == (hq,)
+        self.used_3d.append(max_seqlen_q == 1 and num_seqs <= seq_threshold_3D)
+        _paged_reference(q, k, v, out, cu_seqlens_q, max_seqlen_q, seqused_k, max_seqlen_k, block_table,
+                         scale=softmax_scale, causal=causal, window_left=left, softcap=softcap, sinks=sinks)
+        self.calls += 1
 
 
 class _FakeSchedMeta:
@@ -657,7 +699,7 @@ class _FakeFlashMLA:
 def fake_vllm(monkeypatch):
     from pagedattn.adapters import vllm_kernels
 
-    fa3, mla = _FakeFA3(), _FakeFlashMLA()
+    fa3, mla, triton_unified = _FakeFA3(), _FakeFlashMLA(), _FakeTritonUnified()
     vllm = types.ModuleType("vllm")
     vllm.__version__ = "0.26.0+fake"
     fa_mod = types.ModuleType(vllm_kernels.FA3_MODULE)
@@ -669,7 +711,10 @@ def fake_vllm(monkeypatch):
     monkeypatch.setitem(sys.modules, "vllm", vllm)
     monkeypatch.setitem(sys.modules, vllm_kernels.FA3_MODULE, fa_mod)
     monkeypatch.setitem(sys.modules, vllm_kernels.FLASHMLA_MODULE, mla_mod)
-    return types.SimpleNamespace(adapter=vllm_kernels, fa3=fa3, mla=mla)
+    triton_mod = types.ModuleType(vllm_kernels.TRITON_UNIFIED_MODULE)
+    triton_mod.unified_attention = triton_unified.unified_attention
+    monkeypatch.setitem(sys.modules, vllm_kernels.TRITON_UNIFIED_MODULE, triton_mod)
+    return types.SimpleNamespace(adapter=vllm_kernels, fa3=fa3, mla=mla, triton=triton_unified)
 
 
 @pytest.mark.parametrize("segments,features", BATCHES + [
@@ -688,6 +733,31 @@ def test_vllm_fa3_adapter_refuses_fp32(fake_vllm):
     inputs = build_inputs(_case([(2, 1, 64)]), torch.device("cpu"), torch.float32)
     with pytest.raises(NotApplicable, match="fp16/bf16"):
         PROVIDERS["vllm-fa3"].prepare(inputs)
+
+
+@pytest.mark.parametrize("segments,features", BATCHES + [
+    pytest.param([(2, 1, 64), (1, 16, 48)], dict(sliding_window=32, sinks=True, softcap=20.0), id="window-sinks-softcap"),
+])
+def test_vllm_triton_adapter_feeds_unified_attention_the_batch(fake_vllm, segments, features):
+    inputs = build_inputs(_case(segments, **features), torch.device("cpu"), torch.float16, seed=5)
+    prepared = PROVIDERS["vllm-triton"].prepare(inputs)
+    assert fake_vllm.triton.calls == 0  # prepare makes no attention call
+    _check(prepared, inputs)
+    decode = inputs.max_query_len == 1
+    assert fake_vllm.triton.calls == 1 and fake_vllm.triton.used_3d == [decode]
+    assert ("3D kernel" in prepared.note) is decode
+    w = features.get("sliding_window")
+    assert (f"window ({w - 1}, 0)" in prepared.note) if w else "window" not in prepared.note
+
+
+def test_vllm_triton_is_listed_unavailable_here_and_refuses_fp32(fake_vllm):
+    prov = PROVIDERS["vllm-triton"]
+    assert prov.anchor and "Triton" in prov.description
+    ok, why = prov.available()
+    assert ok is False and ("GPU" in why or "TRITON_INTERPRET" in why), why
+    inputs = build_inputs(_case([(2, 1, 64)]), torch.device("cpu"), torch.float32)
+    with pytest.raises(NotApplicable, match="fp16/bf16"):
+        prov.prepare(inputs)
 
 
 @pytest.mark.parametrize("seq_lens,query_len", [([130, 5, 64], 1), ([70, 19], 3)])

@@ -19,6 +19,13 @@ only:
   first call through the holder ``get_mla_metadata`` returns; that first call is made here,
   outside the timed call, and later calls reuse the metadata.
 
+* The Triton unified-attention kernel of vLLM's TRITON_ATTN backend
+  (``vllm/v1/attention/ops/triton_unified_attention.py``, compiled by Triton on first use, so
+  any GPU Triton targets): ``unified_attention`` on pagedattn's paged tensors with the
+  segment buffers TRITON_ATTN's metadata builder allocates once (:func:`triton_unified_call`):
+  decode batches of up to ``128 // num_kv_heads`` sequences (with CUDA graphs, the capture size
+  nearest that) run its 3D kernel, 16 softmax segments a sequence, then a reduce.
+
 ``*_availability()`` says why a kernel cannot run here without raising: no CUDA GPU, a GPU
 other than sm90, vLLM missing, or its extension not loading (a wheel built against another
 torch fails here with the loader's message). Nothing imports ``vllm`` at import time; asking
@@ -39,6 +46,7 @@ from pagedattn.adapters.common import NotApplicable, first_failure, gpu_status, 
 
 FA3_MODULE = "vllm.vllm_flash_attn"
 FLASHMLA_MODULE = "vllm.third_party.flashmla.flash_mla_interface"
+TRITON_UNIFIED_MODULE = "vllm.v1.attention.ops.triton_unified_attention"
 DTYPES = (torch.float16, torch.bfloat16)
 
 # vLLM's FLASH_ATTN backend runs FA3 on block sizes that are multiples of 16 only
@@ -51,6 +59,13 @@ FA3_HEAD_ALIGN = 8
 # FA3's s_aux: "We only support query heads <= 64 with S aux" and bf16 only (flash_api.cpp).
 FA3_SINK_MAX_HEADS = 64
 FA3_FEATURES = ("sliding_window", "softcap", "sinks")
+
+# TRITON_ATTN's metadata builder (vllm/v1/attention/backends/triton_attn.py): the 2D kernel's grid
+# should hold at least 128 programs, so decodes of up to 128 // num_kv_heads sequences take the 3D
+# (segmented) kernel, with 16 softmax segments a sequence
+TRITON_MIN_GRID_2D = 128
+TRITON_SEGMENTS = 16
+TRITON_FEATURES = ("sliding_window", "softcap", "sinks")
 
 # FlashMLA's dense decode: "Currently page_block_size must be 64"; q/k rows of 576 (512 latent
 # + 64 rope), output rows of 512 (dense_decode.h); vLLM's FLASHMLA backend lists block size 64.
@@ -87,6 +102,11 @@ def flashmla_availability() -> tuple[bool, str]:
     """(can run here, why not): a CUDA GPU of compute capability 9.x, vLLM, and its FlashMLA extension."""
     return first_failure(gpu_status, _hopper_status("FlashMLA's dense decode"), lambda: module_status("vllm"),
                          lambda: module_status(FLASHMLA_MODULE))
+
+
+def triton_unified_availability() -> tuple[bool, str]:
+    """(can run here, why not): a CUDA GPU and vLLM with its Triton unified-attention module."""
+    return first_failure(gpu_status, lambda: module_status("vllm"), lambda: module_status(TRITON_UNIFIED_MODULE))
 
 
 def _load(name: str):
@@ -195,6 +215,61 @@ def fa3_call(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, *, out
               "AOT scheduler metadata" if aot_schedule else "FA3 schedules in the call"]
     note = f"FA3 flash_attn_varlen_func, paged KV (block {block_size})"
     return run, f"{note}; {', '.join(e for e in extras if e)}; vLLM {version()}"
+
+
+# ---------------------------------------------------------------------------------------------
+# vLLM's Triton unified attention
+
+
+def triton_unified_call(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, *, out, causal=True,
+                        sliding_window=None, softcap=None, sinks=None, scale=None, max_query_len=None,
+                        max_seq_len=None):
+    """(zero-argument call, note): vLLM's ``unified_attention`` (the kernel of its TRITON_ATTN
+    backend) on pagedattn's paged tensors, writing ``out`` (like q), as TRITON_ATTN's forward
+    calls it for a bf16/fp16 cache: unit descales, the window as ``(W - 1, 0)``, the segment
+    buffers its metadata builder allocates (made here, outside the timed call) and its 3D-kernel
+    threshold ``128 // num_kv_heads`` (with full CUDA graphs vLLM takes the capture size nearest
+    that: the same 16 for 8 KV heads and the usual sizes 1, 2, 4, ..., 16, ...)."""
+    if q.dtype not in DTYPES:
+        raise NotApplicable(f"vLLM's Triton kernel is timed here in fp16/bf16, not {q.dtype}")
+    if k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
+        raise NotApplicable("K/V cache dtype differs from q's (fp8 descales not wired)")
+    num_seqs, num_q_heads, head_size = seq_lens.shape[0], q.shape[1], q.shape[2]
+    num_kv_heads = k_cache.shape[2]
+    if num_q_heads % num_kv_heads:
+        raise NotApplicable("num_q_heads is not a multiple of num_kv_heads")
+    unified_attention = _load(TRITON_UNIFIED_MODULE).unified_attention
+    if max_query_len is None:
+        max_query_len = max(query_lens_of(query_start_loc.tolist()))
+    if max_seq_len is None:
+        max_seq_len = int(seq_lens.max())
+    threshold = TRITON_MIN_GRID_2D // num_kv_heads
+    pad = 1 << (head_size - 1).bit_length()
+    f32 = dict(dtype=torch.float32, device=q.device)
+    descale = torch.ones(1, **f32).expand(num_seqs, num_kv_heads)
+    window = fa_window(sliding_window, causal)
+    args = dict(
+        q=q, k=k_cache, v=v_cache, out=out, cu_seqlens_q=query_start_loc.to(torch.int32).contiguous(),
+        max_seqlen_q=int(max_query_len), seqused_k=seq_lens.to(torch.int32).contiguous(),
+        max_seqlen_k=int(max_seq_len), softmax_scale=float(scale) if scale is not None else head_size ** -0.5,
+        causal=bool(causal), window_size=window, block_table=block_table.to(torch.int32).contiguous(),
+        softcap=float(softcap) if softcap else 0.0, q_descale=None, k_descale=descale, v_descale=descale,
+        seq_threshold_3D=threshold, num_par_softmax_segments=TRITON_SEGMENTS,
+        softmax_segm_output=torch.empty(threshold, num_q_heads, TRITON_SEGMENTS, pad, **f32),
+        softmax_segm_max=torch.empty(threshold, num_q_heads, TRITON_SEGMENTS, **f32),
+        softmax_segm_expsum=torch.empty(threshold, num_q_heads, TRITON_SEGMENTS, **f32),
+        sinks=None if sinks is None else sinks.to(device=q.device, dtype=torch.float32).contiguous(),
+    )
+
+    def run():
+        unified_attention(**args)
+        return out
+
+    kernel = "3D kernel, 16 segments + reduce" if num_seqs <= threshold and max_query_len == 1 else "2D kernel"
+    extras = [f"window {tuple(window)}" if window != (-1, -1) else "", "softcap" if softcap else "",
+              "sinks" if sinks is not None else ""]
+    note = f"Triton unified_attention, {kernel} (3D up to {threshold} sequences), paged KV (block {k_cache.shape[1]})"
+    return run, f"{'; '.join([note] + [e for e in extras if e])}; vLLM {version()}"
 
 
 # ---------------------------------------------------------------------------------------------

@@ -419,13 +419,35 @@ class CudnnPagedProvider(Provider):
         return Prepared(run, note=note)
 
 
+class _VllmPagedProvider(Provider):
+    """One of vLLM's kernels over the paged cache (``kernel_call``, from
+    :mod:`pagedattn.adapters.vllm_kernels`), one call per batch as vLLM's backend makes it per
+    layer; what vLLM's metadata builder makes once per step and the host maxima are made in
+    ``prepare``, outside the timed call."""
+
+    @staticmethod
+    def kernel_call(*args, **kwargs):
+        raise NotImplementedError
+
+    def prepare(self, inputs):
+        q, f = inputs.q, inputs.features
+        out = torch.full_like(q, float("nan"))  # an unwritten row fails the check
+        run, note = self.kernel_call(
+            q, inputs.k_cache, inputs.v_cache, inputs.block_table, inputs.seq_lens, inputs.query_start_loc, out=out,
+            causal=bool(f.get("causal", True)), sliding_window=f.get("sliding_window"), softcap=f.get("softcap"),
+            sinks=f.get("sinks"), scale=1.0 / math.sqrt(q.shape[2]), max_query_len=inputs.max_query_len,
+            max_seq_len=inputs.max_seq_len,
+        )
+        return Prepared(run, note=note)
+
+
 @dataclass
-class VllmFa3Provider(Provider):
+class VllmFa3Provider(_VllmPagedProvider):
     """vLLM's FlashAttention-3 (``vllm.vllm_flash_attn``, compiled into vLLM's wheel for sm90):
-    one ``flash_attn_varlen_func(..., fa_version=3)`` call per batch over the paged cache, as
-    vLLM's FLASH_ATTN backend makes it per layer. The scheduler metadata vLLM's metadata
-    builder computes once per step, the host maxima and the bf16 sinks are made in ``prepare``,
-    outside the timed call."""
+    ``flash_attn_varlen_func(..., fa_version=3)`` as vLLM's FLASH_ATTN backend calls it, with
+    the scheduler metadata its builder computes once per step and the sinks as bf16."""
+
+    kernel_call = staticmethod(vllm_kernels.fa3_call)
 
     def available(self):
         return vllm_kernels.fa3_availability()
@@ -435,16 +457,22 @@ class VllmFa3Provider(Provider):
         return vllm_kernels.fa3_supports(case.features, num_q_heads=p["num_q_heads"], num_kv_heads=p["num_kv_heads"],
                                          head_size=p["head_size"], block_size=p["block_size"])
 
-    def prepare(self, inputs):
-        q, f = inputs.q, inputs.features
-        out = torch.full_like(q, float("nan"))  # an unwritten row fails the check
-        run, note = vllm_kernels.fa3_call(
-            q, inputs.k_cache, inputs.v_cache, inputs.block_table, inputs.seq_lens, inputs.query_start_loc, out=out,
-            causal=bool(f.get("causal", True)), sliding_window=f.get("sliding_window"), softcap=f.get("softcap"),
-            sinks=f.get("sinks"), scale=1.0 / math.sqrt(q.shape[2]), max_query_len=inputs.max_query_len,
-            max_seq_len=inputs.max_seq_len,
-        )
-        return Prepared(run, note=note)
+
+@dataclass
+class VllmTritonProvider(_VllmPagedProvider):
+    """vLLM's Triton unified-attention kernel (``unified_attention``, the kernel of vLLM's
+    TRITON_ATTN backend), with the segment buffers its builder allocates once."""
+
+    kernel_call = staticmethod(vllm_kernels.triton_unified_call)
+
+    def available(self):
+        return vllm_kernels.triton_unified_availability()
+
+    def supports(self, case):
+        extra = sorted(set(case.features) - set(vllm_kernels.TRITON_FEATURES))
+        if extra:
+            return False, f"the vllm-triton call here wires no {', '.join(extra)}"
+        return True, ""
 
 
 def host_time_us(prepared: Prepared, calls: int = 50) -> float:
@@ -492,6 +520,8 @@ PROVIDERS: dict[str, Provider] = {
                            description="cuDNN SDPA graph over the paged cache (page tables), one call"),
         VllmFa3Provider("vllm-fa3", anchor=True,
                         description="vLLM's FlashAttention-3 (vllm_flash_attn, paged KV, AOT-compiled)"),
+        VllmTritonProvider("vllm-triton", anchor=True,
+                           description="vLLM's Triton unified-attention kernel (TRITON_ATTN's, paged KV)"),
     ]
 }
 

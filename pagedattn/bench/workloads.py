@@ -166,8 +166,10 @@ def make_cases(workloads=WORKLOADS, *, quick: bool = False, tiny_heads: bool = F
         feat_b, feat_l, feat_s = 32, 4096, 4096
         hetero = ([(2, 1, 16384), (126, 1, 512)], [(8, 1, 8192), (56, 1, 256)])
         specdecode = (16, 6, 8192)
-        model_steps = ((16, 4096), (64, 2048))  # the uniform points of docs/vllm.md's Gemma-3 grid
-        llama_steps = ((16, 4096), (64, 2048), (128, 1024))  # and of its Llama-3.1-8B grid
+        # batch 1 at the TPOT request's context (500 + 128 tokens), then the uniform points of
+        # docs/vllm.md's Gemma-3 and Llama-3.1-8B grids
+        model_steps = ((1, 512), (16, 4096), (64, 2048))
+        llama_steps = ((1, 512), (16, 4096), (64, 2048), (128, 1024))
 
     cases: list[Case] = []
     for w in workloads:
