@@ -157,6 +157,24 @@ def fa3_supports(features, *, num_q_heads: int, num_kv_heads: int, head_size: in
     return True, ""
 
 
+def _check_dtypes(kernel: str, q, k_cache, v_cache) -> None:
+    if q.dtype not in DTYPES:
+        raise NotApplicable(f"{kernel} takes fp16/bf16 here, not {q.dtype}")
+    if k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
+        raise NotApplicable("K/V cache dtype differs from q's (fp8 descales not wired)")
+
+
+def _varlen_metadata(block_table, seq_lens, query_start_loc, max_query_len, max_seq_len):
+    """(cu_seqlens_q, seqused_k, block table) as int32 contiguous tensors, and the host maxima
+    (read from the metadata where not given), as FlashAttention-style varlen calls take them."""
+    if max_query_len is None:
+        max_query_len = max(query_lens_of(query_start_loc.tolist()))
+    if max_seq_len is None:
+        max_seq_len = int(seq_lens.max())
+    as_int32 = (t.to(torch.int32).contiguous() for t in (query_start_loc, seq_lens, block_table))
+    return *as_int32, int(max_query_len), int(max_seq_len)
+
+
 def fa3_call(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, *, out, causal=True,
              sliding_window=None, softcap=None, sinks=None, scale=None, max_query_len=None, max_seq_len=None,
              aot_schedule=True):
@@ -168,10 +186,7 @@ def fa3_call(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, *, out
     builder does per step, so the call skips FA3's own scheduling launch. ``sinks`` go in as
     FA3's ``s_aux``, rounded to bf16 (the only dtype it takes). ``scale`` None: 1 / sqrt(head_size).
     """
-    if q.dtype not in DTYPES:
-        raise NotApplicable(f"vLLM's FA3 takes fp16/bf16 here, not {q.dtype}")
-    if k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
-        raise NotApplicable("K/V cache dtype differs from q's (fp8 descales not wired)")
+    _check_dtypes("vLLM's FA3", q, k_cache, v_cache)
     num_q_heads, head_size = q.shape[1], q.shape[2]
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     features = [k for k, v in (("sliding_window", sliding_window), ("softcap", softcap), ("sinks", sinks))
@@ -181,27 +196,22 @@ def fa3_call(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, *, out
     if not ok:
         raise NotApplicable(why)
     fa = _load(FA3_MODULE)
-    if max_query_len is None:
-        max_query_len = max(query_lens_of(query_start_loc.tolist()))
-    if max_seq_len is None:
-        max_seq_len = int(seq_lens.max())
+    cu_seqlens_q, seqused_k, table, max_query_len, max_seq_len = _varlen_metadata(
+        block_table, seq_lens, query_start_loc, max_query_len, max_seq_len)
     window = fa_window(sliding_window, causal)
-    cu_seqlens_q = query_start_loc.to(torch.int32).contiguous()
-    seqused_k = seq_lens.to(torch.int32).contiguous()
-    table = block_table.to(torch.int32).contiguous()
     s_aux = None if sinks is None else sinks.to(device=q.device, dtype=torch.bfloat16).contiguous()
     softcap = float(softcap) if softcap else 0.0  # FA: 0.0 is off
     scale = float(scale) if scale is not None else head_size ** -0.5
     scheduler_metadata = None
     if aot_schedule:
         scheduler_metadata = fa.get_scheduler_metadata(
-            batch_size=seqused_k.shape[0], max_seqlen_q=int(max_query_len), max_seqlen_k=int(max_seq_len),
+            batch_size=seqused_k.shape[0], max_seqlen_q=max_query_len, max_seqlen_k=max_seq_len,
             num_heads_q=num_q_heads, num_heads_kv=num_kv_heads, headdim=head_size, cache_seqlens=seqused_k,
             qkv_dtype=q.dtype, headdim_v=v_cache.shape[3], cu_seqlens_q=cu_seqlens_q, page_size=block_size,
             causal=bool(causal), window_size=window, has_softcap=softcap > 0, num_splits=0,
         )
-    args = dict(q=q, k=k_cache, v=v_cache, max_seqlen_q=int(max_query_len), cu_seqlens_q=cu_seqlens_q,
-                max_seqlen_k=int(max_seq_len), seqused_k=seqused_k, softmax_scale=scale, causal=bool(causal),
+    args = dict(q=q, k=k_cache, v=v_cache, max_seqlen_q=max_query_len, cu_seqlens_q=cu_seqlens_q,
+                max_seqlen_k=max_seq_len, seqused_k=seqused_k, softmax_scale=scale, causal=bool(causal),
                 window_size=list(window), softcap=softcap, block_table=table, out=out,
                 scheduler_metadata=scheduler_metadata, fa_version=3, s_aux=s_aux)
     flash_attn_varlen_func = fa.flash_attn_varlen_func
@@ -230,29 +240,24 @@ def triton_unified_call(q, k_cache, v_cache, block_table, seq_lens, query_start_
     buffers its metadata builder allocates (made here, outside the timed call) and its 3D-kernel
     threshold ``128 // num_kv_heads`` (with full CUDA graphs vLLM takes the capture size nearest
     that: the same 16 for 8 KV heads and the usual sizes 1, 2, 4, ..., 16, ...)."""
-    if q.dtype not in DTYPES:
-        raise NotApplicable(f"vLLM's Triton kernel is timed here in fp16/bf16, not {q.dtype}")
-    if k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
-        raise NotApplicable("K/V cache dtype differs from q's (fp8 descales not wired)")
+    _check_dtypes("vLLM's Triton kernel", q, k_cache, v_cache)
     num_seqs, num_q_heads, head_size = seq_lens.shape[0], q.shape[1], q.shape[2]
     num_kv_heads = k_cache.shape[2]
     if num_q_heads % num_kv_heads:
         raise NotApplicable("num_q_heads is not a multiple of num_kv_heads")
     unified_attention = _load(TRITON_UNIFIED_MODULE).unified_attention
-    if max_query_len is None:
-        max_query_len = max(query_lens_of(query_start_loc.tolist()))
-    if max_seq_len is None:
-        max_seq_len = int(seq_lens.max())
+    cu_seqlens_q, seqused_k, table, max_query_len, max_seq_len = _varlen_metadata(
+        block_table, seq_lens, query_start_loc, max_query_len, max_seq_len)
     threshold = TRITON_MIN_GRID_2D // num_kv_heads
     pad = 1 << (head_size - 1).bit_length()
     f32 = dict(dtype=torch.float32, device=q.device)
     descale = torch.ones(1, **f32).expand(num_seqs, num_kv_heads)
     window = fa_window(sliding_window, causal)
     args = dict(
-        q=q, k=k_cache, v=v_cache, out=out, cu_seqlens_q=query_start_loc.to(torch.int32).contiguous(),
-        max_seqlen_q=int(max_query_len), seqused_k=seq_lens.to(torch.int32).contiguous(),
-        max_seqlen_k=int(max_seq_len), softmax_scale=float(scale) if scale is not None else head_size ** -0.5,
-        causal=bool(causal), window_size=window, block_table=block_table.to(torch.int32).contiguous(),
+        q=q, k=k_cache, v=v_cache, out=out, cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_query_len,
+        seqused_k=seqused_k, max_seqlen_k=max_seq_len,
+        softmax_scale=float(scale) if scale is not None else head_size ** -0.5, causal=bool(causal),
+        window_size=window, block_table=table,
         softcap=float(softcap) if softcap else 0.0, q_descale=None, k_descale=descale, v_descale=descale,
         seq_threshold_3D=threshold, num_par_softmax_segments=TRITON_SEGMENTS,
         softmax_segm_output=torch.empty(threshold, num_q_heads, TRITON_SEGMENTS, pad, **f32),

@@ -155,7 +155,7 @@ def make_cases(workloads=WORKLOADS, *, quick: bool = False, tiny_heads: bool = F
         feat_b, feat_l, feat_s = 2, 64, 64
         hetero = ([(2, 1, 256), (6, 1, 16)], [(2, 1, 128), (4, 1, 8)])
         specdecode = (4, 6, 128)  # sequences, new tokens, context
-        model_steps = ((2, 64),)  # (batch, context) of Gemma-3's decode steps
+        gemma3_steps = ((2, 64),)  # (batch, context) of the model workloads' decode steps
         llama_steps = ((2, 64), (4, 32))
     else:
         decode_b, decode_l, prefill_s = (1, 8, 32, 128), (512, 4096, 32768), (512, 2048, 8192, 32768)
@@ -168,7 +168,7 @@ def make_cases(workloads=WORKLOADS, *, quick: bool = False, tiny_heads: bool = F
         specdecode = (16, 6, 8192)
         # batch 1 at the TPOT request's context (500 + 128 tokens), then the uniform points of
         # docs/vllm.md's Gemma-3 and Llama-3.1-8B grids
-        model_steps = ((1, 512), (16, 4096), (64, 2048))
+        gemma3_steps = ((1, 512), (16, 4096), (64, 2048))
         llama_steps = ((1, 512), (16, 4096), (64, 2048), (128, 1024))
 
     cases: list[Case] = []
@@ -198,7 +198,7 @@ def make_cases(workloads=WORKLOADS, *, quick: bool = False, tiny_heads: bool = F
             n, new, ctx = specdecode
             cases.append(_case(f"specdecode {n}x{new}@{ctx}", "specdecode", "decode", [(n, new, ctx)], llama))
         elif w == "gemma3":  # a local layer's and a global layer's decode at each point
-            for b, ctx in model_steps:
+            for b, ctx in gemma3_steps:
                 cases += _decode_cases(w, "gemma3 local ", gemma3, (b,), (ctx,))
                 cases += _decode_cases(w, "gemma3 global ", dict(gemma3, sliding_window=None), (b,), (ctx,))
         elif w == "llama3":  # Llama-3.1-8B's decode at the grid points (the reference decode's are others)
