@@ -156,3 +156,16 @@ def test_plan_for_graphs_sizes_its_splits_and_serves_each_step():
         assert_matches_reference(out, None, *paged_attention_ref(*b.args()))
     with pytest.raises(ValueError, match="capacity"):
         plan.update(list(range(10)), [5] * 9)
+
+
+@pytest.mark.parametrize("batch, seq_len, want", [(1, 512, 8), (1, 1024, 16), (2, 512, 8), (1, 2048, 16), (4, 1024, 8)])
+def test_latency_bound_decodes_take_one_tile_segments(batch, seq_len, want):
+    """On 132 SMs with 8 KV heads a decode whose 64-key segments still fit one program per SM
+    (batch 1 to 1024 keys, batch 2 at 512) is cut that fine, by the split-KV rule and by the
+    persistent work list alike; past one program per SM the 128-key floor holds."""
+    from pagedattn.plan import Tiles, choose_num_splits, persistent_work_list
+
+    assert choose_num_splits(batch, 8, 1, seq_len, 132) == want
+    items, _ = persistent_work_list(list(range(batch + 1)), [seq_len] * batch, tiles=Tiles(16, 4, 64, 4),
+                                    num_kv_heads=8, num_programs=396, max_splits=64)
+    assert int(items[:, 4].max()) == want and len(items) == batch * 8 * want

@@ -47,7 +47,7 @@ class AttentionPlan:
     partial_out: torch.Tensor | None
     partial_lse: torch.Tensor | None
     # persistent path only: the device work lists, their capacity and the fixed grid
-    work_items: torch.Tensor | None = None  # [max_items, 5] int32: seq, q block, kv head, split, splits
+    work_items: torch.Tensor | None = None  # [max_items + num_programs, 5] int32: seq, q block, kv head, split, splits
     work_counts: torch.Tensor | None = None  # [3] int32: items, reduce rows, 1 = atomic schedule
     work_counter: torch.Tensor | None = None  # [1] int32 (atomic schedule)
     reduce_rows: torch.Tensor | None = None  # [max_num_tokens, 2] int32: token, splits
@@ -130,8 +130,9 @@ class AttentionPlan:
 
     def _load(self, qsl: list[int], lens: list[int], items: torch.Tensor, rows: torch.Tensor) -> None:
         """Upload the work list made for the batch (qsl, lens) and record that batch."""
-        if items.shape[0] > self.work_items.shape[0]:
-            raise ValueError(f"{items.shape[0]} work items exceed the plan's capacity {self.work_items.shape[0]}")
+        capacity = self.work_items.shape[0] - self.num_programs  # the rows past it: workspace.work_buffers
+        if items.shape[0] > capacity:
+            raise ValueError(f"{items.shape[0]} work items exceed the plan's capacity {capacity}")
         atomic = self.schedule == "atomic" or (
             self.schedule == "auto" and items.shape[0] >= ATOMIC_MIN_ITEMS_PER_PROGRAM * self.num_programs)
         self._upload(items, rows, torch.tensor([items.shape[0], rows.shape[0], int(atomic)], dtype=torch.int32))

@@ -198,7 +198,7 @@ def _plan_persistent(qsl, lens, sizes: PlanSizes, *, tiles, num_q_heads, num_kv_
     max_items = max(1, max_q_blocks * num_kv_heads * max_splits)
     plan = AttentionPlan.create(
         "persistent", tiles, sizes, num_q_heads=num_q_heads, num_kv_heads=num_kv_heads, head_size=head_size,
-        device=device, num_splits=max_splits, **work_buffers(max_items, sizes.max_num_tokens, device),
+        device=device, num_splits=max_splits, **work_buffers(max_items, sizes.max_num_tokens, num_programs, device),
         num_programs=num_programs, split_programs=split_programs, resident_programs=resident,
         schedule=schedule, max_num_seqs=max_num_seqs, sliding_window=sliding_window,
         max_registers=UNEQUAL_MAX_REGISTERS if capped else None,

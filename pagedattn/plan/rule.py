@@ -63,6 +63,13 @@ MANY_WAVES_SEGMENT_TOKENS = 2048
 # 761.8 / 760.7; an under-filled wave (B=8 L=32768 at 4 splits, 0.65 of it: 299) still loses.
 FULL_WAVE_FILL = 0.9
 MIN_SEGMENT_TOKENS = 128
+# Segments down to SHORT_SEGMENT_TOKENS (one 64-key decode tile) while the split grid, cut that
+# fine, still holds at most one program per SM: such a call is latency-bound (each program's
+# chain of block-table and page loads), and a program that streams one tile ends sooner than one
+# that streams two. H200, 8 KV heads, head 128, B=1: L=512 8.26 -> 7.50 us (split-KV), 8.8 -> 8.2
+# (a CUDA-graph plan); L=640 8.38 -> 7.62 and 9.16 -> 8.38; L=1024 8.80 -> 8.34 and 9.58 -> 9.44.
+# Past one program per SM it loses (B=4 L=1024: 14.7 -> 15.4).
+SHORT_SEGMENT_TOKENS = 64
 # What splitting costs beyond the 2D kernel (the merge launch, the partials' round trip, ~5 us on
 # the H200), in keys one 2D program streams in that time: B=1 decodes ran 8.3 us at 256 keys and
 # 12.7 at 512 on the 2D kernel, 8.5 at 512 keys in 4 splits.
@@ -198,8 +205,16 @@ def choose_num_splits(num_q_blocks: int, num_kv_heads: int, max_query_len: int, 
     full_wave = splits > 1 and programs_2d * splits >= FULL_WAVE_FILL * wave
     if -(-max_seq_len // splits) > LONG_SEGMENT_TOKENS and not full_wave:
         splits = -(-max_seq_len // MANY_WAVES_SEGMENT_TOKENS)
-    by_length = -(-max_seq_len // MIN_SEGMENT_TOKENS)
+    by_length = -(-max_seq_len // min_segment_tokens(programs_2d, max_seq_len, sms))
     return max(1, min(splits, by_length, MAX_SPLITS))
+
+
+def min_segment_tokens(programs: int, longest: int, sms: int) -> int:
+    """The fewest keys a split may stream: SHORT_SEGMENT_TOKENS when ``programs`` unsplit
+    programs cut into segments that short (of their ``longest`` visible keys) fit ``sms`` SMs at
+    one program each, else MIN_SEGMENT_TOKENS."""
+    fine = programs * -(-longest // SHORT_SEGMENT_TOKENS) <= sms
+    return SHORT_SEGMENT_TOKENS if fine else MIN_SEGMENT_TOKENS
 
 
 def balanced_segment(q_lens, lens, *, block_q: int, tile_n: int, num_kv_heads: int, splits: int, sms: int,

@@ -18,8 +18,10 @@ from pagedattn.plan.rule import (
     MANY_WAVES_SEGMENT_TOKENS,
     MIN_SEGMENT_TOKENS,
     PERSISTENT_UNCAPPED_PROGRAMS_PER_SM,
+    RESIDENT_PROGRAMS_PER_SM,
     SPLIT_KV_MAX_QUERY_LEN,
     UNEQUAL_RATIO,
+    min_segment_tokens,
     split_costs_more,
 )
 
@@ -55,7 +57,9 @@ def persistent_work_list(qsl, lens, *, tiles: Tiles, num_kv_heads: int, num_prog
     gets its share of the programs, ``floor(visible * num_programs / total visible)`` items per
     KV head (at least one, at most FILL_MAX_SPLITS), so the list holds at most one item per
     program of the wave; if that leaves items over LONG_SEGMENT_TOKENS keys,
-    MANY_WAVES_SEGMENT_TOKENS-key items instead; never segments under MIN_SEGMENT_TOKENS.
+    MANY_WAVES_SEGMENT_TOKENS-key items instead; never segments under MIN_SEGMENT_TOKENS, or
+    under SHORT_SEGMENT_TOKENS where the items cut that fine hold at most one program per SM
+    (``rule.min_segment_tokens``).
 
     An unequal batch (its longest visible length over UNEQUAL_RATIO x the mean per short Q
     block) is cut whatever the unsplit item count, for UNEQUAL_WAVES waves and up to
@@ -144,13 +148,15 @@ def _splits_per_seq(q_lens, blocks, lens, *, num_kv_heads, num_programs, max_spl
     # Up to `small` keys the rule gives 1 (a share under 2 items, no long-segment cut): most of
     # an unequal batch, decided by one comparison
     small = min(LONG_SEGMENT_TOKENS, (2 * total - 1) // target)
+    # the wave's SMs: num_programs is RESIDENT_PROGRAMS_PER_SM a SM
+    segment = min_segment_tokens(short_blocks * num_kv_heads, longest, num_programs // RESIDENT_PROGRAMS_PER_SM)
 
     def rule(v: int) -> int:
         n = v * target // total  # the block's share of the items, 1..cap
         n = 1 if n < 1 else cap if n > cap else n
         if v > n * LONG_SEGMENT_TOKENS:  # segments over LONG_SEGMENT_TOKENS keys: many waves
             n = -(-v // MANY_WAVES_SEGMENT_TOKENS)
-        by_length = -(-v // MIN_SEGMENT_TOKENS)  # no segment under MIN_SEGMENT_TOKENS keys
+        by_length = -(-v // segment)  # no segment under `segment` keys
         n = by_length if n > by_length else n
         n = 1 if n < 1 else n
         return max_splits if n > max_splits else n

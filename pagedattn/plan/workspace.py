@@ -15,12 +15,14 @@ def split_partials(num_tokens: int, num_q_heads: int, num_splits: int, head_size
             torch.empty(num_tokens, num_q_heads, num_splits, dtype=torch.float32, device=device))
 
 
-def work_buffers(max_items: int, max_num_tokens: int, device) -> dict[str, torch.Tensor]:
+def work_buffers(max_items: int, max_num_tokens: int, num_programs: int, device) -> dict[str, torch.Tensor]:
     """The persistent kernel's device lists, by :class:`AttentionPlan` field: ``work_items``
-    ``[max_items, 5]``, ``work_counts`` ``[3]``, ``work_counter`` ``[1]`` and ``reduce_rows``
-    ``[max(1, max_num_tokens), 2]``, int32, zeroed."""
+    ``[max_items + num_programs, 5]`` (the kernel reads each program's next item before it knows
+    whether the list holds it: a list of at most ``max_items`` and a grid of at most
+    ``num_programs`` read no further), ``work_counts`` ``[3]``, ``work_counter`` ``[1]`` and
+    ``reduce_rows`` ``[max(1, max_num_tokens), 2]``, int32, zeroed."""
     return dict(
-        work_items=torch.zeros(max_items, 5, dtype=torch.int32, device=device),
+        work_items=torch.zeros(max_items + num_programs, 5, dtype=torch.int32, device=device),
         work_counts=torch.zeros(3, dtype=torch.int32, device=device),
         work_counter=torch.zeros(1, dtype=torch.int32, device=device),
         reduce_rows=torch.zeros(max(1, max_num_tokens), 2, dtype=torch.int32, device=device),

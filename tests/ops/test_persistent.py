@@ -82,9 +82,12 @@ def test_graph_plan_cuts_uniform_batches_for_its_residency():
     from pagedattn.plan import PERSISTENT_UNCAPPED_PROGRAMS_PER_SM, num_sms
 
     g = torch.Generator().manual_seed(4)
-    batch = make_paged_batch([(1, 1500)] * 2, dtype=torch.float32, device=DEVICE, generator=g)
+    # enough sequences that a wave's share stays under FILL_MAX_SPLITS a sequence: 2 on the
+    # interpreter's 4 SMs, 9 on 132
+    num_seqs = max(2, -(-num_sms(DEVICE) // 16))
+    batch = make_paged_batch([(1, 1500)] * num_seqs, dtype=torch.float32, device=DEVICE, generator=g)
     plan = plan_attention(batch.query_start_loc, batch.seq_lens, num_q_heads=4, num_kv_heads=2, head_size=32,
-                          device=DEVICE, path="persistent", max_num_tokens=8, max_context_len=2048)
+                          device=DEVICE, path="persistent", max_num_tokens=max(8, num_seqs), max_context_len=2048)
     resident = PERSISTENT_UNCAPPED_PROGRAMS_PER_SM * num_sms(DEVICE)
     assert plan.max_registers is None and plan.resident_programs == resident < plan.split_programs
     items = int(plan.work_counts[0])
@@ -106,8 +109,8 @@ def _work_list_loop(qsl, lens, *, tiles, num_kv_heads, num_programs, max_splits,
     """The work list spelled out as loops (the rule in persistent_work_list's docstring)."""
     from pagedattn.plan import (
         FILL_MAX_SPLITS, LONG_SEGMENT_TOKENS, MANY_WAVES_SEGMENT_TOKENS, MIN_SEGMENT_TOKENS,
-        PERSISTENT_UNCAPPED_PROGRAMS_PER_SM, RESIDENT_PROGRAMS_PER_SM, SPLIT_COST_TOKENS, SPLIT_KV_MAX_QUERY_LEN,
-        UNEQUAL_RATIO, UNEQUAL_WAVES,
+        PERSISTENT_UNCAPPED_PROGRAMS_PER_SM, RESIDENT_PROGRAMS_PER_SM, SHORT_SEGMENT_TOKENS, SPLIT_COST_TOKENS,
+        SPLIT_KV_MAX_QUERY_LEN, UNEQUAL_RATIO, UNEQUAL_WAVES,
     )
 
     blocks = []
@@ -125,12 +128,15 @@ def _work_list_loop(qsl, lens, *, tiles, num_kv_heads, num_programs, max_splits,
                      * SPLIT_COST_TOKENS >= num_programs * (max(short + [0]) - SPLIT_COST_TOKENS))
     full = (len(blocks) * num_kv_heads >= num_programs or short_context) and not unequal
     target, cap = (UNEQUAL_WAVES * num_programs, max_splits) if unequal else (num_programs, FILL_MAX_SPLITS)
+    # 64-key segments while the items cut that fine hold one program per SM of the wave
+    fine = len(short) * num_kv_heads * -(-max(short + [0]) // SHORT_SEGMENT_TOKENS) <= num_programs // RESIDENT_PROGRAMS_PER_SM
+    segment = SHORT_SEGMENT_TOKENS if fine else MIN_SEGMENT_TOKENS
 
     def splits(visible):
         n = min(max(visible * target // max(total, 1), 1), cap)
         if -(-visible // n) > LONG_SEGMENT_TOKENS:
             n = -(-visible // MANY_WAVES_SEGMENT_TOKENS)
-        return 1 if full else max(1, min(n, -(-visible // MIN_SEGMENT_TOKENS), max_splits))
+        return 1 if full else max(1, min(n, -(-visible // segment), max_splits))
 
     items, rows = [], []
     for s, qb, visible, q_len in blocks:
@@ -294,8 +300,14 @@ def test_long_uniform_decode_plan_runs_one_launch(monkeypatch):
     real = persistent_launch.launch
     monkeypatch.setattr(persistent_launch, "launch",
                         lambda kernel, grid, **kw: launched.append(kernel) or real(kernel, grid, **kw))
+    from pagedattn.plan import num_sms
+
     g = torch.Generator().manual_seed(3)
-    batch = make_paged_batch([(1, 2100 + 7 * i) for i in range(8)], dtype=torch.float32, device=DEVICE, generator=g)
+    # 2 KV heads x 2 sequences an SM: 2 waves of the 2D kernel's 3 programs an SM, 4 programs an SM
+    # either way, so the persistent kernel's 2 waves of 2 win (8 sequences on the interpreter's 4 SMs)
+    num_seqs = 2 * num_sms(DEVICE)
+    batch = make_paged_batch([(1, 2100 + 7 * (i % 8)) for i in range(num_seqs)], dtype=torch.float32, device=DEVICE,
+                             generator=g)
     plan = plan_attention(batch.query_start_loc, batch.seq_lens, num_q_heads=4, num_kv_heads=2, head_size=32,
                           device=DEVICE)
     assert plan.path == "persistent" and plan.schedule == "static" and plan.partial_out.shape[2] == 1
@@ -305,3 +317,4 @@ def test_long_uniform_decode_plan_runs_one_launch(monkeypatch):
     plan.update(smaller.query_start_loc, smaller.seq_lens)
     check(smaller, plan, {})
     assert len(launched) == 2
+
