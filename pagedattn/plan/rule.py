@@ -25,7 +25,9 @@ The rule (``path="auto"``):
   SPLIT_COST_TOKENS)`` (on 132 SMs: no split at 256 keys; at 512 keys up to 44 programs, at 1024
   up to 132). At most
   ``ceil(max_seq_len / MIN_SEGMENT_TOKENS)`` splits (a segment streams enough keys to amortize
-  writing and merging its partial) and ``MAX_SPLITS``; one split means 2D, except that a pure
+  writing and merging its partial), or of SHORT_SEGMENT_TOKENS where segments that short still
+  leave at most one program per SM (latency-bound calls, ``min_segment_tokens``), and
+  ``MAX_SPLITS``; one split means 2D, except that a pure
   decode batch whose programs read at least ``LONG_DECODE_TOKENS`` keys runs the same items in
   the persistent kernel (that constant's comment says why). The persistent path's work list
   (``worklist.persistent_work_list``) applies the same rule per Q block. The constants come
