@@ -115,10 +115,17 @@ def variants(full: bool = True) -> list[Variant]:
     out += [Variant("kv_write", ci=True), Variant("kv_write", kv_fp8=True), Variant("kv_write", 96, 64),
             Variant("merge", ci=True), Variant("mla", ci=True), Variant("mla_split", ci=True),
             Variant("mla", kv_fp8=True, ci=True), Variant("mla_kv_write", ci=True)]
-    out += [Variant("mla_gluon", ci=True), Variant("mla_gluon", page_size=64), Variant("mla_gluon", dtype="fp16"),
-            Variant("prefill_gluon", ci=True), Variant("prefill_gluon", page_size=64), Variant("prefill_gluon", 64),
-            Variant("prefill_gluon", 256),
-            Variant("prefill_gluon", dtype="fp16"), Variant("prefill_gluon", feature="modifiers", ci=True)]
+    # every Gluon variant the planner can choose on sm90, each in CI (nine more sm90 kernels, ~15 s
+    # on 2 cores): each page size and head size it serves compiles apart, as do both dtypes, the
+    # score modifiers and a call without lse (``no_lse``: vLLM's prefill and decode calls);
+    # ``split``: MLA decode cut into key segments (partials, then the merge)
+    out += [Variant("mla_gluon", ci=True), Variant("mla_gluon", page_size=64, ci=True),
+            Variant("mla_gluon", dtype="fp16", ci=True), Variant("mla_gluon", feature="no_lse", ci=True),
+            Variant("mla_gluon", feature="split", ci=True),
+            Variant("prefill_gluon", ci=True), Variant("prefill_gluon", page_size=64, ci=True),
+            Variant("prefill_gluon", 64, ci=True), Variant("prefill_gluon", 256, ci=True),
+            Variant("prefill_gluon", dtype="fp16", ci=True), Variant("prefill_gluon", feature="modifiers", ci=True),
+            Variant("prefill_gluon", feature="no_lse", ci=True)]
     return out if full else [v for v in out if v.ci]
 
 
@@ -159,7 +166,8 @@ def _call(v: Variant) -> None:
                    kv_scale=1.0 if v.kv_fp8 else None)
         return
     if v.family in GLUON_FAMILIES:
-        gluon_call(v.family, page_size=page, dtype=dt, head_size=d, modifiers=v.feature == "modifiers")
+        gluon_call(v.family, page_size=page, dtype=dt, head_size=d, modifiers=v.feature == "modifiers",
+                   return_lse=v.feature != "no_lse", num_splits=4 if v.feature == "split" else 1)
         return
     if v.family == "mla_kv_write":
         write_mla_kv(torch.empty(64, 512, dtype=dt), torch.empty(64, 64, dtype=dt),
