@@ -102,21 +102,24 @@ def test_leading_empty_splits():
 
 
 def test_auto_rule():
-    sms = 4  # the interpreter's assumed SM count
+    from pagedattn.plan import num_sms
+
+    sms = num_sms(DEVICE)  # 4 on the interpreter
     decode = plan_attention([0, 1], [5000], num_q_heads=4, num_kv_heads=2, head_size=32, device=DEVICE)
     assert decode.path == "split_kv" and decode.num_splits > 1
     assert decode.partial_out.shape == (1, 4, decode.num_splits, 32)
     wide = plan_attention(list(range(0, 4 * sms + 1)), [1000] * (4 * sms), num_q_heads=4, num_kv_heads=2,
                           head_size=32, device=DEVICE)
-    assert wide.path == "unified"  # 2 KV heads x 16 sequences: 32 programs >= one resident wave (3 x 4)
+    assert wide.path == "unified"  # 2 KV heads x 4 sequences an SM: 8 programs an SM >= one resident wave (3)
     # the same grid of programs of >= LONG_DECODE_TOKENS keys: the persistent kernel on the same
     # 32 items, without the register cap; a window keeps the programs short
     long_wide = plan_attention(list(range(0, 4 * sms + 1)), [5000] * (4 * sms), num_q_heads=4, num_kv_heads=2,
                                head_size=32, device=DEVICE)
     assert long_wide.path == "persistent" and long_wide.max_registers is None and long_wide.num_splits == 1
     assert int(long_wide.work_counts[0]) == 4 * sms * 2
-    # 12 programs: one wave of 3 per SM, two of 2 per SM: the 2D kernel stays
-    one_wave = plan_attention(list(range(0, 6 + 1)), [5000] * 6, num_q_heads=4, num_kv_heads=2, head_size=32,
+    # 3 programs an SM: one wave of 3 per SM, two of 2 per SM: the 2D kernel stays
+    seqs = 3 * sms // 2
+    one_wave = plan_attention(list(range(0, seqs + 1)), [5000] * seqs, num_q_heads=4, num_kv_heads=2, head_size=32,
                               device=DEVICE)
     assert one_wave.path == "unified"
     windowed = plan_attention(list(range(0, 4 * sms + 1)), [5000] * (4 * sms), num_q_heads=4, num_kv_heads=2,
