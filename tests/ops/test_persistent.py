@@ -129,7 +129,8 @@ def _work_list_loop(qsl, lens, *, tiles, num_kv_heads, num_programs, max_splits,
     full = (len(blocks) * num_kv_heads >= num_programs or short_context) and not unequal
     target, cap = (UNEQUAL_WAVES * num_programs, max_splits) if unequal else (num_programs, FILL_MAX_SPLITS)
     # 64-key segments while the items cut that fine hold one program per SM of the wave
-    fine = len(short) * num_kv_heads * -(-max(short + [0]) // SHORT_SEGMENT_TOKENS) <= num_programs // RESIDENT_PROGRAMS_PER_SM
+    sms = num_programs // RESIDENT_PROGRAMS_PER_SM
+    fine = len(short) * num_kv_heads * -(-max(short + [0]) // SHORT_SEGMENT_TOKENS) <= sms
     segment = SHORT_SEGMENT_TOKENS if fine else MIN_SEGMENT_TOKENS
 
     def splits(visible):
@@ -295,13 +296,12 @@ def test_long_uniform_decode_plan_runs_one_launch(monkeypatch):
     one item per sequence and KV head, static striding and no reduce launch, also after update()
     (the plan's partials hold one split, so no batch can need a merge)."""
     from pagedattn.ops.persistent import launch as persistent_launch
+    from pagedattn.plan import num_sms
 
     launched = []
     real = persistent_launch.launch
     monkeypatch.setattr(persistent_launch, "launch",
                         lambda kernel, grid, **kw: launched.append(kernel) or real(kernel, grid, **kw))
-    from pagedattn.plan import num_sms
-
     g = torch.Generator().manual_seed(3)
     # 2 KV heads x 2 sequences an SM: 2 waves of the 2D kernel's 3 programs an SM, 4 programs an SM
     # either way, so the persistent kernel's 2 waves of 2 win (8 sequences on the interpreter's 4 SMs)
@@ -317,4 +317,3 @@ def test_long_uniform_decode_plan_runs_one_launch(monkeypatch):
     plan.update(smaller.query_start_loc, smaller.seq_lens)
     check(smaller, plan, {})
     assert len(launched) == 2
-
