@@ -93,27 +93,43 @@ def persistent_attention_kernel(work, dst, part, queries, kv, mods, num_seqs, nu
         seq, q_block, kv_head, split, num_splits = _item_fields(work, item)
 
 
+@triton.jit
+def _reduce_row(work, r, max_rows):
+    """Listed row ``r``'s (token, number of splits); (-1, 0) past the buffer's ``max_rows``."""
+    ok = r < max_rows
+    return (tl.load(work.reduce_rows + 2 * r, mask=ok, other=-1).to(tl.int64),
+            tl.load(work.reduce_rows + 2 * r + 1, mask=ok, other=0))
+
+
 @triton.jit(do_not_specialize=["num_tokens"])
-def persistent_reduce_kernel(work, dst, part, num_tokens, max_splits, NUM_Q_HEADS: tl.constexpr, HEAD_SIZE: tl.constexpr,
-                             HEAD_SIZE_PAD: tl.constexpr, USE_PDL: tl.constexpr):
+def persistent_reduce_kernel(work, dst, part, num_tokens, max_splits, max_rows, NUM_Q_HEADS: tl.constexpr,
+                             HEAD_SIZE: tl.constexpr, HEAD_SIZE_PAD: tl.constexpr, USE_PDL: tl.constexpr):
     """Merge the partials of every listed (token, head) row, a fixed grid striding the list.
+
+    Before the first partial, a program needs the list's count and its row, then the partials.
+    The list was written before the attention kernel started, so a program reads its count and
+    its first row together, and before it waits for that kernel; and every listed split wrote
+    its partial, so the outs are read with the lses (``ALL_WRITTEN``). Inside vLLM at batch 1
+    the reduce had taken 3.6 us a layer against 2.4 for vLLM's own (H200, torch.profiler), with
+    four dependent reads (count, row, lses, outs) where this leaves one after the wait.
 
     It also resets the atomic work counter: every program of the attention kernel has finished
     (same stream), so the next launch starts from 0 without a memset of its own (a memset node
     cost ~2 us of a ~10 us graph replay on the H200).
     """
+    idx = tl.program_id(0)
+    token, num_splits = _reduce_row(work, idx // NUM_Q_HEADS, max_rows)
+    num_rows = tl.load(work.counts + 1) * NUM_Q_HEADS
     if USE_PDL:  # launched early (programmatic dependent launch): wait for the attention kernel
         tl.extra.cuda.gdc_wait()
     if tl.program_id(0) == 0:
         tl.store(work.counter, 0)
-    num_rows = tl.load(work.counts + 1) * NUM_Q_HEADS
-    for idx in range(tl.program_id(0), num_rows, tl.num_programs(0)):
-        r = idx // NUM_Q_HEADS
+    while idx < num_rows:
         head = idx % NUM_Q_HEADS  # small: int32 products stay in range
-        token = tl.load(work.reduce_rows + 2 * r).to(tl.int64)
-        num_splits = tl.minimum(tl.load(work.reduce_rows + 2 * r + 1), max_splits)
         if (token >= 0) & (token < num_tokens):
-            merge_row(dst.out, dst.lse, part.out, part.lse, token, head, num_splits,
+            merge_row(dst.out, dst.lse, part.out, part.lse, token, head, tl.minimum(num_splits, max_splits),
                       dst.stride_o_t, dst.stride_o_h, dst.stride_lse_t, dst.stride_lse_h,
                       part.stride_po_t, part.stride_po_h, part.stride_po_s, part.stride_pl_t, part.stride_pl_h,
-                      part.stride_pl_s, HEAD_SIZE, HEAD_SIZE_PAD, dst.lse is not None)
+                      part.stride_pl_s, HEAD_SIZE, HEAD_SIZE_PAD, dst.lse is not None, ALL_WRITTEN=True)
+        idx += tl.num_programs(0)
+        token, num_splits = _reduce_row(work, idx // NUM_Q_HEADS, max_rows)

@@ -30,5 +30,6 @@ def launch_persistent(out: torch.Tensor, lse: torch.Tensor | None, a: AttentionA
         return
     head_size = a.q.shape[2]
     launch(persistent_reduce_kernel, (max(1, plan.num_programs // 4),), **shared, num_tokens=a.q.shape[0],
+           max_rows=plan.reduce_rows.shape[0],
            NUM_Q_HEADS=a.q.shape[1], HEAD_SIZE=head_size, HEAD_SIZE_PAD=next_power_of_2(head_size),
            num_warps=1 if head_size <= 64 else 2, **pdl_option(pdl))
