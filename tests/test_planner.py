@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from pagedattn import paged_attention, plan_attention
-from pagedattn.plan import MIN_SEGMENT_TOKENS, balanced_segment
+from pagedattn.plan import MIN_SEGMENT_TOKENS, balanced_segment, num_sms
 from pagedattn.reference import paged_attention_ref
 from pagedattn.testing import assert_matches_reference, make_paged_batch
 from tests.conftest import DEVICE
@@ -57,8 +57,9 @@ def test_window_bounds_the_work():
 def test_balanced_plan_is_right(path):
     """A long context among short decodes, planned: under "auto" a compact work list of the
     persistent kernel (the long one split, the short ones whole), under "split_kv" segments at
-    fixed positions; the right result either way."""
-    cases = [(1, 700)] + [(1, 20)] * 6 + [(2, 33)]
+    fixed positions; the right result either way. The long context grows with the device's SMs
+    (700 keys against the interpreter's 4), so that the batch is unequal for its grid."""
+    cases = [(1, 700 * max(1, num_sms(DEVICE) // 4))] + [(1, 20)] * 6 + [(2, 33)]
     b = make_paged_batch(cases, num_q_heads=4, num_kv_heads=2, head_size=32, device=DEVICE)
     plan = plan_attention(b.query_start_loc.tolist(), b.seq_lens.tolist(), num_q_heads=4, num_kv_heads=2,
                           head_size=32, device=DEVICE, path=path)
