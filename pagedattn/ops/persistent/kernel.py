@@ -101,7 +101,7 @@ def _reduce_row(work, r, max_rows):
             tl.load(work.reduce_rows + 2 * r + 1, mask=ok, other=0))
 
 
-@triton.jit(do_not_specialize=["num_tokens"])
+@triton.jit(do_not_specialize=["num_tokens", "max_rows"])  # one variant whatever a plan's capacity
 def persistent_reduce_kernel(work, dst, part, num_tokens, max_splits, max_rows, NUM_Q_HEADS: tl.constexpr,
                              HEAD_SIZE: tl.constexpr, HEAD_SIZE_PAD: tl.constexpr, USE_PDL: tl.constexpr):
     """Merge the partials of every listed (token, head) row, a fixed grid striding the list.
