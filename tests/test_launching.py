@@ -267,3 +267,7 @@ def test_compile_ahead_skips_what_it_cannot_or_need_not_compile(monkeypatch):
     assert launching.compile_ahead(launched, LARGE_CACHE=True) == 1
     assert compiled == [((2, 1), {"CFG": Cfg(True, 64), "x": 7, "num_warps": 4})]
     assert launching.compile_ahead(launched, OTHER=1) == 0  # no such field
+    for jobs in (1, 2):  # no field named: every JIT launch as captured, in one thread or two
+        compiled.clear()
+        assert launching.compile_ahead(launched, jobs=jobs) == 3
+        assert compiled == [(grid, kwargs) for _, grid, kwargs in launched[:3]]

@@ -560,6 +560,38 @@ def test_warm_up_also_compiles_the_64_bit_offset_variants_of_a_large_cache(monke
         assert launched and all(kwargs["CFG"].LARGE_CACHE is False for _, _, kwargs in launched)
 
 
+@pytest.mark.parametrize("large", [False, True], ids=["small", "large"])
+def test_warm_up_in_threads_compiles_every_launch_before_the_steps_run(monkeypatch, large):
+    """``PAGEDATTN_VLLM_WARMUP_JOBS=3``: the warm-up captures every launch of every step, compiles
+    them in 3 threads (and their 64-bit-offset variants where the real cache needs them), then runs
+    each step on the compiled kernels; a value that is not a positive integer is refused."""
+    from pagedattn.integrations.vllm import backend as vllm_backend
+    from pagedattn.ops.common import launching
+
+    spec, _ = vllm_kv_cache(4, 16, "NHD", torch.float16)
+    config = make_config(num_gpu_blocks=BLOCKS_BELOW_2_31 + 1 if large else None)
+    impl = PagedAttnImpl(NUM_Q_HEADS, HEAD_SIZE, 0.2, NUM_KV_HEADS, None, None, "auto")
+    config.compilation_config.static_forward_context["layer.0"] = types.SimpleNamespace(impl=impl,
+                                                                                        **vars(make_layer()))
+    builder = PagedAttnMetadataBuilder(spec, ["layer.0"], config, DEVICE)  # CPU: no warm-up at construction
+    asked, ran = [], []
+    monkeypatch.setattr(vllm_backend, "compile_ahead",
+                        lambda launched, **fields: asked.append((list(launched), fields, len(ran))))
+    forward = impl.forward
+    monkeypatch.setattr(impl, "forward", lambda *a: ran.append(launching._CAPTURING.get() is not None) or forward(*a))
+    monkeypatch.setenv("PAGEDATTN_VLLM_WARMUP_JOBS", "3")
+    assert builder.warm_up((((20, 20),), ((1, 9), (18, 40)))) == 2
+    assert ran == [True, True, False, False]  # both steps captured, then both run
+    assert [fields for _, fields, _ in asked] == [{"jobs": 3}] + ([{"jobs": 3, "LARGE_CACHE": True}] if large else [])
+    assert all(before == 2 for _, _, before in asked)  # compiled before any step ran
+    launched = asked[0][0]
+    assert len(launched) >= 2 and all(kwargs["CFG"].LARGE_CACHE is False for _, _, kwargs in launched)
+    for bad in ("0", "two"):
+        monkeypatch.setenv("PAGEDATTN_VLLM_WARMUP_JOBS", bad)
+        with pytest.raises(ValueError, match="PAGEDATTN_VLLM_WARMUP_JOBS"):
+            builder.warm_up((((20, 20),),))
+
+
 @pytest.mark.parametrize("num_q_heads, num_kv_heads, head_size", [(32, 8, 128), (8, 2, 128), (32, 8, 64), (16, 16, 256)])
 def test_warm_up_steps_cover_the_prefill_tiles_of_real_batches(monkeypatch, num_q_heads, num_kv_heads, head_size):
     """Planned for the H200 (the tiles the GPU compiles), the warm-up's steps reach every tile

@@ -383,6 +383,22 @@ def test_warm_up_also_compiles_the_64_bit_offset_decode_variants_of_a_large_cach
         assert launched and any(getattr(kwargs.get("CFG"), "LARGE_CACHE", None) is False for _, _, kwargs in launched)
 
 
+def test_warm_up_in_threads_compiles_the_decode_launches_before_they_run(monkeypatch):
+    """``PAGEDATTN_VLLM_WARMUP_JOBS=2``: every decode step's launches are captured and compiled in
+    2 threads before the steps run; the prefill calls run after them."""
+    from pagedattn.integrations.vllm import backend as vllm_backend
+
+    config = make_config()
+    builder = make_builder(config)  # on the CPU: no warm-up at construction
+    builder.layer.impl = make_impl(config)
+    asked = []
+    monkeypatch.setattr(vllm_backend, "compile_ahead", lambda launched, **fields: asked.append((list(launched), fields)))
+    monkeypatch.setenv("PAGEDATTN_VLLM_WARMUP_JOBS", "2")
+    assert builder.warm_up((((1, 20),), ((1, 40), (1, 9))), prefill_tokens=0) == 2
+    assert [fields for _, fields in asked] == [{"jobs": 2}]
+    assert len(asked[0][0]) >= 2  # the decode kernel of each step, at least
+
+
 def test_decode_over_an_fp8_cache_matches_reference():
     """An fp8 latent cache arrives as vLLM allocates it (uint8) and is read through the layer's
     k_scale; the queries stay 16-bit (the impl asks vLLM not to quantize them)."""

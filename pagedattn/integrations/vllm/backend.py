@@ -123,15 +123,39 @@ def sized_cache_blocks(vllm_config) -> int | None:
     return int(blocks) if blocks else None
 
 
-def warm_up_call(forward, large_cache: bool) -> None:
-    """Run ``forward()`` once on the scratch tensors (Triton compiles what it launches). Where the
-    real cache needs 64-bit offsets (``large_cache``), the same launches are first captured and
-    compiled with ``LARGE_CACHE=True``: variants that the scratch cache cannot reach."""
-    if large_cache:
+def warm_up_jobs() -> int:
+    """Threads the warm-up compiles in: ``PAGEDATTN_VLLM_WARMUP_JOBS`` (default 1, one kernel at a
+    time as the calls reach it)."""
+    value = os.environ.get("PAGEDATTN_VLLM_WARMUP_JOBS", "1")
+    try:
+        jobs = int(value)
+    except ValueError:
+        raise ValueError(f"PAGEDATTN_VLLM_WARMUP_JOBS must be a positive integer, got {value!r}") from None
+    if jobs < 1:
+        raise ValueError(f"PAGEDATTN_VLLM_WARMUP_JOBS must be a positive integer, got {value!r}")
+    return jobs
+
+
+def warm_up_calls(calls, large_cache: bool, jobs: int = 1) -> int:
+    """Run each of ``calls`` once on the scratch tensors (Triton compiles what they launch);
+    returns how many ran. Where the real cache needs 64-bit offsets (``large_cache``), each call's
+    launches are first captured and compiled with ``LARGE_CACHE=True``: variants that the scratch
+    cache cannot reach. With ``jobs`` > 1 every launch of every call is captured first and
+    compiled in that many threads, both variants, before the calls run on the compiled kernels."""
+    if jobs > 1:
         with capturing() as launched:
-            forward()
-        compile_ahead(launched, LARGE_CACHE=True)
-    forward()
+            for call in calls:
+                call()
+        compile_ahead(launched, jobs=jobs)
+        if large_cache:
+            compile_ahead(launched, jobs=jobs, LARGE_CACHE=True)
+    for call in calls:
+        if large_cache and jobs == 1:
+            with capturing() as launched:
+                call()
+            compile_ahead(launched, LARGE_CACHE=True)
+        call()
+    return len(calls)
 
 
 def fp8_view(kv_cache: torch.Tensor) -> torch.Tensor:
@@ -311,19 +335,18 @@ class PagedAttnMetadataBuilder(AttentionMetadataBuilder[PagedAttnMetadata]):
         # vLLM's default (NHD) memory order: [num_blocks, block_size, num_kv_heads, 2 * head_size]
         cache = torch.zeros(num_blocks, page, self.num_kv_heads, 2 * self.head_size, dtype=self.cache_dtype,
                             device=self.device).transpose(1, 2)
-        large = self.real_cache_is_large()
-        runs = 0
+        calls = []
         for step in steps:
             common = _scratch_step(step, page, self.device)
-            md = self.build(0, common)
             n = common.num_actual_tokens
             q = torch.zeros(n, self.num_q_heads, self.head_size, dtype=self.dtype, device=self.device)
             kv = torch.zeros(n, self.num_kv_heads, self.head_size, dtype=self.dtype, device=self.device)
             out = torch.empty_like(q)
             for layer in distinct.values():
-                warm_up_call(lambda: layer.impl.forward(layer, q, kv, kv, cache, md, out), large)
-                runs += 1
-        return runs
+                # each call builds its step's metadata: the persistent plan is one, re-planned per step
+                calls.append(lambda common=common, layer=layer, q=q, kv=kv, out=out: layer.impl.forward(
+                    layer, q, kv, kv, cache, self.build(0, common), out))
+        return warm_up_calls(calls, self.real_cache_is_large(), warm_up_jobs())
 
     def real_cache_is_large(self) -> bool:
         """Whether the cache vLLM sized for this group gives its layers K/V views of 2**31

@@ -52,7 +52,8 @@ from pagedattn.integrations.vllm.backend import (
     fp8_view,
     full_graph_limits,
     sized_cache_blocks,
-    warm_up_call,
+    warm_up_calls,
+    warm_up_jobs,
     warm_up_wanted,
 )
 
@@ -188,15 +189,17 @@ class PagedAttnMLAMetadataBuilder(MLACommonMetadataBuilder[MLACommonMetadata]):
             blocks = sized_cache_blocks(self.vllm_config)
             # the real cache's 64-bit-offset kernel variants, which the scratch cache cannot reach
             large = blocks is not None and needs_int64_offsets(torch.empty(blocks, page, width, device="meta"))
+            calls = []
             for step in decode_steps:
                 if max(q for q, _ in step) > self.reorder_batch_threshold:
                     continue  # a speculative step, without speculative decoding configured
-                md = self.build(0, _scratch_step(step, page, device))
-                n = md.num_decode_tokens
+                common = _scratch_step(step, page, device)
+                n = common.num_actual_tokens
                 q_nope = torch.zeros(n, self.num_heads, dims.kv_lora_rank, dtype=dtype, device=device)
                 q_pe = torch.zeros(n, self.num_heads, dims.qk_rope_head_dim, dtype=dtype, device=device)
-                warm_up_call(lambda: impl.forward_mqa((q_nope, q_pe), cache, md, self.layer), large)
-                runs += 1
+                calls.append(lambda common=common, q_nope=q_nope, q_pe=q_pe: impl.forward_mqa(
+                    (q_nope, q_pe), cache, self.build(0, common), self.layer))
+            runs += warm_up_calls(calls, large, warm_up_jobs())
         prefill = self._prefill_backend
         if isinstance(prefill, PagedAttnMLAPrefill) and prefill_tokens > 0:
             qk = dims.qk_nope_head_dim + dims.qk_rope_head_dim
