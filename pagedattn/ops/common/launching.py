@@ -94,18 +94,23 @@ def compile_ahead(launched: list, *, jobs: int = 1, **cfg_fields) -> int:
                 continue
             kw = {**kw, "CFG": cfg._replace(**cfg_fields)}
         todo.append((fn, grid, kw))
-    if jobs > 1 and len(todo) > 1:
-        from concurrent.futures import ThreadPoolExecutor
-
-        from triton.runtime._async_compile import AsyncCompileMode
-
-        with ThreadPoolExecutor(min(jobs, len(todo))) as pool, AsyncCompileMode(pool):
-            for fn, grid, kw in todo:
-                fn.warmup(grid=grid, **kw)
-    else:
+    threads = min(jobs, len(todo))
+    with _compiling_in_threads(threads) if threads > 1 else contextlib.nullcontext():
         for fn, grid, kw in todo:
             fn.warmup(grid=grid, **kw)
     return len(todo)
+
+
+@contextlib.contextmanager
+def _compiling_in_threads(threads: int):
+    """Inside the block a JIT kernel's ``warmup`` hands its compile to one of ``threads`` threads
+    (Triton's ``AsyncCompileMode``); leaving it waits for every compile."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from triton.runtime._async_compile import AsyncCompileMode
+
+    with ThreadPoolExecutor(threads) as pool, AsyncCompileMode(pool):
+        yield
 
 
 def call_context(t: torch.Tensor) -> tuple:

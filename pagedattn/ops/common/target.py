@@ -110,7 +110,7 @@ KNOWN_TARGETS: dict[str, TargetProps] = {
         # ptxas aims the decode kernels at 4 programs an SM where their shared memory allows it
         # (128 registers) and spills 16 B with linear ALiBi; given 168 it keeps 3 (as it picks
         # for the other modifiers) and none. At head 256 ptxas held the persistent kernel (its first
-        # item read with the list's counts) to 168 registers and spilled 20 B on 16-token pages;
+        # item read before the item count) to 168 registers and spilled 20 B on 16-token pages;
         # given 255 it takes what the 64-token pages take uncapped
         TargetProps("sm80", "cuda", 80, "A100", num_sms=108, max_shared=163 * KB, shared_per_sm=164 * KB,
                     max_block_m=64, max_tile_n=64, qblock_max_tile_n=32, decode_registers=168,

@@ -51,8 +51,8 @@ def _item_fields(work, item):
 
 
 @triton.jit
-def _run_item(seq, q_block, kv_head, split, num_splits, work, dst, part, queries, kv, mods, n, num_kv_heads,
-              max_splits, CFG: tl.constexpr):
+def _run_item(seq, q_block, kv_head, split, num_splits, dst, part, queries, kv, mods, n, num_kv_heads, max_splits,
+              CFG: tl.constexpr):
     if (seq >= 0) & (seq < n.num_seqs) & (kv_head >= 0) & (kv_head < num_kv_heads) & (split >= 0) & (split < max_splits):
         q_start = tl.load(queries.query_start_loc + seq)
         q_len = tl.load(queries.query_start_loc + seq + 1) - q_start
@@ -71,8 +71,11 @@ def persistent_attention_kernel(work, dst, part, queries, kv, mods, num_seqs, nu
                                 CFG: tl.constexpr, USE_PDL: tl.constexpr):
     """Each program runs work items until the list is done (see the module docstring).
 
-    A static program's first item is read together with the list's counts, not after them: one
-    memory latency less before the first page is read (the whole of a batch-1 decode's programs).
+    A program reads its first item before the list's item count, not after it (the items buffer
+    holds a grid's rows past its capacity, so the read is in bounds whatever the count). The
+    compiled sm90 code still issues that read after the schedule flag, which decides whether the
+    item is program p's or the counter's; reading it before the flag too was slower at batch 1
+    (docs/perf-notes.md, "Persistent scheduling").
     """
     if USE_PDL:  # the reduce kernel may launch now; it waits for this grid in the kernel
         tl.extra.cuda.gdc_launch_dependents()
@@ -84,8 +87,8 @@ def persistent_attention_kernel(work, dst, part, queries, kv, mods, num_seqs, nu
     seq, q_block, kv_head, split, num_splits = _item_fields(work, item)
     num_items = tl.load(work.counts)
     while item < num_items:
-        _run_item(seq, q_block, kv_head, split, num_splits, work, dst, part, queries, kv, mods, n, num_kv_heads,
-                  max_splits, CFG)
+        _run_item(seq, q_block, kv_head, split, num_splits, dst, part, queries, kv, mods, n, num_kv_heads, max_splits,
+                  CFG)
         if atomic:
             item = tl.atomic_add(work.counter, 1)
         else:
