@@ -41,14 +41,17 @@ def split_kv_attention_kernel(part, segment_size, queries, kv, mods, num_seqs, n
 
 @triton.jit(do_not_specialize=["num_splits"])
 def reduce_splits_kernel(dst, part, num_splits, HEAD_SIZE: tl.constexpr, HEAD_SIZE_PAD: tl.constexpr,
-                         USE_PDL: tl.constexpr):
+                         USE_PDL: tl.constexpr, ALL_WRITTEN: tl.constexpr = False):
     """One (token, head) row: merge its partials in split order (deterministic). Also MLA's merge.
 
     The grid is (num_tokens, num_heads) of ``dst.out``: no row past num_tokens exists.
+    ALL_WRITTEN: every split stored its out (``merge_partials``), as the segment kernel does when
+    it cuts the range evenly (``segment_size == 0``); fixed-position segments past a short
+    sequence's end store only their lse, so that cut merges with ALL_WRITTEN off.
     """
     if USE_PDL:  # launched early (programmatic dependent launch): wait for the split kernel
         tl.extra.cuda.gdc_wait()
     merge_row(dst.out, dst.lse, part.out, part.lse, tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64),
               num_splits, dst.stride_o_t, dst.stride_o_h, dst.stride_lse_t, dst.stride_lse_h,
               part.stride_po_t, part.stride_po_h, part.stride_po_s, part.stride_pl_t, part.stride_pl_h,
-              part.stride_pl_s, HEAD_SIZE, HEAD_SIZE_PAD, dst.lse is not None)
+              part.stride_pl_s, HEAD_SIZE, HEAD_SIZE_PAD, dst.lse is not None, ALL_WRITTEN)
