@@ -36,6 +36,14 @@ needs_sm90 = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_
         pytest.param(64, GLUON_MLA_CONFIGS["1"], torch.bfloat16, 1, id="page64-tile64-bf16"),
         pytest.param(16, GLUON_MLA_CONFIGS["n32"], torch.bfloat16, 1, id="page16-tile32-bf16"),
         pytest.param(64, GLUON_MLA_CONFIGS["1"], torch.float16, 4, id="page64-tile64-fp16-split"),
+        pytest.param(16, GLUON_MLA_CONFIGS["ws"], torch.bfloat16, 1, id="ws-page16-bf16"),
+        pytest.param(64, GLUON_MLA_CONFIGS["ws"], torch.bfloat16, 4, id="ws-page64-bf16-split"),
+        pytest.param(16, GLUON_MLA_CONFIGS["ws"], torch.float16, 4, id="ws-page16-fp16-split"),
+        pytest.param(64, GLUON_MLA_CONFIGS["ws"], torch.float16, 1, id="ws-page64-fp16"),
+        pytest.param(16, GLUON_MLA_CONFIGS["wso"], torch.bfloat16, 1, id="wso-page16-bf16"),
+        pytest.param(64, GLUON_MLA_CONFIGS["wso"], torch.bfloat16, 4, id="wso-page64-bf16-split"),
+        pytest.param(16, GLUON_MLA_CONFIGS["wso"], torch.float16, 4, id="wso-page16-fp16-split"),
+        pytest.param(64, GLUON_MLA_CONFIGS["wso"], torch.float16, 1, id="wso-page64-fp16"),
     ],
 )
 def test_gluon_mla_compiles_for_sm90(page_size, config, dtype, num_splits):
@@ -46,7 +54,31 @@ def test_gluon_mla_compiles_for_sm90(page_size, config, dtype, num_splits):
     assert row["problems"] == [], row
     assert row["spill_bytes"] == 0 and row["local"] == 0, row
     assert 0 < row["shared"] <= props_for("sm90").max_shared, row
-    assert row["num_warps"] == 8 and row["regs"] <= 255, row
+    # the warp-specialized kernel: 4 launched warps (warpgroup 0) and two 4-warp worker partitions
+    assert row["num_warps"] == (12 if config.warp_specialized else 8) and row["regs"] <= 255, row
+    if config.warp_specialized:
+        _check_register_budgets(page_size, dtype, config, num_splits)
+
+
+def _check_register_budgets(page_size, dtype, config, num_splits):
+    """The partitions' setmaxnreg values (the spill check above covers every partition: ptxas
+    reports the one kernel): the two workers' and warpgroup 0's, which Triton sets to the rest
+    of the register file, fit the 64K registers at 128 threads each."""
+    import re
+
+    from pagedattn.compile_matrix import compile_launch, gluon_call
+    from pagedattn.ops.common.launching import capturing
+    from pagedattn.ops.mla_gluon.kernel_ws import COPY_REGS, PV_REGS
+
+    with capturing() as launched:
+        gluon_call("mla_gluon", page_size=page_size, dtype=dtype, config=config, num_splits=num_splits)
+    (kernel, _, kwargs), = [launch for launch in launched if type(launch[0]).__name__ == "GluonJITFunction"]
+    ptx = compile_launch(kernel, kwargs, "sm90").asm["ptx"]
+    regs = {int(r) for r in re.findall(r"setmaxnreg\.(?:inc|dec)\.sync\.aligned\.u32\s+(\d+)", ptx)}
+    workers = {PV_REGS.value, COPY_REGS.value}
+    assert workers <= regs and max(regs) <= 256 and all(r % 8 == 0 for r in regs), regs
+    default = max(regs - workers - {256})  # warpgroup 0 inside the partitions (256 before the fork)
+    assert default >= 232 and 128 * (default + sum(workers)) <= 65536, regs
 
 
 def _inputs(dtype=torch.bfloat16, latent=LATENT, rope=ROPE, page_size=16, num_heads=16):
@@ -74,7 +106,7 @@ def test_gluon_mla_supported():
 
 def test_gluon_mla_not_used_off_gpu(monkeypatch):
     q_nope, q_pe, kv_cache = _inputs(num_heads=128)
-    for value in (None, "1", "n32"):
+    for value in (None, "1", "n32", "ws", "wso"):
         if value is None:
             monkeypatch.delenv(GLUON_ENV, raising=False)
         else:
@@ -89,7 +121,8 @@ def test_gluon_mla_variable_picks_the_config(monkeypatch):
 
     monkeypatch.delenv(GLUON_ENV, raising=False)
     assert gluon_mla_requested() is None
-    for value, expected in (("1", GLUON_MLA_CONFIG), ("n32", GLUON_MLA_CONFIGS["n32"]), ("0", GLUON_OFF),
+    for value, expected in (("1", GLUON_MLA_CONFIG), ("n32", GLUON_MLA_CONFIGS["n32"]),
+                            ("ws", GLUON_MLA_CONFIGS["ws"]), ("wso", GLUON_MLA_CONFIGS["wso"]), ("0", GLUON_OFF),
                             ("yes", None)):
         monkeypatch.setenv(GLUON_ENV, value)
         assert gluon_mla_requested() == expected, value
@@ -132,6 +165,28 @@ def gluon_finishes():
         pytest.fail(f"the Gluon MLA kernel's first call {problem}")
 
 
+SMOKE_WS = SMOKE + """
+cases = [(1, 5000), (0, 9), (1, 0), (1, 1), (1, 65)]
+batch, _, _ = make_mla_batch(cases, num_heads=96, block_size=16, dtype=torch.float16)
+mla_decode(**batch, scale=0.07, max_query_len=1, max_seq_len=5000, num_splits=1)
+mla_decode(**batch, scale=0.07, max_query_len=1, max_seq_len=5000, num_splits=200)
+torch.cuda.synchronize()
+"""
+
+
+_WS_SMOKED = {}
+
+
+def ws_finishes(variant):
+    """The warp-specialized kernels' mbarrier protocols first, apart (once a variant): uneven
+    tile counts, empty splits and sequences without a token, so that a deadlock fails their
+    tests instead of hanging the suite."""
+    if variant not in _WS_SMOKED:
+        _WS_SMOKED[variant] = runs_within(SMOKE_WS, timeout=240, env={GLUON_ENV: variant})
+    if _WS_SMOKED[variant]:
+        pytest.fail(f"the Gluon MLA kernel {variant}'s first calls {_WS_SMOKED[variant]}")
+
+
 @pytest.fixture
 def gluon_calls(monkeypatch, gluon_finishes):
     """PAGEDATTN_MLA_GLUON=1; the Gluon launches are counted (their num_splits listed) and the
@@ -172,8 +227,10 @@ def run_and_compare(batch, calls, *, num_splits=None, max_query_len=1):
 @pytest.mark.parametrize("num_seqs", [1, 7, 33], ids=lambda n: f"B{n}")
 @pytest.mark.parametrize("block_size", [16, 64], ids=lambda n: f"page{n}")
 @pytest.mark.parametrize("num_heads", [16, 64, 128], ids=lambda n: f"h{n}")
-@pytest.mark.parametrize("variant", ["1", "n32"])
+@pytest.mark.parametrize("variant", ["1", "n32", "ws", "wso"])
 def test_gluon_mla_decode_gpu(gluon_calls, monkeypatch, variant, num_heads, block_size, num_seqs, num_splits):
+    if variant in ("ws", "wso"):
+        ws_finishes(variant)
     monkeypatch.setenv(GLUON_ENV, variant)
     cases = [(1, 4100)] if num_seqs == 1 else mixed_cases(num_seqs, seed=num_seqs)
     batch = make_batch(cases, num_heads=num_heads, block_size=block_size, seed=num_heads + block_size + num_seqs)
@@ -186,10 +243,12 @@ def test_gluon_mla_decode_gpu(gluon_calls, monkeypatch, variant, num_heads, bloc
 @needs_gluon
 @needs_sm90
 @pytest.mark.parametrize("num_splits", [1, 5, 200], ids=lambda n: f"splits{n}")
-@pytest.mark.parametrize("variant", ["1", "n32"])
+@pytest.mark.parametrize("variant", ["1", "n32", "ws", "wso"])
 def test_gluon_mla_edge_rows_gpu(gluon_calls, monkeypatch, variant, num_splits):
     """Sequences without a query token, an empty sequence, heads not a multiple of 64, fp16,
     separate q_nope / q_pe tensors; 200 splits leave most segments empty."""
+    if variant in ("ws", "wso"):
+        ws_finishes(variant)
     monkeypatch.setenv(GLUON_ENV, variant)
     cases = [(1, 5000), (0, 9), (1, 0), (1, 1), (1, 64), (1, 65), (0, 3), (1, 130)]
     batch = make_batch(cases, num_heads=96, block_size=16, dtype=torch.float16, split_q=False, seed=num_splits)

@@ -40,10 +40,23 @@ class GluonMLAConfig:
 
     tile_n: int = 64
     num_stages: int = 2
+    # the warp-specialized kernel (kernel_ws.py): a copy warpgroup feeding two MMA warpgroups
+    # through mbarriers, one computing the scores and half of O, the other the other half
+    warp_specialized: bool = False
+    # with warp_specialized, the overlapped schedule (mla_decode_gluon_ws_overlap_kernel): the
+    # next tile's scores right behind the PV, the second warpgroup's PV under the softmax
+    overlap: bool = False
 
     @property
     def label(self) -> str:
-        return f"gluon-n{self.tile_n}-s{self.num_stages}"
+        ws = ("-wso" if self.overlap else "-ws") if self.warp_specialized else ""
+        return f"gluon-n{self.tile_n}-s{self.num_stages}{ws}"
+
+    @property
+    def num_warps(self) -> int:
+        """The launch's num_warps: the default partition's warps (warpgroup 0 for the
+        warp-specialized kernel, whose two worker partitions add 8 more)."""
+        return 4 if self.warp_specialized else 8
 
     def mla_config(self) -> MLAConfig:
         """The portable kernel's config of the same rows and tiles (what the split rule reads)."""
@@ -56,12 +69,19 @@ class GluonMLAConfig:
 # B >= 32 on the H200 (tests/test_gluon_mla.py compiles both)
 GLUON_MLA_CONFIG = GluonMLAConfig()
 # what PAGEDATTN_MLA_GLUON may ask for: 0 the portable kernel everywhere, 1 the default config
-# for every call the kernel serves, or a variant kept for a same-run comparison on the GPU
-GLUON_MLA_CONFIGS = {"1": GLUON_MLA_CONFIG, "n32": GluonMLAConfig(tile_n=32, num_stages=4), "0": GLUON_OFF}
+# for every call the kernel serves, or a variant kept for a same-run comparison on the GPU (ws /
+# wso: the warp-specialized kernels, plain and overlapped schedules; compiled for sm_90a without
+# spills at 230,528 / 230,624 B of shared memory, not yet run on a GPU)
+GLUON_MLA_CONFIGS = {"1": GLUON_MLA_CONFIG, "n32": GluonMLAConfig(tile_n=32, num_stages=4),
+                     "ws": GluonMLAConfig(warp_specialized=True),
+                     "wso": GluonMLAConfig(warp_specialized=True, overlap=True), "0": GLUON_OFF}
 
 
-def gluon_kernel():
-    """The ``@gluon.jit`` kernel, or None where this Triton has no usable Gluon."""
+def gluon_kernel(config: GluonMLAConfig = GLUON_MLA_CONFIG):
+    """The ``@gluon.jit`` kernel of ``config``, or None where this Triton has no usable Gluon."""
+    if config.warp_specialized:
+        name = "mla_decode_gluon_ws_overlap_kernel" if config.overlap else "mla_decode_gluon_ws_kernel"
+        return load_kernel("pagedattn.ops.mla_gluon.kernel_ws", name)
     return load_kernel("pagedattn.ops.mla_gluon.kernel", "mla_decode_gluon_kernel")
 
 
@@ -135,14 +155,14 @@ def launch_mla_decode_gluon(
 ) -> None:
     """``launch_mla_decode`` for the Gluon kernel (``gluon_mla_supported`` must have said None).
 
-    ``config``: keys a step and stages; a CTA is always 64 heads on 8 warps. ``kv_scale`` must
-    be None (no fp8 cache). ``partial_out`` ``[num_tokens, num_heads, num_splits, 512]`` fp32 and
-    ``partial_lse`` ``[num_tokens, num_heads, num_splits]`` fp32 are needed when
-    ``num_splits > 1``.
+    ``config``: keys a step, stages and the kernel; a CTA is always 64 heads (8 warps, or 12 for
+    the warp-specialized kernels). ``kv_scale`` must be None (no fp8 cache). ``partial_out``
+    ``[num_tokens, num_heads, num_splits, 512]`` fp32 and ``partial_lse`` ``[num_tokens,
+    num_heads, num_splits]`` fp32 are needed when ``num_splits > 1``.
     """
     if kv_scale is not None:
         raise ValueError("kv_scale: the Gluon MLA kernel takes no fp8 cache")
-    kernel = required(gluon_kernel())
+    kernel = required(gluon_kernel(config))
     q_nope, q_pe, kv_cache, block_table, seq_lens, query_start_loc = x
     num_tokens, num_heads, _ = q_nope.shape
     num_seqs = seq_lens.shape[0]
@@ -159,7 +179,7 @@ def launch_mla_decode_gluon(
            scale=scale, num_heads=num_heads, num_seqs=num_seqs, num_tokens=num_tokens,
            num_blocks=kv_cache.shape[0], max_blocks_per_seq=block_table.shape[1], num_splits=num_splits,
            PAGE_SIZE=kv_cache.shape[1], TILE_N=config.tile_n, NUM_STAGES=config.num_stages,
-           num_warps=8)
+           num_warps=config.num_warps)
     if num_splits == 1:
         return
     launch_merge_splits(out, lse, partial_out, partial_lse, num_splits, pdl=False, num_warps=4)
