@@ -123,8 +123,9 @@ def mla_decode(
     -----
     On a GPU of compute capability 9.x, the calls the Gluon kernel of
     :mod:`pagedattn.ops.mla_gluon` serves (one query token a sequence, a bf16 / fp16 cache, 512
-    + 64 columns) and whose heads fill 64-row CTAs go to it, with the same split and merge;
-    ``PAGEDATTN_MLA_GLUON=0`` keeps the portable kernel, ``=1`` takes Gluon for fewer heads too.
+    + 64 columns) and whose heads fill 64-row CTAs go to it (warp-specialized), with the same
+    split and merge; ``PAGEDATTN_MLA_GLUON=0`` keeps the portable kernel, ``=1`` takes Gluon for
+    fewer heads too, ``=sync`` / ``=n32`` the older Gluon kernel (same-run comparisons).
 
     Examples
     --------

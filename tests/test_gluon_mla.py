@@ -32,18 +32,14 @@ needs_sm90 = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_
 @pytest.mark.parametrize(
     "page_size, config, dtype, num_splits",
     [
-        pytest.param(16, GLUON_MLA_CONFIGS["1"], torch.bfloat16, 1, id="page16-tile64-bf16"),
-        pytest.param(64, GLUON_MLA_CONFIGS["1"], torch.bfloat16, 1, id="page64-tile64-bf16"),
-        pytest.param(16, GLUON_MLA_CONFIGS["n32"], torch.bfloat16, 1, id="page16-tile32-bf16"),
-        pytest.param(64, GLUON_MLA_CONFIGS["1"], torch.float16, 4, id="page64-tile64-fp16-split"),
-        pytest.param(16, GLUON_MLA_CONFIGS["ws"], torch.bfloat16, 1, id="ws-page16-bf16"),
-        pytest.param(64, GLUON_MLA_CONFIGS["ws"], torch.bfloat16, 4, id="ws-page64-bf16-split"),
-        pytest.param(16, GLUON_MLA_CONFIGS["ws"], torch.float16, 4, id="ws-page16-fp16-split"),
-        pytest.param(64, GLUON_MLA_CONFIGS["ws"], torch.float16, 1, id="ws-page64-fp16"),
-        pytest.param(16, GLUON_MLA_CONFIGS["wso"], torch.bfloat16, 1, id="wso-page16-bf16"),
-        pytest.param(64, GLUON_MLA_CONFIGS["wso"], torch.bfloat16, 4, id="wso-page64-bf16-split"),
-        pytest.param(16, GLUON_MLA_CONFIGS["wso"], torch.float16, 4, id="wso-page16-fp16-split"),
-        pytest.param(64, GLUON_MLA_CONFIGS["wso"], torch.float16, 1, id="wso-page64-fp16"),
+        pytest.param(16, GLUON_MLA_CONFIGS["1"], torch.bfloat16, 1, id="page16-bf16"),
+        pytest.param(64, GLUON_MLA_CONFIGS["1"], torch.bfloat16, 4, id="page64-bf16-split"),
+        pytest.param(16, GLUON_MLA_CONFIGS["1"], torch.float16, 4, id="page16-fp16-split"),
+        pytest.param(64, GLUON_MLA_CONFIGS["1"], torch.float16, 1, id="page64-fp16"),
+        pytest.param(16, GLUON_MLA_CONFIGS["sync"], torch.bfloat16, 1, id="sync-page16-bf16"),
+        pytest.param(64, GLUON_MLA_CONFIGS["sync"], torch.bfloat16, 1, id="sync-page64-bf16"),
+        pytest.param(64, GLUON_MLA_CONFIGS["sync"], torch.float16, 4, id="sync-page64-fp16-split"),
+        pytest.param(16, GLUON_MLA_CONFIGS["n32"], torch.bfloat16, 1, id="n32-page16-bf16"),
     ],
 )
 def test_gluon_mla_compiles_for_sm90(page_size, config, dtype, num_splits):
@@ -106,7 +102,7 @@ def test_gluon_mla_supported():
 
 def test_gluon_mla_not_used_off_gpu(monkeypatch):
     q_nope, q_pe, kv_cache = _inputs(num_heads=128)
-    for value in (None, "1", "n32", "ws", "wso"):
+    for value in (None, "1", "ws", "sync", "n32"):
         if value is None:
             monkeypatch.delenv(GLUON_ENV, raising=False)
         else:
@@ -115,15 +111,17 @@ def test_gluon_mla_not_used_off_gpu(monkeypatch):
 
 
 def test_gluon_mla_variable_picks_the_config(monkeypatch):
-    """PAGEDATTN_MLA_GLUON: 1 the default config, n32 the kept variant, 0 off, unset (or anything
-    else) the automatic rule."""
+    """PAGEDATTN_MLA_GLUON: 1 (or ws) the default config, the warp-specialized kernel; sync and n32
+    the older kernel's kept variants; 0 off; unset (or anything else) the automatic rule."""
     from pagedattn.ops.mla_gluon.launch import GLUON_OFF, gluon_mla_requested
 
+    assert GLUON_MLA_CONFIG.warp_specialized and GLUON_MLA_CONFIG.num_warps == 4
+    assert not GLUON_MLA_CONFIGS["sync"].warp_specialized and GLUON_MLA_CONFIGS["sync"].num_warps == 8
+    assert (GLUON_MLA_CONFIGS["n32"].tile_n, GLUON_MLA_CONFIGS["n32"].warp_specialized) == (32, False)
     monkeypatch.delenv(GLUON_ENV, raising=False)
     assert gluon_mla_requested() is None
-    for value, expected in (("1", GLUON_MLA_CONFIG), ("n32", GLUON_MLA_CONFIGS["n32"]),
-                            ("ws", GLUON_MLA_CONFIGS["ws"]), ("wso", GLUON_MLA_CONFIGS["wso"]), ("0", GLUON_OFF),
-                            ("yes", None)):
+    for value, expected in (("1", GLUON_MLA_CONFIG), ("ws", GLUON_MLA_CONFIG), ("sync", GLUON_MLA_CONFIGS["sync"]),
+                            ("n32", GLUON_MLA_CONFIGS["n32"]), ("0", GLUON_OFF), ("wso", None), ("yes", None)):
         monkeypatch.setenv(GLUON_ENV, value)
         assert gluon_mla_requested() == expected, value
 
@@ -153,19 +151,6 @@ from pagedattn.testing import make_mla_batch
 batch, _, _ = make_mla_batch([(1, 300), (1, 17)], num_heads=128, block_size=64)
 mla_decode(**batch, scale=0.07, max_query_len=1, max_seq_len=300, num_splits=2)
 torch.cuda.synchronize()
-"""
-
-
-@pytest.fixture(scope="module")
-def gluon_finishes():
-    """One small Gluon call in a separate process first: if the kernel never finishes (a barrier
-    protocol that deadlocks), every GPU test of this file fails at once instead of hanging the suite."""
-    problem = runs_within(SMOKE, timeout=240, env={GLUON_ENV: "1"})
-    if problem:
-        pytest.fail(f"the Gluon MLA kernel's first call {problem}")
-
-
-SMOKE_WS = SMOKE + """
 cases = [(1, 5000), (0, 9), (1, 0), (1, 1), (1, 65)]
 batch, _, _ = make_mla_batch(cases, num_heads=96, block_size=16, dtype=torch.float16)
 mla_decode(**batch, scale=0.07, max_query_len=1, max_seq_len=5000, num_splits=1)
@@ -174,17 +159,14 @@ torch.cuda.synchronize()
 """
 
 
-_WS_SMOKED = {}
-
-
-def ws_finishes(variant):
-    """The warp-specialized kernels' mbarrier protocols first, apart (once a variant): uneven
-    tile counts, empty splits and sequences without a token, so that a deadlock fails their
-    tests instead of hanging the suite."""
-    if variant not in _WS_SMOKED:
-        _WS_SMOKED[variant] = runs_within(SMOKE_WS, timeout=240, env={GLUON_ENV: variant})
-    if _WS_SMOKED[variant]:
-        pytest.fail(f"the Gluon MLA kernel {variant}'s first calls {_WS_SMOKED[variant]}")
+@pytest.fixture(scope="module")
+def gluon_finishes():
+    """The default (warp-specialized) kernel's first calls in a separate process: uneven tile
+    counts, empty splits and sequences without a token. If its mbarrier protocol deadlocks,
+    every GPU test of this file fails at once instead of hanging the suite."""
+    problem = runs_within(SMOKE, timeout=240, env={GLUON_ENV: "1"})
+    if problem:
+        pytest.fail(f"the Gluon MLA kernel's first calls {problem}")
 
 
 @pytest.fixture
@@ -227,10 +209,8 @@ def run_and_compare(batch, calls, *, num_splits=None, max_query_len=1):
 @pytest.mark.parametrize("num_seqs", [1, 7, 33], ids=lambda n: f"B{n}")
 @pytest.mark.parametrize("block_size", [16, 64], ids=lambda n: f"page{n}")
 @pytest.mark.parametrize("num_heads", [16, 64, 128], ids=lambda n: f"h{n}")
-@pytest.mark.parametrize("variant", ["1", "n32", "ws", "wso"])
+@pytest.mark.parametrize("variant", ["1", "sync", "n32"])
 def test_gluon_mla_decode_gpu(gluon_calls, monkeypatch, variant, num_heads, block_size, num_seqs, num_splits):
-    if variant in ("ws", "wso"):
-        ws_finishes(variant)
     monkeypatch.setenv(GLUON_ENV, variant)
     cases = [(1, 4100)] if num_seqs == 1 else mixed_cases(num_seqs, seed=num_seqs)
     batch = make_batch(cases, num_heads=num_heads, block_size=block_size, seed=num_heads + block_size + num_seqs)
@@ -243,12 +223,10 @@ def test_gluon_mla_decode_gpu(gluon_calls, monkeypatch, variant, num_heads, bloc
 @needs_gluon
 @needs_sm90
 @pytest.mark.parametrize("num_splits", [1, 5, 200], ids=lambda n: f"splits{n}")
-@pytest.mark.parametrize("variant", ["1", "n32", "ws", "wso"])
+@pytest.mark.parametrize("variant", ["1", "sync", "n32"])
 def test_gluon_mla_edge_rows_gpu(gluon_calls, monkeypatch, variant, num_splits):
     """Sequences without a query token, an empty sequence, heads not a multiple of 64, fp16,
     separate q_nope / q_pe tensors; 200 splits leave most segments empty."""
-    if variant in ("ws", "wso"):
-        ws_finishes(variant)
     monkeypatch.setenv(GLUON_ENV, variant)
     cases = [(1, 5000), (0, 9), (1, 0), (1, 1), (1, 64), (1, 65), (0, 3), (1, 130)]
     batch = make_batch(cases, num_heads=96, block_size=16, dtype=torch.float16, split_q=False, seed=num_splits)

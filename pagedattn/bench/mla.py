@@ -8,9 +8,10 @@ rotating over input copies for short calls, ``do_bench`` otherwise):
 
 * ``pagedattn``: :func:`pagedattn.mla_decode` over the paged cache (host maxima given: no sync);
 * ``pagedattn-gluon`` (on compute capability 9.x with Triton's Gluon, unless ``--config`` is
-  given): the same call through the sm90 Gluon kernel (``PAGEDATTN_MLA_GLUON=1``, set for this
-  row only; ``--gluon`` adds rows for the kept variant, ``pagedattn-gluon-n32``); its
-  split count is the rule's, so the splits column may differ. The ``pagedattn`` row is the
+  given): the same call through the sm90 Gluon kernel, warp-specialized (``PAGEDATTN_MLA_GLUON=1``,
+  set for this row only; ``--gluon 1,sync,n32`` adds rows for the older kernel's kept variants,
+  ``pagedattn-gluon-sync`` and ``pagedattn-gluon-n32``); its split count is the rule's, so the
+  splits column may differ. The ``pagedattn`` row is the
   portable kernel in the config the planner picks for it;
 * ``torch``: ``einsum`` scores + fp32 softmax + ``einsum`` output over a contiguous
   ``[B, L, 576]`` copy of the same latents;
@@ -101,7 +102,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="--sweep: seconds after which the remaining runs are skipped (and listed)")
     p.add_argument("--gluon", default="1",
                    help="comma list of PAGEDATTN_MLA_GLUON values timed as pagedattn-gluon rows on sm90 (1: the "
-                        "default config; n32: the kept variant; '': none; default 1)")
+                        "default config, warp-specialized; sync / n32: the older kernel's kept variants; '': none; "
+                        "default 1)")
     p.add_argument("--no-baseline", action="store_true", help="skip the torch provider")
     p.add_argument("--no-peers", action="store_true", help="skip the peers (FlashInfer's MLA wrapper, FlashMLA)")
     p.add_argument("--quick", action="store_true", help="tiny shapes (the default without a GPU)")

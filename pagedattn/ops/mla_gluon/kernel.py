@@ -1,5 +1,9 @@
 """MLA decode for Hopper (sm90) in Gluon: 64 heads of one token per CTA, wgmma, cp.async page gathers.
 
+The "sync" variant of ``pagedattn.ops.mla_gluon.launch`` (no warp specialization; the default is
+``kernel_ws.mla_decode_gluon_ws_kernel``, which shares this module's constants and helpers: the
+grid cell, split rule, page gathers, query copy, softmax step, shared buffers and stores).
+
 The same computation as ``pagedattn.ops.mla.kernel.mla_decode_kernel`` for one query token a
 sequence, 512 latent + 64 rope columns and a 16-bit cache: ``s = scale * (q_nope . c_kv + q_pe .
 k_pe)``, ``out = softmax(s) c_kv``, over one KV split, with the same partial (out, lse) layout
@@ -54,20 +58,57 @@ NUM_WARPS = gl.constexpr(8)
 
 
 @gluon.jit
-def _issue_tile(kn_buf, kr_buf, kv_cache_ptr, bt_row_ptr, tile_start, seg_hi, num_blocks, max_blocks_per_seq,
-                stride_c_b, stride_c_s, offs_n, offs_cn, offs_cr, PAGE_SIZE: gl.constexpr):
-    """cp.async of keys ``tile_start + offs_n`` (latent and rope columns) into one ring slot; rows
-    past ``seg_hi`` or of a block id outside the cache are masked (zero-filled, never read)."""
-    k_pos = tile_start + offs_n  # [TILE_N]
-    page_idx = k_pos // PAGE_SIZE
-    in_seg = k_pos < seg_hi
-    page = gl.load(bt_row_ptr + page_idx, mask=in_seg & (page_idx < max_blocks_per_seq), other=-1)
-    ok = in_seg & (page >= 0) & (page < num_blocks)
+def _tile_pages(bt_row_ptr, tile_start, seg_hi, max_blocks_per_seq, offs_n, PAGE_SIZE: gl.constexpr):
+    """The block id of each key ``tile_start + offs_n`` (-1 past ``seg_hi``; the warp-specialized
+    kernel's copy warps load them a tile ahead, so that the block table's latency is spent
+    while the ring slot drains)."""
+    page_idx = (tile_start + offs_n) // PAGE_SIZE
+    in_seg = (tile_start + offs_n) < seg_hi
+    return gl.load(bt_row_ptr + page_idx, mask=in_seg & (page_idx < max_blocks_per_seq), other=-1)
+
+
+@gluon.jit
+def _tile_rows(page, tile_start, seg_hi, num_blocks, stride_c_b, stride_c_s, offs_n, PAGE_SIZE: gl.constexpr):
+    """(64-bit element offset of each key's cache row, whether it may be read): keys past
+    ``seg_hi`` and block ids outside ``[0, num_blocks)`` are not (offset 0, copy masked)."""
+    k_pos = tile_start + offs_n
+    ok = (k_pos < seg_hi) & (page >= 0) & (page < num_blocks)
     row = page.to(gl.int64) * stride_c_b + (k_pos % PAGE_SIZE).to(gl.int64) * stride_c_s
-    row = gl.where(ok, row, 0)
+    return gl.where(ok, row, 0), ok
+
+
+@gluon.jit
+def _gather_tile(kn_buf, kr_buf, kv_cache_ptr, page, tile_start, seg_hi, num_blocks, stride_c_b, stride_c_s, offs_n,
+                 offs_cn, offs_cr, PAGE_SIZE: gl.constexpr):
+    """cp.async of keys ``tile_start + offs_n`` (latent and rope columns, block ids ``page``)
+    into one ring slot; rows past ``seg_hi`` or of a block id outside the cache are masked
+    (zero-filled, never read)."""
+    row, ok = _tile_rows(page, tile_start, seg_hi, num_blocks, stride_c_b, stride_c_s, offs_n, PAGE_SIZE)
     cp.async_copy_global_to_shared(kn_buf, kv_cache_ptr + row[:, None] + offs_cn[None, :], mask=ok[:, None])
     cp.async_copy_global_to_shared(kr_buf, kv_cache_ptr + LATENT_DIM + row[:, None] + offs_cr[None, :],
                                    mask=ok[:, None])
+
+
+@gluon.jit
+def _issue_tile(kn_buf, kr_buf, kv_cache_ptr, bt_row_ptr, tile_start, seg_hi, num_blocks, max_blocks_per_seq,
+                stride_c_b, stride_c_s, offs_n, offs_cn, offs_cr, PAGE_SIZE: gl.constexpr):
+    """The block ids of keys ``tile_start + offs_n``, then their gather into one ring slot."""
+    page = _tile_pages(bt_row_ptr, tile_start, seg_hi, max_blocks_per_seq, offs_n, PAGE_SIZE)
+    _gather_tile(kn_buf, kr_buf, kv_cache_ptr, page, tile_start, seg_hi, num_blocks, stride_c_b, stride_c_s, offs_n,
+                 offs_cn, offs_cr, PAGE_SIZE)
+
+
+@gluon.jit
+def _issue_queries(q_n_smem, q_r_smem, q_nope_ptr, q_pe_ptr, token, head0, num_heads, stride_qn_t, stride_qn_h,
+                   stride_qp_t, stride_qp_h, offs_cn, offs_cr, row_cp: gl.constexpr):
+    """cp.async of the queries of heads ``head0 ..`` (latent and rope columns, the copy layout's
+    rows ``row_cp``); rows past num_heads are masked (zero-filled)."""
+    head = (head0 + gl.arange(0, BLOCK_M, layout=row_cp)).to(gl.int64)
+    head_ok = (head < num_heads)[:, None]
+    qn_rows = token * stride_qn_t + head * stride_qn_h
+    qp_rows = token * stride_qp_t + head * stride_qp_h
+    cp.async_copy_global_to_shared(q_n_smem, q_nope_ptr + qn_rows[:, None] + offs_cn[None, :], mask=head_ok)
+    cp.async_copy_global_to_shared(q_r_smem, q_pe_ptr + qp_rows[:, None] + offs_cr[None, :], mask=head_ok)
 
 
 @gluon.jit
@@ -87,19 +128,43 @@ def _softmax_step(s, tile_start, offs_sn, seg_hi, qk_scale, m_i, l_acc):
 
 
 @gluon.jit
-def _store_split(out_ptr, lse_ptr, out, lse, token, head0, split64, num_heads, stride_o_t, stride_o_h, stride_o_s,
-                 stride_lse_t, stride_lse_h, stride_lse_s, s_l: gl.constexpr, o_l: gl.constexpr):
-    """Store the rows of heads ``head0 ..`` (out in the output MMA's layout, lse in the scores')
+def _store_rows(out_ptr, out, token, head0, split64, num_heads, stride_o_t, stride_o_h, stride_o_s,
+                COL0: gl.constexpr, o_l: gl.constexpr):
+    """Store ``out`` [64, W] (layout ``o_l``) as columns ``COL0 .. COL0 + W`` of heads ``head0 ..``
     at split ``split64`` (stride 0 when the kernel writes the final output)."""
     o_head = (head0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, o_l))).to(gl.int64)
-    o_cols = gl.arange(0, LATENT_DIM, layout=gl.SliceLayout(0, o_l))
+    o_cols = COL0 + gl.arange(0, out.shape[1], layout=gl.SliceLayout(0, o_l))
     o_rows = token * stride_o_t + o_head * stride_o_h + split64 * stride_o_s
     gl.store(out_ptr + o_rows[:, None] + o_cols[None, :], out.to(out_ptr.dtype.element_ty),
              mask=(o_head < num_heads)[:, None])
+
+
+@gluon.jit
+def _store_split(out_ptr, lse_ptr, out, lse, token, head0, split64, num_heads, stride_o_t, stride_o_h, stride_o_s,
+                 stride_lse_t, stride_lse_h, stride_lse_s, s_l: gl.constexpr, o_l: gl.constexpr):
+    """Store the rows of heads ``head0 ..`` (out [64, W] in the output MMA's layout, as columns 0
+    .. W; lse in the scores') at split ``split64`` (stride 0 when the kernel writes the final
+    output)."""
+    _store_rows(out_ptr, out, token, head0, split64, num_heads, stride_o_t, stride_o_h, stride_o_s, 0, o_l)
     if lse_ptr is not None:
         l_head = (head0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_l))).to(gl.int64)
         gl.store(lse_ptr + token * stride_lse_t + l_head * stride_lse_h + split64 * stride_lse_s, lse,
                  mask=l_head < num_heads)
+
+
+@gluon.jit
+def _cta_cell(query_start_loc_ptr, num_heads, num_splits):
+    """(head group, split, sequence, query_start_loc[seq], query_start_loc[seq + 1]) of this CTA:
+    the grid is sequences x splits x head groups of 64, the head group fastest."""
+    pid = gl.program_id(0)
+    num_head_groups = (num_heads + BLOCK_M - 1) // BLOCK_M
+    head_group = pid % num_head_groups
+    rest = pid // num_head_groups
+    split = rest % num_splits
+    seq = rest // num_splits
+    q_start = gl.load(query_start_loc_ptr + seq)
+    q_end = gl.load(query_start_loc_ptr + seq + 1)
+    return head_group, split, seq, q_start, q_end
 
 
 @gluon.jit
@@ -159,14 +224,7 @@ def mla_decode_gluon_kernel(
     row_cp: gl.constexpr = gl.SliceLayout(1, cp_l)
     col_cp: gl.constexpr = gl.SliceLayout(0, cp_l)
 
-    pid = gl.program_id(0)
-    num_head_groups = (num_heads + BLOCK_M - 1) // BLOCK_M
-    head_group = pid % num_head_groups
-    rest = pid // num_head_groups
-    split = rest % num_splits
-    seq = rest // num_splits
-    q_start = gl.load(query_start_loc_ptr + seq)
-    q_end = gl.load(query_start_loc_ptr + seq + 1)
+    head_group, split, seq, q_start, q_end = _cta_cell(query_start_loc_ptr, num_heads, num_splits)
     if (q_end <= q_start) | (q_start < 0) | (q_start >= num_tokens):
         return  # no query token (one token a sequence: it is query_start_loc[seq])
     token = q_start.to(gl.int64)
@@ -175,15 +233,10 @@ def mla_decode_gluon_kernel(
     q_n_smem, q_r_smem, kn_bufs, kr_bufs, p_smem = _allocate_shared(dtype, TILE_N, NUM_STAGES)
 
     # queries: rows = heads of this head group (rows past num_heads zero-filled)
-    offs_m = gl.arange(0, BLOCK_M, layout=row_cp)
     offs_cn = gl.arange(0, LATENT_DIM, layout=col_cp)
     offs_cr = gl.arange(0, ROPE_DIM, layout=col_cp)
-    head = (head_group * BLOCK_M + offs_m).to(gl.int64)
-    head_ok = (head < num_heads)[:, None]
-    qn_rows = token * stride_qn_t + head * stride_qn_h
-    qp_rows = token * stride_qp_t + head * stride_qp_h
-    cp.async_copy_global_to_shared(q_n_smem, q_nope_ptr + qn_rows[:, None] + offs_cn[None, :], mask=head_ok)
-    cp.async_copy_global_to_shared(q_r_smem, q_pe_ptr + qp_rows[:, None] + offs_cr[None, :], mask=head_ok)
+    _issue_queries(q_n_smem, q_r_smem, q_nope_ptr, q_pe_ptr, token, head_group * BLOCK_M, num_heads, stride_qn_t,
+                   stride_qn_h, stride_qp_t, stride_qp_h, offs_cn, offs_cr, row_cp)
 
     # prologue: tiles 0 .. NUM_STAGES - 2 (the queries join tile 0's group)
     offs_n = gl.arange(0, TILE_N, layout=row_cp)

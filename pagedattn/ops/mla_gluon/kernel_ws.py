@@ -1,11 +1,10 @@
 """MLA decode for Hopper (sm90) in Gluon, warp-specialized: a copy warpgroup and two MMA warpgroups.
 
-Two kernels with the arguments, contract and results of
-``pagedattn.ops.mla_gluon.kernel.mla_decode_gluon_kernel`` (split rule, partial (out, lse) layout
-for ``launch_merge_splits``, masking and NaN rules): one CTA owns BLOCK_M = 64 query rows (heads
-``64 * head_group ..`` of one token; rows past num_heads read zeros and are not stored) and one
-key split, and walks it in 64-key tiles. ``mla_decode_gluon_ws_kernel`` runs the plain
-schedule, ``mla_decode_gluon_ws_overlap_kernel`` the overlapped one (both below).
+``mla_decode_gluon_ws_kernel`` (the default of ``pagedattn.ops.mla_gluon.launch``) has the
+arguments, contract and results of ``pagedattn.ops.mla_gluon.kernel.mla_decode_gluon_kernel``
+(split rule, partial (out, lse) layout for ``launch_merge_splits``, masking and NaN rules): one
+CTA owns BLOCK_M = 64 query rows (heads ``64 * head_group ..`` of one token; rows past num_heads
+read zeros and are not stored) and one key split, and walks it in 64-key tiles.
 
 Shared memory (229,376 B of operands, in the wgmma layouts, + 3 x 256 B + the barriers): the
 queries ``[64, 512] + [64, 64]``, a ring of NUM_STAGES = 2 latent tiles ``[64, 512] + [64,
@@ -35,10 +34,10 @@ after a warpgroup barrier (Gluon's lowering), once the warpgroup's wgmma reading
 have completed (``warpgroup_mma_wait``). After waiting on a ring barrier a consumer fences the
 async proxy: cp.async writes through the generic proxy, wgmma reads through the async one.
 
-Plain schedule (``mla_decode_gluon_ws_kernel``): warpgroup 0 runs scores, softmax and its PV of
-tile i in sequence; warpgroup 1's PV of tile i runs beside warpgroup 0's, and the copy warps
-fill the other slot throughout (a slot drains at the end of its tile, a whole step before the
-tile that refills it is needed). The tensor cores wait during warpgroup 0's softmax.
+Schedule: warpgroup 0 runs scores, softmax and its PV of tile i in sequence; warpgroup 1's PV
+of tile i runs beside warpgroup 0's, and the copy warps fill the other slot throughout (a slot
+drains at the end of its tile, a whole step before the tile that refills it is needed). The
+tensor cores wait during warpgroup 0's softmax. Barriers:
 
 * ``kv_ready[slot]`` (count 128 = copy threads): every copy thread arrives with
   ``cp.async.mbarrier.arrive.noinc`` after issuing the tile, which fires when that thread's
@@ -52,31 +51,6 @@ tile that refills it is needed). The tensor cores wait during warpgroup 0's soft
   phases ahead of warpgroup 1 on either P barrier.
 * ``stats_ready`` (count 1): after the loop warpgroup 0 stores the row max and row sum and
   arrives; warpgroup 1 waits parity 0 before normalizing its half.
-
-Overlapped schedule (``mla_decode_gluon_ws_overlap_kernel``): warpgroup 0 issues tile i + 1's
-score wgmma right behind its PV of tile i (tile i + 1 is in the other slot), and warpgroup 1
-runs its PV of tile i a step late, once tile i + 1's scores are done, so that it fills the
-tensor cores while warpgroup 0 computes tile i + 1's softmax. Tile i then holds its slot while
-tile i + 1 is scored, so a slot drains in two parts, each refilled as soon as it is free: part
-A = latent columns 0-255 and the rope columns (read by the scores and warpgroup 0's PV), part B
-= latent columns 256-511 (read by the scores and warpgroup 1's PV, a softmax later); the scores
-take their k-steps in the order A, then B. Barriers:
-
-* ``ready_a[slot]``, ``ready_b[slot]`` (count 128): the copy warps' noinc arrivals after part A,
-  then after part B (the second covers both); warpgroup 0 waits both (its scores), warpgroup 1
-  ``ready_b`` (already complete: it orders the copies for its reads).
-* ``empty_a[slot]`` (count 1): warpgroup 0 once its PV of the tile completed; it waits for that
-  PV (``warpgroup_mma_wait(2)``: the two groups of the next tile's part-A scores still
-  outstanding) before waiting for the next tile's part B, so part A drains at once.
-* ``empty_b[slot]`` (count 2): warpgroup 0 once the tile's scores completed, warpgroup 1 once
-  its PV of the tile completed. The copy warps wait ``empty_a``, copy part A, wait ``empty_b``,
-  copy part B (parities as above).
-* ``p_ready`` / ``p_empty``: as in the plain schedule.
-* ``s_done`` (count 1): warpgroup 0 arrives once per tile i, after tile i + 1's scores completed
-  (after its PV of tile i for the last tile); warpgroup 1 waits parity ``i & 1`` before its PV
-  of tile i. Warpgroup 0's next arrival follows its ``p_empty`` wait for tile i, which follows
-  warpgroup 1's wait: never two phases ahead.
-* ``stats_ready``: as in the plain schedule.
 
 A split with no tiles (or a sequence without a query token) runs no loop iteration in any
 partition: nothing is copied, the ring and P barriers never complete, and both MMA warpgroups
@@ -98,8 +72,9 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_wait)
 
 from pagedattn.ops.common.gluon_math import LOG2E, finalize_rows, sum_combine
-from pagedattn.ops.mla_gluon.kernel import (BLOCK_M, LATENT_DIM, ROPE_DIM, _allocate_shared, _softmax_step,
-                                            _split_tiles)
+from pagedattn.ops.mla_gluon.kernel import (BLOCK_M, LATENT_DIM, ROPE_DIM, _allocate_shared, _cta_cell, _gather_tile,
+                                            _issue_queries, _softmax_step, _split_tiles, _store_rows, _store_split,
+                                            _tile_pages)
 
 HALF = gl.constexpr(256)  # output columns a MMA warpgroup keeps: [64, 256] fp32 = 128 registers a thread
 WG_WARPS = gl.constexpr(4)  # a warpgroup: the unit of wgmma and of setmaxnreg
@@ -107,9 +82,7 @@ COPY_WARPS = gl.constexpr(4)
 COPY_THREADS = gl.constexpr(128)  # kv_ready's count: one noinc cp.async arrive per copy thread
 # registers a thread of the workers (setmaxnreg); Triton gives the default warpgroup the rest of
 # the 64K-register file (248 here): 128 threads x (PV_REGS + COPY_REGS + default) <= 65,536.
-# No partition spills at these (ptxas, sm_90a, bf16 and fp16, pages 16 / 64 / 128); 168 / 104
-# would leave warpgroup 0 232, too few for the overlapped schedule's next-tile scores live
-# beside its PV accumulator
+# No partition spills at these (ptxas, sm_90a, bf16 and fp16, pages 16 / 64 / 128)
 PV_REGS = gl.constexpr(160)
 COPY_REGS = gl.constexpr(96)
 
@@ -120,62 +93,13 @@ def _program(query_start_loc_ptr, seq_lens_ptr, num_heads, num_tokens, num_split
     sequence without a query token (one token a sequence: it is ``query_start_loc[seq]``) gets
     zero tiles and stores nothing: the CTA runs the partitions anyway rather than returning
     early, so every warp reaches the fork and the join."""
-    pid = gl.program_id(0)
-    num_head_groups = (num_heads + BLOCK_M - 1) // BLOCK_M
-    head_group = pid % num_head_groups
-    rest = pid // num_head_groups
-    split = rest % num_splits
-    seq = rest // num_splits
-    q_start = gl.load(query_start_loc_ptr + seq)
-    q_end = gl.load(query_start_loc_ptr + seq + 1)
+    head_group, split, seq, q_start, q_end = _cta_cell(query_start_loc_ptr, num_heads, num_splits)
     store_ok = (q_end > q_start) & (q_start >= 0) & (q_start < num_tokens)
     token = gl.where(store_ok, q_start, 0).to(gl.int64)
     seq_len = gl.load(seq_lens_ptr + seq)
     seg_lo, seg_hi, n_tiles = _split_tiles(seq_len, split, num_splits, TILE_N)
     n_tiles = gl.where(store_ok, n_tiles, 0)
     return store_ok, token, seq, split.to(gl.int64), head_group * BLOCK_M, seg_lo, seg_hi, n_tiles
-
-
-@gluon.jit
-def _tile_pages(bt_row_ptr, tile_start, seg_hi, max_blocks_per_seq, offs_n, PAGE_SIZE: gl.constexpr):
-    """The block id of each key ``tile_start + offs_n`` (-1 past ``seg_hi``): loaded a tile ahead
-    by the copy warps, so that the block table's latency is spent while the ring slot drains."""
-    page_idx = (tile_start + offs_n) // PAGE_SIZE
-    in_seg = (tile_start + offs_n) < seg_hi
-    return gl.load(bt_row_ptr + page_idx, mask=in_seg & (page_idx < max_blocks_per_seq), other=-1)
-
-
-@gluon.jit
-def _tile_rows(page, tile_start, seg_hi, num_blocks, stride_c_b, stride_c_s, offs_n, PAGE_SIZE: gl.constexpr):
-    """(64-bit element offset of each key's cache row, whether it may be read): keys past
-    ``seg_hi`` and block ids outside ``[0, num_blocks)`` are not (offset 0, copy masked)."""
-    k_pos = tile_start + offs_n
-    ok = (k_pos < seg_hi) & (page >= 0) & (page < num_blocks)
-    row = page.to(gl.int64) * stride_c_b + (k_pos % PAGE_SIZE).to(gl.int64) * stride_c_s
-    return gl.where(ok, row, 0), ok
-
-
-@gluon.jit
-def _gather_tile(kn_buf, kr_buf, kv_cache_ptr, page, tile_start, seg_hi, num_blocks, stride_c_b, stride_c_s, offs_n,
-                 offs_cn, offs_cr, PAGE_SIZE: gl.constexpr):
-    """``kernel._issue_tile`` with the block ids given: cp.async of the keys' latent and rope
-    columns into one ring slot, rows past ``seg_hi`` or of a block id outside the cache masked
-    (zero-filled, never read)."""
-    row, ok = _tile_rows(page, tile_start, seg_hi, num_blocks, stride_c_b, stride_c_s, offs_n, PAGE_SIZE)
-    cp.async_copy_global_to_shared(kn_buf, kv_cache_ptr + row[:, None] + offs_cn[None, :], mask=ok[:, None])
-    cp.async_copy_global_to_shared(kr_buf, kv_cache_ptr + LATENT_DIM + row[:, None] + offs_cr[None, :],
-                                   mask=ok[:, None])
-
-
-@gluon.jit
-def _store_half(out_ptr, out, token, head0, split64, num_heads, stride_o_t, stride_o_h, stride_o_s,
-                COL0: gl.constexpr, o_l: gl.constexpr):
-    """Store ``out`` [64, 256] (layout ``o_l``) as columns ``COL0 ..`` of heads ``head0 ..``."""
-    o_head = (head0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, o_l))).to(gl.int64)
-    o_cols = COL0 + gl.arange(0, HALF, layout=gl.SliceLayout(0, o_l))
-    o_rows = token * stride_o_t + o_head * stride_o_h + split64 * stride_o_s
-    gl.store(out_ptr + o_rows[:, None] + o_cols[None, :], out.to(out_ptr.dtype.element_ty),
-             mask=(o_head < num_heads)[:, None])
 
 
 @gluon.jit
@@ -200,11 +124,8 @@ def _finish_scores(acc, m_i, l_i, m_smem, l_smem, stats_ready, out_ptr, lse_ptr,
     mbarrier.arrive(stats_ready, count=1)
     out, lse = finalize_rows(acc, m_i, l_i, s_l, o_l)
     if store_ok:
-        _store_half(out_ptr, out, token, head0, split64, num_heads, stride_o_t, stride_o_h, stride_o_s, 0, o_l)
-        if lse_ptr is not None:
-            l_head = (head0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_l))).to(gl.int64)
-            gl.store(lse_ptr + token * stride_lse_t + l_head * stride_lse_h + split64 * stride_lse_s, lse,
-                     mask=l_head < num_heads)
+        _store_split(out_ptr, lse_ptr, out, lse, token, head0, split64, num_heads, stride_o_t, stride_o_h, stride_o_s,
+                     stride_lse_t, stride_lse_h, stride_lse_s, s_l, o_l)
 
 
 @gluon.jit
@@ -216,7 +137,7 @@ def _finish_pv(acc, m_smem, l_smem, stats_ready, out_ptr, token, head0, split64,
     l_i = l_smem.load(gl.SliceLayout(1, o_l))
     out, _ = finalize_rows(acc, m_i, l_i, o_l, o_l)
     if store_ok:
-        _store_half(out_ptr, out, token, head0, split64, num_heads, stride_o_t, stride_o_h, stride_o_s, HALF, o_l)
+        _store_rows(out_ptr, out, token, head0, split64, num_heads, stride_o_t, stride_o_h, stride_o_s, HALF, o_l)
 
 
 @gluon.jit
@@ -297,12 +218,8 @@ def _copy_partition(q_n_smem, q_r_smem, kn_bufs, kr_bufs, kv_ready, kv_empty, q_
     offs_cr = gl.arange(0, ROPE_DIM, layout=col_cp)
     offs_n = gl.arange(0, TILE_N, layout=row_cp)
     if n_tiles > 0:  # the queries ride with tile 0's arrival (the noinc arrive tracks all prior copies)
-        head = (head0 + gl.arange(0, BLOCK_M, layout=row_cp)).to(gl.int64)
-        head_ok = (head < num_heads)[:, None]
-        qn_rows = token * stride_qn_t + head * stride_qn_h
-        qp_rows = token * stride_qp_t + head * stride_qp_h
-        cp.async_copy_global_to_shared(q_n_smem, q_nope_ptr + qn_rows[:, None] + offs_cn[None, :], mask=head_ok)
-        cp.async_copy_global_to_shared(q_r_smem, q_pe_ptr + qp_rows[:, None] + offs_cr[None, :], mask=head_ok)
+        _issue_queries(q_n_smem, q_r_smem, q_nope_ptr, q_pe_ptr, token, head0, num_heads, stride_qn_t, stride_qn_h,
+                       stride_qp_t, stride_qp_h, offs_cn, offs_cr, row_cp)
     page = _tile_pages(bt_row_ptr, seg_lo, seg_hi, max_blocks_per_seq, offs_n, PAGE_SIZE)
     for i in range(n_tiles):
         slot = i % NUM_STAGES
@@ -372,206 +289,4 @@ def mla_decode_gluon_ws_kernel(
                            kv_cache_ptr, bt_row_ptr, token, head0, num_heads, stride_qn_t, stride_qn_h, stride_qp_t,
                            stride_qp_h, stride_c_b, stride_c_s, num_blocks, max_blocks_per_seq, seg_lo, seg_hi,
                            n_tiles, PAGE_SIZE, TILE_N, NUM_STAGES)),
-    ], [WG_WARPS, COPY_WARPS], [PV_REGS, COPY_REGS])
-
-
-# ---------------------------------------------------------------------------------------------
-# The overlapped schedule (``mla_decode_gluon_ws_overlap_kernel``): see the module docstring
-
-
-@gluon.jit
-def _score_partition_overlap(q_n_smem, q_r_smem, kn_bufs, kr_bufs, p_smem, alpha_smem, m_smem, l_smem,
-                             ready_a, ready_b, empty_a, empty_b, p_ready, p_empty, s_done, stats_ready,
-                             out_ptr, lse_ptr, token, head0, split64, num_heads, stride_o_t, stride_o_h, stride_o_s,
-                             stride_lse_t, stride_lse_h, stride_lse_s, seg_lo, seg_hi, n_tiles, qk_scale, store_ok,
-                             TILE_N: gl.constexpr, NUM_STAGES: gl.constexpr):
-    """Warpgroup 0, overlapped: tile i + 1's scores are issued right behind tile i's PV, so
-    that the tensor cores go from one to the other without waiting on this warpgroup."""
-    dtype: gl.constexpr = kn_bufs.dtype
-    s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WG_WARPS, 1],
-                                                  instr_shape=[16, TILE_N, 16])
-    o_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WG_WARPS, 1],
-                                                  instr_shape=[16, HALF, 16])
-    offs_sn = gl.arange(0, TILE_N, layout=gl.SliceLayout(0, s_l))
-    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_l))
-    # row sums reduced every tile: the scores of tile i + 1 are live beside the PV accumulator
-    # here, and [64, 64] unreduced sums (32 registers a thread) would not fit beside them
-    l_i = gl.zeros([BLOCK_M], gl.float32, layout=gl.SliceLayout(1, s_l))
-    s_zero = gl.zeros([BLOCK_M, TILE_N], gl.float32, layout=s_l)
-    acc = gl.zeros([BLOCK_M, HALF], gl.float32, layout=o_l)
-    # the queries' two halves of latent columns: the scores' k-steps in the order the slot fills
-    q_lo = q_n_smem.slice(0, HALF, dim=1)
-    q_hi = q_n_smem.slice(HALF, HALF, dim=1)
-    s = s_zero
-    if n_tiles > 0:  # tile 0's scores
-        mbarrier.wait(ready_a.index(0), 0)
-        fence_async_shared()
-        s0 = warpgroup_mma(q_lo, kn_bufs.index(0).slice(0, HALF, dim=1).permute((1, 0)), s_zero, use_acc=False,
-                           is_async=True)
-        s0 = warpgroup_mma(q_r_smem, kr_bufs.index(0).permute((1, 0)), s0, is_async=True)
-        mbarrier.wait(ready_b.index(0), 0)
-        fence_async_shared()
-        s0 = warpgroup_mma(q_hi, kn_bufs.index(0).slice(HALF, HALF, dim=1).permute((1, 0)), s0, is_async=True)
-        s = warpgroup_mma_wait(num_outstanding=0, deps=(s0, ))
-        mbarrier.arrive(empty_b.index(0), count=1)
-    for i in range(n_tiles):
-        slot = i % NUM_STAGES
-        # (the helper's unreduced sum of a 0.0 start is dead code: only p, alpha, m are used)
-        p, alpha, m_i, _ = _softmax_step(s, seg_lo + i * TILE_N, offs_sn, seg_hi, qk_scale, m_i, 0.0)
-        l_i = l_i * alpha + gl.reduce(p, 1, sum_combine)
-        _publish_p(p.to(dtype), alpha, p_smem, alpha_smem, p_ready, p_empty, i)
-        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_l))[:, None]
-        pv = warpgroup_mma(p_smem, kn_bufs.index(slot).slice(0, HALF, dim=1), acc, is_async=True)
-        if i + 1 < n_tiles:
-            nxt = (i + 1) % NUM_STAGES
-            nph = ((i + 1) // NUM_STAGES) & 1
-            kn1 = kn_bufs.index(nxt)
-            mbarrier.wait(ready_a.index(nxt), nph)
-            fence_async_shared()
-            s1 = warpgroup_mma(q_lo, kn1.slice(0, HALF, dim=1).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-            s1 = warpgroup_mma(q_r_smem, kr_bufs.index(nxt).permute((1, 0)), s1, is_async=True)
-            # in-order completion: with the two score groups still outstanding, the PV is done
-            acc = warpgroup_mma_wait(num_outstanding=2, deps=(pv, ))
-            mbarrier.arrive(empty_a.index(slot), count=1)  # tile i's first half and rope columns
-            mbarrier.wait(ready_b.index(nxt), nph)
-            fence_async_shared()
-            s1 = warpgroup_mma(q_hi, kn1.slice(HALF, HALF, dim=1).permute((1, 0)), s1, is_async=True)
-            s = warpgroup_mma_wait(num_outstanding=0, deps=(s1, ))
-            mbarrier.arrive(empty_b.index(nxt), count=1)  # this warpgroup's read of tile i + 1's second half
-        else:
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=(pv, ))
-            mbarrier.arrive(empty_a.index(slot), count=1)
-        mbarrier.arrive(s_done, count=1)  # warpgroup 1 may run tile i's PV now: it overlaps our softmax
-
-    _finish_scores(acc, m_i, l_i, m_smem, l_smem, stats_ready, out_ptr, lse_ptr, token, head0, split64, num_heads,
-                   stride_o_t, stride_o_h, stride_o_s, stride_lse_t, stride_lse_h, stride_lse_s, store_ok, s_l, o_l)
-
-
-@gluon.jit
-def _pv_partition_lagged(kn_bufs, p_smem, alpha_smem, m_smem, l_smem, ready_b, empty_b, p_ready, p_empty, s_done,
-                         stats_ready, out_ptr, token, head0, split64, num_heads, stride_o_t, stride_o_h, stride_o_s,
-                         n_tiles, store_ok, TILE_N: gl.constexpr, NUM_STAGES: gl.constexpr):
-    """Warpgroup 1, a tile behind: tile i's PV starts once warpgroup 0's scores of tile i + 1
-    are done, so it runs on the tensor cores while warpgroup 0 computes that tile's softmax."""
-    o_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WG_WARPS, 1],
-                                                  instr_shape=[16, HALF, 16])
-    acc = gl.zeros([BLOCK_M, HALF], gl.float32, layout=o_l)
-    for i in range(n_tiles):
-        slot = i % NUM_STAGES
-        mbarrier.wait(p_ready, i & 1)
-        mbarrier.wait(s_done, i & 1)
-        mbarrier.wait(ready_b.index(slot), (i // NUM_STAGES) & 1)  # complete already: orders the copies
-        fence_async_shared()
-        alpha = alpha_smem.load(gl.SliceLayout(1, o_l))
-        acc = acc * alpha[:, None]
-        acc = warpgroup_mma(p_smem, kn_bufs.index(slot).slice(HALF, HALF, dim=1), acc, is_async=True)
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-        mbarrier.arrive(p_empty, count=1)
-        mbarrier.arrive(empty_b.index(slot), count=1)
-
-    _finish_pv(acc, m_smem, l_smem, stats_ready, out_ptr, token, head0, split64, num_heads, stride_o_t, stride_o_h,
-               stride_o_s, store_ok, o_l)
-
-
-@gluon.jit
-def _copy_partition_halves(q_n_smem, q_r_smem, kn_bufs, kr_bufs, ready_a, ready_b, empty_a, empty_b, q_nope_ptr,
-                           q_pe_ptr, kv_cache_ptr, bt_row_ptr, token, head0, num_heads, stride_qn_t, stride_qn_h,
-                           stride_qp_t, stride_qp_h, stride_c_b, stride_c_s, num_blocks, max_blocks_per_seq, seg_lo,
-                           seg_hi, n_tiles, PAGE_SIZE: gl.constexpr, TILE_N: gl.constexpr,
-                           NUM_STAGES: gl.constexpr):
-    """The copy warps, a slot in two parts: the first 256 latent columns with the rope columns
-    (freed by warpgroup 0's PV), then the last 256 (freed by warpgroup 1's PV, a softmax later)."""
-    cp_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [COPY_WARPS, 1], [1, 0])
-    row_cp: gl.constexpr = gl.SliceLayout(1, cp_l)
-    col_cp: gl.constexpr = gl.SliceLayout(0, cp_l)
-    offs_cn = gl.arange(0, LATENT_DIM, layout=col_cp)
-    offs_ch = gl.arange(0, HALF, layout=col_cp)
-    offs_cr = gl.arange(0, ROPE_DIM, layout=col_cp)
-    offs_n = gl.arange(0, TILE_N, layout=row_cp)
-    if n_tiles > 0:  # the queries ride with tile 0's arrivals
-        head = (head0 + gl.arange(0, BLOCK_M, layout=row_cp)).to(gl.int64)
-        head_ok = (head < num_heads)[:, None]
-        qn_rows = token * stride_qn_t + head * stride_qn_h
-        qp_rows = token * stride_qp_t + head * stride_qp_h
-        cp.async_copy_global_to_shared(q_n_smem, q_nope_ptr + qn_rows[:, None] + offs_cn[None, :], mask=head_ok)
-        cp.async_copy_global_to_shared(q_r_smem, q_pe_ptr + qp_rows[:, None] + offs_cr[None, :], mask=head_ok)
-    page = _tile_pages(bt_row_ptr, seg_lo, seg_hi, max_blocks_per_seq, offs_n, PAGE_SIZE)
-    for i in range(n_tiles):
-        slot = i % NUM_STAGES
-        lap = (i // NUM_STAGES) & 1
-        tile_start = seg_lo + i * TILE_N
-        row, ok = _tile_rows(page, tile_start, seg_hi, num_blocks, stride_c_b, stride_c_s, offs_n, PAGE_SIZE)
-        kn = kn_bufs.index(slot)
-        mbarrier.wait(empty_a.index(slot), lap ^ 1)
-        cp.async_copy_global_to_shared(kn.slice(0, HALF, dim=1), kv_cache_ptr + row[:, None] + offs_ch[None, :],
-                                       mask=ok[:, None])
-        cp.async_copy_global_to_shared(kr_bufs.index(slot),
-                                       kv_cache_ptr + LATENT_DIM + row[:, None] + offs_cr[None, :], mask=ok[:, None])
-        cp.mbarrier_arrive(ready_a.index(slot), increment_count=False)
-        mbarrier.wait(empty_b.index(slot), lap ^ 1)
-        cp.async_copy_global_to_shared(kn.slice(HALF, HALF, dim=1),
-                                       kv_cache_ptr + HALF + row[:, None] + offs_ch[None, :], mask=ok[:, None])
-        cp.mbarrier_arrive(ready_b.index(slot), increment_count=False)
-        page = _tile_pages(bt_row_ptr, tile_start + TILE_N, seg_hi, max_blocks_per_seq, offs_n, PAGE_SIZE)
-    cp.commit_group()
-    cp.wait_group(0)
-
-
-@gluon.jit(do_not_specialize=["num_seqs", "num_tokens", "num_blocks", "max_blocks_per_seq", "num_splits"])
-def mla_decode_gluon_ws_overlap_kernel(
-    out_ptr, lse_ptr, q_nope_ptr, q_pe_ptr, kv_cache_ptr, block_table_ptr, seq_lens_ptr, query_start_loc_ptr,
-    stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h,
-    stride_o_t, stride_o_h, stride_o_s,
-    stride_lse_t, stride_lse_h, stride_lse_s,
-    stride_c_b, stride_c_s, stride_bt_s,
-    scale, num_heads, num_seqs, num_tokens, num_blocks, max_blocks_per_seq, num_splits,
-    PAGE_SIZE: gl.constexpr, TILE_N: gl.constexpr, NUM_STAGES: gl.constexpr,
-):
-    """``mla_decode_gluon_ws_kernel`` (same arguments and results) with the overlapped schedule:
-    warpgroup 1's PV a tile behind, under warpgroup 0's softmax; ring slots freed in two parts."""
-    gl.static_assert(NUM_STAGES == 2, "the ring has two slots (shared memory holds no third)")
-    gl.static_assert(TILE_N == 64, "64-key tiles: P [64, 64] and the barrier protocol assume them")
-    dtype: gl.constexpr = kv_cache_ptr.dtype.element_ty
-
-    store_ok, token, seq, split64, head0, seg_lo, seg_hi, n_tiles = _program(
-        query_start_loc_ptr, seq_lens_ptr, num_heads, num_tokens, num_splits, TILE_N)
-    q_n_smem, q_r_smem, kn_bufs, kr_bufs, p_smem = _allocate_shared(dtype, TILE_N, NUM_STAGES)
-    vec_l: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[0])
-    alpha_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_M], vec_l)
-    m_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_M], vec_l)
-    l_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_M], vec_l)
-    ready_a = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    ready_b = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    empty_a = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    empty_b = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    p_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    p_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    s_done = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    stats_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    for t in gl.static_range(NUM_STAGES):
-        mbarrier.init(ready_a.index(t), count=COPY_THREADS)
-        mbarrier.init(ready_b.index(t), count=COPY_THREADS)
-        mbarrier.init(empty_a.index(t), count=1)  # warpgroup 0's PV
-        mbarrier.init(empty_b.index(t), count=2)  # warpgroup 0's scores and warpgroup 1's PV
-    mbarrier.init(p_ready, count=1)
-    mbarrier.init(p_empty, count=1)
-    mbarrier.init(s_done, count=1)
-    mbarrier.init(stats_ready, count=1)
-    fence_async_shared()
-
-    bt_row_ptr = block_table_ptr + seq.to(gl.int64) * stride_bt_s
-    gl.warp_specialize([
-        (_score_partition_overlap, (q_n_smem, q_r_smem, kn_bufs, kr_bufs, p_smem, alpha_smem, m_smem, l_smem,
-                                    ready_a, ready_b, empty_a, empty_b, p_ready, p_empty, s_done, stats_ready,
-                                    out_ptr, lse_ptr, token, head0, split64, num_heads, stride_o_t, stride_o_h,
-                                    stride_o_s, stride_lse_t, stride_lse_h, stride_lse_s, seg_lo, seg_hi, n_tiles,
-                                    scale * LOG2E, store_ok, TILE_N, NUM_STAGES)),
-        (_pv_partition_lagged, (kn_bufs, p_smem, alpha_smem, m_smem, l_smem, ready_b, empty_b, p_ready, p_empty,
-                                s_done, stats_ready, out_ptr, token, head0, split64, num_heads, stride_o_t,
-                                stride_o_h, stride_o_s, n_tiles, store_ok, TILE_N, NUM_STAGES)),
-        (_copy_partition_halves, (q_n_smem, q_r_smem, kn_bufs, kr_bufs, ready_a, ready_b, empty_a, empty_b,
-                                  q_nope_ptr, q_pe_ptr, kv_cache_ptr, bt_row_ptr, token, head0, num_heads,
-                                  stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h, stride_c_b, stride_c_s,
-                                  num_blocks, max_blocks_per_seq, seg_lo, seg_hi, n_tiles, PAGE_SIZE, TILE_N,
-                                  NUM_STAGES)),
     ], [WG_WARPS, COPY_WARPS], [PV_REGS, COPY_REGS])

@@ -1,4 +1,8 @@
-"""Launcher of the Gluon MLA decode kernel (sm90): which calls it serves, grid, keyword arguments.
+"""Launcher of the Gluon MLA decode kernels (sm90): which calls they serve, grid, keyword arguments.
+
+The default is the warp-specialized kernel (``kernel_ws.py``); the older one without warp
+specialization (``kernel.py``, "sync") stays reachable through ``PAGEDATTN_MLA_GLUON`` for
+same-run comparisons.
 
 Compiled for sm90 only. The contract is ``launch_mla_decode``'s: one split writes out / lse,
 several write the same ``[num_tokens, num_heads, num_splits, 512]`` fp32 partials (and lse)
@@ -36,21 +40,20 @@ GLUON_BLOCK_H = 64  # heads a CTA (the M of a warpgroup's wgmma); fewer heads ar
 
 @dataclass(frozen=True)
 class GluonMLAConfig:
-    """A CTA of 64 heads on 8 warps: ``tile_n`` keys a step, a ring of ``num_stages`` latent tiles."""
+    """A CTA of 64 heads: ``tile_n`` keys a step, a ring of ``num_stages`` latent tiles, and
+    which kernel runs them."""
 
     tile_n: int = 64
     num_stages: int = 2
-    # the warp-specialized kernel (kernel_ws.py): a copy warpgroup feeding two MMA warpgroups
-    # through mbarriers, one computing the scores and half of O, the other the other half
-    warp_specialized: bool = False
-    # with warp_specialized, the overlapped schedule (mla_decode_gluon_ws_overlap_kernel): the
-    # next tile's scores right behind the PV, the second warpgroup's PV under the softmax
-    overlap: bool = False
+    # the warp-specialized kernel (kernel_ws.py, the default): a copy warpgroup feeding two MMA
+    # warpgroups through mbarriers, one computing the scores and half of O, the other the other
+    # half; False: the older kernel (kernel.py), 8 warps copying and computing alike between CTA
+    # barriers
+    warp_specialized: bool = True
 
     @property
     def label(self) -> str:
-        ws = ("-wso" if self.overlap else "-ws") if self.warp_specialized else ""
-        return f"gluon-n{self.tile_n}-s{self.num_stages}{ws}"
+        return f"gluon-n{self.tile_n}-s{self.num_stages}{'-ws' if self.warp_specialized else ''}"
 
     @property
     def num_warps(self) -> int:
@@ -64,24 +67,29 @@ class GluonMLAConfig:
                          num_stages=self.num_stages)
 
 
-# 64 keys a step, 2 stages: 229,888 B of shared memory and 217 registers a thread, no spills
-# (ptxas for sm_90a, bf16); 32 keys at 4 stages: 225,792 B, 200 registers, 0.74x its speed at
-# B >= 32 on the H200 (tests/test_gluon_mla.py compiles both)
+# the warp-specialized kernel, 64 keys a step, 2 stages: 230,528 B of shared memory, 168
+# registers a thread at launch (setmaxnreg: 248 for warpgroup 0, 160 for warpgroup 1, 96 for the
+# copy warps; at most 243 / 156 / 51 used), no spills (ptxas for sm_90a, bf16 and fp16). Same run
+# on the H200 with FlashInfer 0.6.14 (128 heads, bf16, us, this / sync / FlashInfer): page 16,
+# B=1 L=32768 37.7 / 42.4 / 40.2; 32 x 4096 83.2 / 106.0 / 78.8; 32 x 32768 550.5 / 723.1 /
+# 562.8; 128 x 4096 286.8 / 373.2 / 275.4; page 64, 32 x 4096 82.8 / 102.8 / 81.0; 128 x 4096
+# 290.7 / 368.9 / 281.3; 32 x 32768 561.8 / 724.7 / 594.7; 128 x 32768 2253.9 / 2836.1 /
+# 2179.2: 1.12-1.31x the sync kernel at every point, 0.95-1.07x FlashInfer
 GLUON_MLA_CONFIG = GluonMLAConfig()
-# what PAGEDATTN_MLA_GLUON may ask for: 0 the portable kernel everywhere, 1 the default config
-# for every call the kernel serves, or a variant kept for a same-run comparison on the GPU (ws /
-# wso: the warp-specialized kernels, plain and overlapped schedules; compiled for sm_90a without
-# spills at 230,528 / 230,624 B of shared memory, not yet run on a GPU)
-GLUON_MLA_CONFIGS = {"1": GLUON_MLA_CONFIG, "n32": GluonMLAConfig(tile_n=32, num_stages=4),
-                     "ws": GluonMLAConfig(warp_specialized=True),
-                     "wso": GluonMLAConfig(warp_specialized=True, overlap=True), "0": GLUON_OFF}
+# what PAGEDATTN_MLA_GLUON may ask for: 0 the portable kernel everywhere, 1 (or ws) the default
+# config for every call the kernel serves, or a variant of the older kernel kept for same-run
+# comparisons on the GPU: sync (64 keys, 2 stages, 8 warps, CTA barriers: 229,888 B, 217
+# registers, no spills) and n32 (its 32 keys at 4 stages: 225,792 B, 200 registers, 0.74x its
+# speed at B >= 32 on the H200); tests/test_gluon_mla.py compiles all three
+GLUON_MLA_SYNC_CONFIG = GluonMLAConfig(warp_specialized=False)
+GLUON_MLA_CONFIGS = {"1": GLUON_MLA_CONFIG, "ws": GLUON_MLA_CONFIG, "sync": GLUON_MLA_SYNC_CONFIG,
+                     "n32": GluonMLAConfig(tile_n=32, num_stages=4, warp_specialized=False), "0": GLUON_OFF}
 
 
 def gluon_kernel(config: GluonMLAConfig = GLUON_MLA_CONFIG):
     """The ``@gluon.jit`` kernel of ``config``, or None where this Triton has no usable Gluon."""
     if config.warp_specialized:
-        name = "mla_decode_gluon_ws_overlap_kernel" if config.overlap else "mla_decode_gluon_ws_kernel"
-        return load_kernel("pagedattn.ops.mla_gluon.kernel_ws", name)
+        return load_kernel("pagedattn.ops.mla_gluon.kernel_ws", "mla_decode_gluon_ws_kernel")
     return load_kernel("pagedattn.ops.mla_gluon.kernel", "mla_decode_gluon_kernel")
 
 
@@ -127,9 +135,11 @@ def use_gluon_mla(q_nope: torch.Tensor, q_pe: torch.Tensor, kv_cache: torch.Tens
 
     On a CUDA GPU of compute capability 9.x, for a call the kernel serves: the config
     ``PAGEDATTN_MLA_GLUON`` names, else (unset) the default one when the heads fill whole 64-row
-    CTAs. At 128 heads it beat the portable kernel at every point timed on the H200 (B 1 / 32 /
-    128 x L 4096 / 32768, pages 16 and 64: 1.1-1.3x at B=1, 1.5-1.9x at B >= 32); fewer heads
-    pad the CTA's rows and were not timed, so they keep the portable kernel unless asked.
+    CTAs. At 128 heads, bf16, the default (the warp-specialized kernel) beat the portable kernel
+    at every point timed in the same run on the H200 with FlashInfer 0.6.14 (B 1 / 32 / 128 x L
+    4096 / 32768, pages 16 and 64: 1.5x at B=1, 1.9-2.3x at B >= 32) and the older sync kernel
+    by 1.12-1.31x; fewer heads pad the CTA's rows and were not timed, so they keep the portable
+    kernel unless asked.
     """
     asked = gluon_mla_requested()
     if asked is GLUON_OFF or not on_sm9x(q_nope):
@@ -155,8 +165,8 @@ def launch_mla_decode_gluon(
 ) -> None:
     """``launch_mla_decode`` for the Gluon kernel (``gluon_mla_supported`` must have said None).
 
-    ``config``: keys a step, stages and the kernel; a CTA is always 64 heads (8 warps, or 12 for
-    the warp-specialized kernels). ``kv_scale`` must be None (no fp8 cache). ``partial_out``
+    ``config``: keys a step, stages and the kernel; a CTA is always 64 heads (12 warps for the
+    warp-specialized kernel, 8 for the sync one). ``kv_scale`` must be None (no fp8 cache). ``partial_out``
     ``[num_tokens, num_heads, num_splits, 512]`` fp32 and ``partial_lse`` ``[num_tokens,
     num_heads, num_splits]`` fp32 are needed when ``num_splits > 1``.
     """
