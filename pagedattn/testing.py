@@ -273,11 +273,13 @@ def use_scratch_allocator_when_instrumented() -> None:
         triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
 
 
-def runs_within(code: str, timeout: float, env: dict | None = None) -> str | None:
+def runs_within(code: str, timeout: float, env: dict | None = None, fail_on: tuple[str, ...] = ()) -> str | None:
     """Run ``code`` in a fresh Python process: None when it exits 0 within ``timeout`` seconds,
     else what went wrong (its exit status and output's end, or that it was killed). A GPU kernel
     that never finishes (a barrier waiting forever) hangs its process, and a test that ran it
-    in-process would hang the suite; from outside, the test fails instead."""
+    in-process would hang the suite; from outside, the test fails instead. ``fail_on``: texts
+    that fail the run wherever they appear in its output, whatever its exit status (a device-side
+    checker's report)."""
     import os
     import subprocess
     import sys
@@ -287,8 +289,12 @@ def runs_within(code: str, timeout: float, env: dict | None = None) -> str | Non
                               env={**os.environ, **(env or {})})
     except subprocess.TimeoutExpired:
         return f"did not finish within {timeout:.0f} s (killed)"
+    output = proc.stdout + proc.stderr
     if proc.returncode != 0:
-        return f"exit status {proc.returncode}: {(proc.stdout + proc.stderr)[-2000:]}"
+        return f"exit status {proc.returncode}: {output[-2000:]}"
+    printed = [text for text in fail_on if text in output]
+    if printed:
+        return f"printed {printed}: {output[-2000:]}"
     return None
 
 

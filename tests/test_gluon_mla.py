@@ -6,6 +6,8 @@ Gluon path on against the float64 reference. Run from a plain checkout with
 ``PYTHONPATH=. pytest -m gpu tests/test_gluon_mla.py``.
 """
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -40,6 +42,8 @@ needs_sm90 = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_
         pytest.param(64, GLUON_MLA_CONFIGS["sync"], torch.bfloat16, 1, id="sync-page64-bf16"),
         pytest.param(64, GLUON_MLA_CONFIGS["sync"], torch.float16, 4, id="sync-page64-fp16-split"),
         pytest.param(16, GLUON_MLA_CONFIGS["n32"], torch.bfloat16, 1, id="n32-page16-bf16"),
+        pytest.param(16, GLUON_MLA_CONFIGS["groups"], torch.bfloat16, 1, id="groups-page16-bf16"),
+        pytest.param(64, GLUON_MLA_CONFIGS["groups"], torch.bfloat16, 4, id="groups-page64-bf16-split"),
     ],
 )
 def test_gluon_mla_compiles_for_sm90(page_size, config, dtype, num_splits):
@@ -102,7 +106,7 @@ def test_gluon_mla_supported():
 
 def test_gluon_mla_not_used_off_gpu(monkeypatch):
     q_nope, q_pe, kv_cache = _inputs(num_heads=128)
-    for value in (None, "1", "ws", "sync", "n32"):
+    for value in (None, "1", "ws", "sync", "n32", "groups"):
         if value is None:
             monkeypatch.delenv(GLUON_ENV, raising=False)
         else:
@@ -112,16 +116,24 @@ def test_gluon_mla_not_used_off_gpu(monkeypatch):
 
 def test_gluon_mla_variable_picks_the_config(monkeypatch):
     """PAGEDATTN_MLA_GLUON: 1 (or ws) the default config, the warp-specialized kernel; sync and n32
-    the older kernel's kept variants; 0 off; unset (or anything else) the automatic rule."""
-    from pagedattn.ops.mla_gluon.launch import GLUON_OFF, gluon_mla_requested
+    the older kernel's kept variants; groups the default kernel with the ring signal ConSan
+    follows; 0 off; unset (or anything else) the automatic rule."""
+    from pagedattn.ops.mla_gluon.launch import GLUON_OFF, GluonMLAConfig, gluon_mla_requested
 
     assert GLUON_MLA_CONFIG.warp_specialized and GLUON_MLA_CONFIG.num_warps == 4
+    assert not GLUON_MLA_CONFIG.group_signal
     assert not GLUON_MLA_CONFIGS["sync"].warp_specialized and GLUON_MLA_CONFIGS["sync"].num_warps == 8
     assert (GLUON_MLA_CONFIGS["n32"].tile_n, GLUON_MLA_CONFIGS["n32"].warp_specialized) == (32, False)
+    groups = GLUON_MLA_CONFIGS["groups"]
+    assert groups.group_signal and groups.label == GLUON_MLA_CONFIG.label + "-groups"
+    assert dataclasses.replace(groups, group_signal=False) == GLUON_MLA_CONFIG  # that signal alone differs
+    with pytest.raises(ValueError, match="group_signal"):
+        GluonMLAConfig(warp_specialized=False, group_signal=True)
     monkeypatch.delenv(GLUON_ENV, raising=False)
     assert gluon_mla_requested() is None
     for value, expected in (("1", GLUON_MLA_CONFIG), ("ws", GLUON_MLA_CONFIG), ("sync", GLUON_MLA_CONFIGS["sync"]),
-                            ("n32", GLUON_MLA_CONFIGS["n32"]), ("0", GLUON_OFF), ("wso", None), ("yes", None)):
+                            ("n32", GLUON_MLA_CONFIGS["n32"]), ("groups", groups), ("0", GLUON_OFF), ("wso", None),
+                            ("yes", None)):
         monkeypatch.setenv(GLUON_ENV, value)
         assert gluon_mla_requested() == expected, value
 
@@ -161,12 +173,14 @@ torch.cuda.synchronize()
 
 @pytest.fixture(scope="module")
 def gluon_finishes():
-    """The default (warp-specialized) kernel's first calls in a separate process: uneven tile
-    counts, empty splits and sequences without a token. If its mbarrier protocol deadlocks,
-    every GPU test of this file fails at once instead of hanging the suite."""
-    problem = runs_within(SMOKE, timeout=240, env={GLUON_ENV: "1"})
-    if problem:
-        pytest.fail(f"the Gluon MLA kernel's first calls {problem}")
+    """The warp-specialized kernel's first calls in a separate process, the default and its
+    ``groups`` signal: uneven tile counts, empty splits and sequences without a token. If an
+    mbarrier protocol deadlocks, every GPU test of this file fails at once instead of hanging
+    the suite."""
+    for variant in ("1", "groups"):
+        problem = runs_within(SMOKE, timeout=240, env={GLUON_ENV: variant})
+        if problem:
+            pytest.fail(f"the Gluon MLA kernel's first calls ({variant}) {problem}")
 
 
 @pytest.fixture
@@ -223,14 +237,56 @@ def test_gluon_mla_decode_gpu(gluon_calls, monkeypatch, variant, num_heads, bloc
 @needs_gluon
 @needs_sm90
 @pytest.mark.parametrize("num_splits", [1, 5, 200], ids=lambda n: f"splits{n}")
-@pytest.mark.parametrize("variant", ["1", "sync", "n32"])
+@pytest.mark.parametrize("variant", ["1", "sync", "n32", "groups"])
 def test_gluon_mla_edge_rows_gpu(gluon_calls, monkeypatch, variant, num_splits):
     """Sequences without a query token, an empty sequence, heads not a multiple of 64, fp16,
-    separate q_nope / q_pe tensors; 200 splits leave most segments empty."""
+    separate q_nope / q_pe tensors; 200 splits leave most segments empty. ``groups`` (the
+    default kernel with ConSan's ring signal) runs here uninstrumented."""
     monkeypatch.setenv(GLUON_ENV, variant)
     cases = [(1, 5000), (0, 9), (1, 0), (1, 1), (1, 64), (1, 65), (0, 3), (1, 130)]
     batch = make_batch(cases, num_heads=96, block_size=16, dtype=torch.float16, split_q=False, seed=num_splits)
     run_and_compare(batch, gluon_calls, num_splits=num_splits)
+
+
+CONSAN_CHECK = """
+import torch
+from pagedattn.testing import use_scratch_allocator_when_instrumented
+use_scratch_allocator_when_instrumented()
+import pagedattn.mla as mla_module
+from pagedattn import mla_decode
+from pagedattn.reference import mla_decode_ref
+from pagedattn.testing import assert_matches_reference, make_mla_batch
+labels = []
+launcher = mla_module.launch_mla_decode_gluon
+mla_module.launch_mla_decode_gluon = lambda *a, **k: labels.append(k["config"].label) or launcher(*a, **k)
+cases = [(1, 300), (0, 9), (1, 17), (1, 0), (1, 130)]
+for block_size, dtype, num_splits in ((16, torch.bfloat16, 1), (64, torch.float16, 3)):
+    batch, _, _ = make_mla_batch(cases, num_heads=96, block_size=block_size, dtype=dtype, seed=block_size)
+    out, lse = mla_decode(**batch, scale=0.07, max_query_len=1, max_seq_len=300, num_splits=num_splits,
+                          return_lse=True)
+    assert_matches_reference(out, lse, *mla_decode_ref(**batch, scale=0.07))
+torch.cuda.synchronize()
+assert len(labels) == 2 and all(label.endswith("-ws-groups") for label in labels), labels
+"""
+# what ConSan (triton 3.6) prints at a race it finds, before its device-side assert
+CONSAN_REPORTS = ("pending access", "outstanding writes", "outstanding reads")
+
+
+@pytest.mark.gpu
+@needs_gluon
+@needs_sm90
+def test_gluon_mla_ring_protocol_under_consan_gpu(tmp_path):
+    """Triton's concurrency sanitizer over the warp-specialized kernel's barriers (pages 16 and
+    64, one split and three, uneven tiles, empty splits, a sequence without a token and an
+    empty one, heads not a multiple of 64), in a fresh process with its own kernel cache: no
+    race between the copy warps' cp.async writes and the MMA warpgroups' wgmma reads of a ring
+    slot, nor between a refill and the reads before it, nor on the buffers the MMA warpgroups
+    hand over (P, alpha, the row statistics); and the reference's result. The ``groups`` variant:
+    ConSan in triton 3.6 follows cp.async completion through commit groups only, not through
+    the default's ``cp.async.mbarrier.arrive.noinc``; the two differ in that signal alone."""
+    env = {GLUON_ENV: "groups", "TRITON_INSTRUMENTATION_MODE": "consan", "TRITON_CACHE_DIR": str(tmp_path)}
+    problem = runs_within(CONSAN_CHECK, timeout=400, env=env, fail_on=CONSAN_REPORTS)
+    assert problem is None, f"under ConSan: {problem}"
 
 
 @pytest.mark.gpu

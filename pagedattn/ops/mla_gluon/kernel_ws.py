@@ -52,6 +52,15 @@ tensor cores wait during warpgroup 0's softmax. Barriers:
 * ``stats_ready`` (count 1): after the loop warpgroup 0 stores the row max and row sum and
   arrives; warpgroup 1 waits parity 0 before normalizing its half.
 
+GROUP_SIGNAL (the ``groups`` config, off by default) changes ``kv_ready``'s signal alone: each
+copy thread commits the tile's copies (tile 0's with the queries) as a cp.async group, waits
+for it (``wait_group``) and fences the async proxy, and the partition arrives once (one
+thread, after a barrier of the copy warps), so ``kv_ready`` counts 1. Triton's ConSan (triton
+3.6) counts a cp.async as complete only at a ``wait_group`` and does not follow the noinc
+arrive, so it reports every wgmma read of a ring slot as a race under the default; under
+GROUP_SIGNAL it can check the ring. The copy warps then wait for each tile to land before
+loading the next tile's block ids, so at most one tile's copies are in flight.
+
 A split with no tiles (or a sequence without a query token) runs no loop iteration in any
 partition: nothing is copied, the ring and P barriers never complete, and both MMA warpgroups
 finalize an empty row (out 0, lse -inf) where there is a token to store for. The copy warps
@@ -208,8 +217,12 @@ def _pv_partition(kn_bufs, p_smem, alpha_smem, m_smem, l_smem, kv_ready, kv_empt
 def _copy_partition(q_n_smem, q_r_smem, kn_bufs, kr_bufs, kv_ready, kv_empty, q_nope_ptr, q_pe_ptr, kv_cache_ptr,
                     bt_row_ptr, token, head0, num_heads, stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h,
                     stride_c_b, stride_c_s, num_blocks, max_blocks_per_seq, seg_lo, seg_hi, n_tiles,
-                    PAGE_SIZE: gl.constexpr, TILE_N: gl.constexpr, NUM_STAGES: gl.constexpr):
-    """The copy warps: the queries, then each tile's gathered rows into the ring."""
+                    PAGE_SIZE: gl.constexpr, TILE_N: gl.constexpr, NUM_STAGES: gl.constexpr,
+                    GROUP_SIGNAL: gl.constexpr):
+    """The copy warps: the queries, then each tile's gathered rows into the ring. GROUP_SIGNAL:
+    each tile's copies (tile 0's with the queries) are committed as a group, waited for
+    (``wait_group``) and fenced, then the partition arrives once (ConSan's form; one tile in
+    flight)."""
     # copies of 16 B a thread, a warp covering 4 rows x 64 columns
     cp_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [COPY_WARPS, 1], [1, 0])
     row_cp: gl.constexpr = gl.SliceLayout(1, cp_l)
@@ -217,7 +230,7 @@ def _copy_partition(q_n_smem, q_r_smem, kn_bufs, kr_bufs, kv_ready, kv_empty, q_
     offs_cn = gl.arange(0, LATENT_DIM, layout=col_cp)
     offs_cr = gl.arange(0, ROPE_DIM, layout=col_cp)
     offs_n = gl.arange(0, TILE_N, layout=row_cp)
-    if n_tiles > 0:  # the queries ride with tile 0's arrival (the noinc arrive tracks all prior copies)
+    if n_tiles > 0:  # the queries ride with tile 0's arrival (the noinc arrive, or tile 0's group, covers them)
         _issue_queries(q_n_smem, q_r_smem, q_nope_ptr, q_pe_ptr, token, head0, num_heads, stride_qn_t, stride_qn_h,
                        stride_qp_t, stride_qp_h, offs_cn, offs_cr, row_cp)
     page = _tile_pages(bt_row_ptr, seg_lo, seg_hi, max_blocks_per_seq, offs_n, PAGE_SIZE)
@@ -227,7 +240,13 @@ def _copy_partition(q_n_smem, q_r_smem, kn_bufs, kr_bufs, kv_ready, kv_empty, q_
         mbarrier.wait(kv_empty.index(slot), ((i // NUM_STAGES) & 1) ^ 1)  # both MMA warpgroups left it
         _gather_tile(kn_bufs.index(slot), kr_bufs.index(slot), kv_cache_ptr, page, tile_start, seg_hi, num_blocks,
                      stride_c_b, stride_c_s, offs_n, offs_cn, offs_cr, PAGE_SIZE)
-        cp.mbarrier_arrive(kv_ready.index(slot), increment_count=False)
+        if GROUP_SIGNAL:
+            cp.commit_group()
+            cp.wait_group(0)  # this thread's copies of the tile (and of the queries) landed
+            fence_async_shared()
+            mbarrier.arrive(kv_ready.index(slot), count=1)  # after a partition-wide barrier
+        else:
+            cp.mbarrier_arrive(kv_ready.index(slot), increment_count=False)
         # the next tile's block ids (all masked past the split: nothing is read)
         page = _tile_pages(bt_row_ptr, tile_start + TILE_N, seg_hi, max_blocks_per_seq, offs_n, PAGE_SIZE)
     cp.commit_group()
@@ -246,7 +265,7 @@ def mla_decode_gluon_ws_kernel(
     stride_lse_t, stride_lse_h, stride_lse_s,
     stride_c_b, stride_c_s, stride_bt_s,
     scale, num_heads, num_seqs, num_tokens, num_blocks, max_blocks_per_seq, num_splits,
-    PAGE_SIZE: gl.constexpr, TILE_N: gl.constexpr, NUM_STAGES: gl.constexpr,
+    PAGE_SIZE: gl.constexpr, TILE_N: gl.constexpr, NUM_STAGES: gl.constexpr, GROUP_SIGNAL: gl.constexpr,
 ):
     """(out, lse) of softmax(scale * (q_nope c_kv^T + q_pe k_pe^T)) c_kv over one key split of one
     token's sequence, for 64 of its heads (see the module docstring). Launched with num_warps=4
@@ -267,8 +286,10 @@ def mla_decode_gluon_ws_kernel(
     p_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     p_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     stats_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    # a noinc arrive per copy thread, or the copy partition's one arrive (GROUP_SIGNAL)
+    READY_ARRIVALS: gl.constexpr = 1 if GROUP_SIGNAL else COPY_THREADS
     for t in gl.static_range(NUM_STAGES):
-        mbarrier.init(kv_ready.index(t), count=COPY_THREADS)
+        mbarrier.init(kv_ready.index(t), count=READY_ARRIVALS)
         mbarrier.init(kv_empty.index(t), count=2)
     mbarrier.init(p_ready, count=1)
     mbarrier.init(p_empty, count=1)
@@ -288,5 +309,5 @@ def mla_decode_gluon_ws_kernel(
         (_copy_partition, (q_n_smem, q_r_smem, kn_bufs, kr_bufs, kv_ready, kv_empty, q_nope_ptr, q_pe_ptr,
                            kv_cache_ptr, bt_row_ptr, token, head0, num_heads, stride_qn_t, stride_qn_h, stride_qp_t,
                            stride_qp_h, stride_c_b, stride_c_s, num_blocks, max_blocks_per_seq, seg_lo, seg_hi,
-                           n_tiles, PAGE_SIZE, TILE_N, NUM_STAGES)),
+                           n_tiles, PAGE_SIZE, TILE_N, NUM_STAGES, GROUP_SIGNAL)),
     ], [WG_WARPS, COPY_WARPS], [PV_REGS, COPY_REGS])

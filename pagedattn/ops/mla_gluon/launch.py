@@ -50,10 +50,22 @@ class GluonMLAConfig:
     # half; False: the older kernel (kernel.py), 8 warps copying and computing alike between CTA
     # barriers
     warp_specialized: bool = True
+    # the warp-specialized kernel only: its copy warps complete each tile's copies through a
+    # cp.async commit group (wait_group, fence) and arrive on the slot's ready barrier once, the
+    # form Triton's ConSan (TRITON_INSTRUMENTATION_MODE=consan) can follow (one tile in flight);
+    # the default, cp.async.mbarrier.arrive.noinc, lets the copy warps go on to the next slot
+    # while a tile's copies land, and ConSan in triton 3.6 counts cp.async as done only at a
+    # wait_group. The sync kernel waits on its groups already
+    group_signal: bool = False
+
+    def __post_init__(self):
+        if self.group_signal and not self.warp_specialized:
+            raise ValueError("group_signal: a signal of the warp-specialized kernel's ring")
 
     @property
     def label(self) -> str:
-        return f"gluon-n{self.tile_n}-s{self.num_stages}{'-ws' if self.warp_specialized else ''}"
+        ws = ("-ws" if self.warp_specialized else "") + ("-groups" if self.group_signal else "")
+        return f"gluon-n{self.tile_n}-s{self.num_stages}{ws}"
 
     @property
     def num_warps(self) -> int:
@@ -80,10 +92,15 @@ GLUON_MLA_CONFIG = GluonMLAConfig()
 # config for every call the kernel serves, or a variant of the older kernel kept for same-run
 # comparisons on the GPU: sync (64 keys, 2 stages, 8 warps, CTA barriers: 229,888 B, 217
 # registers, no spills) and n32 (its 32 keys at 4 stages: 225,792 B, 200 registers, 0.74x its
-# speed at B >= 32 on the H200); tests/test_gluon_mla.py compiles all three
+# speed at B >= 32 on the H200); or groups, the default kernel with the ring signal ConSan
+# follows, for a ConSan run (the default's 230,528 B, 168 registers at launch and setmaxnreg
+# caps, no spills; its copy warps wait for each tile's copies); tests/test_gluon_mla.py
+# compiles all four
 GLUON_MLA_SYNC_CONFIG = GluonMLAConfig(warp_specialized=False)
 GLUON_MLA_CONFIGS = {"1": GLUON_MLA_CONFIG, "ws": GLUON_MLA_CONFIG, "sync": GLUON_MLA_SYNC_CONFIG,
-                     "n32": GluonMLAConfig(tile_n=32, num_stages=4, warp_specialized=False), "0": GLUON_OFF}
+                     "n32": GluonMLAConfig(tile_n=32, num_stages=4, warp_specialized=False),
+                     # the default with the ring's ready barriers signalled in the form ConSan follows
+                     "groups": GluonMLAConfig(group_signal=True), "0": GLUON_OFF}
 
 
 def gluon_kernel(config: GluonMLAConfig = GLUON_MLA_CONFIG):
@@ -189,7 +206,7 @@ def launch_mla_decode_gluon(
            scale=scale, num_heads=num_heads, num_seqs=num_seqs, num_tokens=num_tokens,
            num_blocks=kv_cache.shape[0], max_blocks_per_seq=block_table.shape[1], num_splits=num_splits,
            PAGE_SIZE=kv_cache.shape[1], TILE_N=config.tile_n, NUM_STAGES=config.num_stages,
-           num_warps=config.num_warps)
+           **({"GROUP_SIGNAL": config.group_signal} if config.warp_specialized else {}), num_warps=config.num_warps)
     if num_splits == 1:
         return
     launch_merge_splits(out, lse, partial_out, partial_lse, num_splits, pdl=False, num_warps=4)
