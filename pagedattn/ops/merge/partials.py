@@ -18,7 +18,7 @@ def merge_partials(partial_out_row, partial_lse_row, num_splits, stride_po_s, st
 
     out = sum_i e^{lse_i - lse} out_i, lse = log sum_i e^{lse_i}; partials with lse -inf are not
     read, unless ALL_WRITTEN (every split below ``num_splits`` stored its out, 0 where its
-    segment held no key, as in the persistent kernel): then the outs are read with the lses, not
+    segment held no key: the persistent kernel's, and split-KV's even cut): then the outs are read with the lses, not
     after them, one L2 round trip less. A partial with lse NaN (a segment that read a NaN or inf) or +inf makes its weight NaN,
     so the row comes out NaN (out and lse), never as if the segment held no keys. SPLIT_BLOCK partials are loaded per step as one tile and merged online (a loop of one
     load per split waited on the L2 once per split: at batch 1 with 66 splits the call went from
@@ -37,11 +37,11 @@ def merge_partials(partial_out_row, partial_lse_row, num_splits, stride_po_s, st
         idx = s0 + offs_s
         lse_i = tl.load(partial_lse_row + idx * stride_pl_s, mask=idx < num_splits, other=float("-inf"))
         if ALL_WRITTEN:
-            part = tl.load(partial_out_row + idx[:, None] * stride_po_s + offs_d[None, :],
-                           mask=(idx < num_splits)[:, None] & dim_ok[None, :], other=0.0)
+            written = idx < num_splits  # no wait for the lses
         else:
-            part = tl.load(partial_out_row + idx[:, None] * stride_po_s + offs_d[None, :],
-                           mask=(lse_i > float("-inf"))[:, None] & dim_ok[None, :], other=0.0)
+            written = lse_i > float("-inf")
+        part = tl.load(partial_out_row + idx[:, None] * stride_po_s + offs_d[None, :],
+                       mask=written[:, None] & dim_ok[None, :], other=0.0)
         m_new = tl.maximum(m, tl.max(lse_i, axis=0))
         shift = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.exp(m - shift)  # 0 while m is -inf; 1 when the max did not move
