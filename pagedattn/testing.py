@@ -298,6 +298,18 @@ def runs_within(code: str, timeout: float, env: dict | None = None, fail_on: tup
     return None
 
 
+# what ConSan (triton 3.6) prints at a race it finds, before its device-side assert
+CONSAN_REPORTS = ("pending access", "outstanding writes", "outstanding reads")
+
+
+def runs_under_consan(code: str, cache_dir, env: dict | None = None, timeout: float = 400) -> str | None:
+    """``runs_within`` under Triton's concurrency sanitizer (``TRITON_INSTRUMENTATION_MODE=consan``)
+    with its own kernel cache in ``cache_dir`` (the cache key ignores the mode); a race report in
+    the output fails the run even where the process exits 0."""
+    env = {**(env or {}), "TRITON_INSTRUMENTATION_MODE": "consan", "TRITON_CACHE_DIR": str(cache_dir)}
+    return runs_within(code, timeout, env=env, fail_on=CONSAN_REPORTS)
+
+
 @contextlib.contextmanager
 def environ_set(name: str, value: str):
     """``os.environ[name] = value`` inside the block, the old value (or none) after it."""

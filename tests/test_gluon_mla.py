@@ -16,7 +16,7 @@ from pagedattn import mla_decode
 from pagedattn.ops.mla_gluon.launch import (GLUON_ENV, GLUON_MLA_CONFIG, GLUON_MLA_CONFIGS, gluon_kernel,
                                             gluon_mla_supported, use_gluon_mla)
 from pagedattn.reference import mla_decode_ref
-from pagedattn.testing import assert_matches_reference, captured, make_mla_batch, runs_within
+from pagedattn.testing import assert_matches_reference, captured, make_mla_batch, runs_under_consan, runs_within
 
 LATENT, ROPE = 512, 64
 SCALE = 192 ** -0.5  # DeepSeek-V3: 1 / sqrt(qk_nope_head_dim + qk_rope_head_dim)
@@ -268,8 +268,6 @@ for block_size, dtype, num_splits in ((16, torch.bfloat16, 1), (64, torch.float1
 torch.cuda.synchronize()
 assert len(labels) == 2 and all(label.endswith("-ws-groups") for label in labels), labels
 """
-# what ConSan (triton 3.6) prints at a race it finds, before its device-side assert
-CONSAN_REPORTS = ("pending access", "outstanding writes", "outstanding reads")
 
 
 @pytest.mark.gpu
@@ -284,8 +282,7 @@ def test_gluon_mla_ring_protocol_under_consan_gpu(tmp_path):
     hand over (P, alpha, the row statistics); and the reference's result. The ``groups`` variant:
     ConSan in triton 3.6 follows cp.async completion through commit groups only, not through
     the default's ``cp.async.mbarrier.arrive.noinc``; the two differ in that signal alone."""
-    env = {GLUON_ENV: "groups", "TRITON_INSTRUMENTATION_MODE": "consan", "TRITON_CACHE_DIR": str(tmp_path)}
-    problem = runs_within(CONSAN_CHECK, timeout=400, env=env, fail_on=CONSAN_REPORTS)
+    problem = runs_under_consan(CONSAN_CHECK, tmp_path, env={GLUON_ENV: "groups"})
     assert problem is None, f"under ConSan: {problem}"
 
 

@@ -31,7 +31,7 @@ from pagedattn.ops.prefill_gluon.launch import (
 )
 from pagedattn.plan import PREFILL_MIN_QUERY_LEN
 from pagedattn.reference import paged_attention_ref
-from pagedattn.testing import assert_matches_reference, captured, make_paged_batch, runs_within
+from pagedattn.testing import assert_matches_reference, captured, make_paged_batch, runs_under_consan, runs_within
 
 needs_gluon = pytest.mark.skipif(gluon_kernel() is None, reason="triton.experimental.gluon is missing")
 needs_sm90 = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
@@ -540,9 +540,7 @@ def test_gluon_prefill_ring_protocol_under_consan_gpu(tmp_path):
     result. The ``groups`` variant: ConSan in triton 3.6 follows cp.async completion through
     commit groups only, not through the default's ``cp.async.mbarrier.arrive.noinc`` (it flags
     every read of a ring slot there); the two differ in that signal alone."""
-    problem = runs_within(CONSAN_CHECK, timeout=400, env={GLUON_PREFILL_ENV: "groups",
-                                                          "TRITON_INSTRUMENTATION_MODE": "consan",
-                                                          "TRITON_CACHE_DIR": str(tmp_path)})
+    problem = runs_under_consan(CONSAN_CHECK, tmp_path, env={GLUON_PREFILL_ENV: "groups"})
     assert problem is None, f"under ConSan: {problem}"
 
 
