@@ -11,6 +11,7 @@ Outputs are compared with the float64 references of :mod:`pagedattn.reference`.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import math
 import types
 
@@ -25,6 +26,7 @@ from vllm.config import CUDAGraphMode  # noqa: E402
 from vllm.model_executor.layers.attention.mla_attention import MLACommonPrefillMetadata  # noqa: E402
 from vllm.platforms.interface import DeviceCapability  # noqa: E402
 from vllm.v1.attention.backend import AttentionCGSupport, CommonAttentionMetadata  # noqa: E402
+from vllm.v1.attention.backends.mla.prefill.base import MLAPrefillBackend  # noqa: E402
 from vllm.v1.attention.backends.registry import AttentionBackendEnum  # noqa: E402
 from vllm.v1.kv_cache_interface import MLAAttentionSpec  # noqa: E402
 
@@ -296,20 +298,28 @@ def test_prefill_new_tokens_and_context_chunks_merge_to_full_attention():
     ctx_k = [torch.randn(n, HEADS, qk, generator=g).half() for n in ctx_lens]
     ctx_v = [torch.randn(n, HEADS, V_DIM, generator=g).half() for n in ctx_lens]
     cu_q = torch.tensor([0, q_lens[0], sum(q_lens)], dtype=torch.int32)
-    prefill.prepare_metadata(types.SimpleNamespace(query_start_loc=cu_q, max_query_len=max(q_lens)))
+    bounds = ((0, 7), (7, 20))  # each request's context in two chunks (the first request has 12)
+    cu_ks = []
+    for lo, hi in bounds:
+        lens = [min(hi, n) - min(lo, n) for n in ctx_lens]
+        cu_ks.append(torch.tensor([0, lens[0], sum(lens)], dtype=torch.int32))
+    prefill.prepare_metadata(types.SimpleNamespace(query_start_loc=cu_q, max_query_len=max(q_lens),
+                                                   chunked_context=types.SimpleNamespace(cu_seq_lens=cu_ks)))
+    # vLLM's MLA layer passes every argument by keyword, the chunk under the base class's name:
+    # 0.26's chunk_idx (an index into the metadata's chunked context) or 0.33's chunk (an object)
+    chunk_name = [*inspect.signature(MLAPrefillBackend.run_prefill_context_chunk).parameters][1]
 
     out_new = torch.full((sum(q_lens), HEADS, V_DIM), float("nan"), dtype=torch.float16)
     o_new, lse_new = prefill.run_prefill_new_tokens(q, new_k, new_v, True, out=out_new)
     assert o_new is out_new and lse_new.shape == (HEADS, sum(q_lens))
     parts = [(o_new, lse_new)]
-    for lo, hi in ((0, 7), (7, 20)):  # each request's context in two chunks (the first request has 12)
+    for i, (lo, hi) in enumerate(bounds):
         pieces = [(k[lo:hi], v[lo:hi]) for k, v in zip(ctx_k, ctx_v)]
-        lens = [p[0].shape[0] for p in pieces]
-        cu_k = torch.tensor([0, lens[0], sum(lens)], dtype=torch.int32)
         chunk_k = torch.cat([p[0] for p in pieces])
         chunk_v = torch.cat([p[1] for p in pieces])
-        chunk = types.SimpleNamespace(query_start_loc=cu_q, cu_seq_lens=cu_k, max_query_len=max(q_lens))
-        parts.append(prefill.run_prefill_context_chunk(chunk, q, chunk_k, chunk_v))
+        chunk = i if chunk_name == "chunk_idx" else types.SimpleNamespace(
+            query_start_loc=cu_q, cu_seq_lens=cu_ks[i], max_query_len=max(q_lens))
+        parts.append(prefill.run_prefill_context_chunk(**{chunk_name: chunk}, q=q, k=chunk_k, v=chunk_v))
     out, lse = _merge(parts)
 
     full_k = torch.cat([torch.cat([ctx_k[s], new_k[cu_q[s]:cu_q[s + 1]]]) for s in range(2)])
@@ -352,13 +362,16 @@ def test_warm_up_runs_decode_steps_and_prefill_calls(monkeypatch):
     attend = PagedAttnMLAPrefill._attend
 
     def counting_attend(self, q, k, v, cu_q, cu_k, max_query_len, *, causal, return_lse, out):
-        prefills.append((causal, return_lse))
+        prefills.append((causal, return_lse, q.shape[0], k.shape[0]))
         return attend(self, q, k, v, cu_q, cu_k, max_query_len, causal=causal, return_lse=return_lse, out=out)
     monkeypatch.setattr(PagedAttnMLAPrefill, "_attend", counting_attend)
     steps = (((1, 20),), ((2, 40), (1, 9)), ((3, 30),))  # the last is wider than 1 + 1 speculative token
-    assert builder.warm_up(steps, prefill_tokens=24) == 2 + 3
+    assert builder.warm_up(steps, prefill_tokens=24, long_prefill_tokens=40) == 2 + 7
     assert decodes == [1, 2]
-    assert prefills == [(True, False), (True, True), (False, True)]
+    # both prefill sizes: new tokens without and with lse, a context chunk of as many keys as
+    # queries; the short size also a chunk of three times as many (the tiles a long context takes)
+    assert prefills == [(True, False, 24, 24), (True, True, 24, 24), (False, True, 24, 24), (False, True, 24, 72),
+                        (True, False, 40, 40), (True, True, 40, 40), (False, True, 40, 40)]
 
 
 @pytest.mark.parametrize("large", [False, True], ids=["below", "past"])
@@ -381,6 +394,30 @@ def test_warm_up_also_compiles_the_64_bit_offset_decode_variants_of_a_large_cach
     assert [fields for _, fields in asked] == [{"LARGE_CACHE": True}] * 2
     for launched, _ in asked:
         assert launched and any(getattr(kwargs.get("CFG"), "LARGE_CACHE", None) is False for _, _, kwargs in launched)
+
+
+@pytest.mark.parametrize("large", [False, True], ids=["below", "past"])
+def test_warm_up_also_compiles_the_64_bit_offset_prefill_variants_of_large_steps(monkeypatch, large):
+    """A prefill step of ``max_num_batched_tokens`` decompressed tokens whose V rows (``[tokens,
+    heads, nope + v]``) pass 2**31 elements takes the prefill kernel's 64-bit-offset variant,
+    which the warm-up's scratch prompts never reach: it then also compiles each prefill launch in
+    that variant (shapes only)."""
+    from pagedattn.integrations.vllm import backend as vllm_backend
+
+    below = (2**31 - 1) // (HEADS * max(NOPE + ROPE, NOPE + V_DIM))  # the most tokens under 2**31 elements
+    config = make_config()
+    config.scheduler_config.max_num_batched_tokens = below + int(large)
+    builder = make_builder(config)  # on the CPU: no warm-up at construction
+    builder.layer.impl = make_impl(config)
+    asked = []
+    monkeypatch.setattr(vllm_backend, "compile_ahead", lambda launched, **fields: asked.append((launched, fields)))
+    assert builder.warm_up((), prefill_tokens=8, long_prefill_tokens=16) == 7
+    if not large:
+        assert asked == []
+        return
+    assert [fields for _, fields in asked] == [{"LARGE_CACHE": True}] * 7
+    for launched, _ in asked:
+        assert launched and all(getattr(kwargs.get("CFG"), "LARGE_CACHE", None) is False for _, _, kwargs in launched)
 
 
 def test_warm_up_in_threads_compiles_the_decode_launches_before_they_run(monkeypatch):

@@ -33,6 +33,8 @@ import pagedattn
 from pagedattn.mla import check_mla_dims
 from pagedattn.ops.common.offsets import needs_int64_offsets
 from pagedattn.ops.mla.launch import MLA_MAX_QUERY_LEN
+from pagedattn.plan.prefill import SHORT_PREFILL_WAVES
+from pagedattn.plan.tiles import num_sms
 from vllm.model_executor.layers.attention.mla_attention import (
     MLACommonBackend,
     MLACommonDecodeMetadata,
@@ -71,9 +73,13 @@ __all__ = [
 SUPPORTED_HEAD_SIZES = (320, 576)
 # What the builder runs once on a GPU (``warm_up``) so that no request waits for Triton to compile:
 # decode steps ``((query_len, seq_len), ...)`` (one split, several splits, a speculative step), and
-# a prompt of PREFILL_WARMUP_TOKENS queries with and without lse plus one unmasked context chunk.
+# prefill calls at PREFILL_WARMUP_TOKENS queries and at a count past the short-prefill rule (the
+# 128-row tiles), each new-token prompt with and without lse, each context chunk unmasked over as
+# many keys as queries and over CONTEXT_WARMUP_KEYS_PER_QUERY times as many (the 128-row tiles a
+# long context takes at any query count).
 DECODE_WARMUP_STEPS = (((1, 64),), ((1, 4096),), ((2, 300), (1, 50)))
 PREFILL_WARMUP_TOKENS = 256
+CONTEXT_WARMUP_KEYS_PER_QUERY = 3
 
 
 @dataclass
@@ -124,9 +130,14 @@ class PagedAttnMLAPrefill(MLAPrefillBackend):
         return self._attend(q, k, v, md.query_start_loc, md.query_start_loc, md.max_query_len, causal=True,
                             return_lse=return_softmax_lse, out=out)
 
-    def run_prefill_context_chunk(self, chunk, q, k, v, out=None):
+    def run_prefill_context_chunk(self, chunk=None, q=None, k=None, v=None, out=None, *, chunk_idx=None):
         """One chunk of cached context, unmasked. ``chunk`` is vLLM 0.33's ``ContextChunk`` (it
-        carries its own query offsets) or 0.26's chunk index into the prefill metadata."""
+        carries its own query offsets) or 0.26's chunk index into the prefill metadata, which 0.26
+        passes by keyword as ``chunk_idx`` (with ``q``, ``k``, ``v`` by keyword too)."""
+        if chunk_idx is not None:
+            chunk = chunk_idx
+        if chunk is None or q is None or k is None or v is None:
+            raise TypeError("run_prefill_context_chunk needs a chunk (or chunk_idx), q, k and v")
         if isinstance(chunk, int):
             md = self._prefill_metadata
             cu_q, cu_k, max_q = md.query_start_loc, md.chunked_context.cu_seq_lens[chunk], md.max_query_len
@@ -171,12 +182,15 @@ class PagedAttnMLAMetadataBuilder(MLACommonMetadataBuilder[MLACommonMetadata]):
         if warm_up_wanted(self.device):
             self.warm_up()
 
-    def warm_up(self, decode_steps=DECODE_WARMUP_STEPS, prefill_tokens: int = PREFILL_WARMUP_TOKENS) -> int:
+    def warm_up(self, decode_steps=DECODE_WARMUP_STEPS, prefill_tokens: int = PREFILL_WARMUP_TOKENS,
+                long_prefill_tokens: int | None = None) -> int:
         """Run decode steps and prefill calls on scratch tensors; returns the number of calls run.
 
         vLLM's own warm-up runs no attention without graphs, and no prefill at all (its profiling
         forward passes no metadata), so without this the first requests wait while Triton
-        compiles the kernels. ``PAGEDATTN_VLLM_WARMUP=0`` skips it.
+        compiles the kernels. ``PAGEDATTN_VLLM_WARMUP=0`` skips it. ``long_prefill_tokens``
+        (default: the fewest whole 128-row tiles past the short-prefill rule at this head count on
+        this device) is the second prefill size.
         """
         impl, dims, device = self.layer.impl, self.mla_dims, self.device
         dtype = self.model_config.dtype
@@ -202,18 +216,43 @@ class PagedAttnMLAMetadataBuilder(MLACommonMetadataBuilder[MLACommonMetadata]):
             runs += warm_up_calls(calls, large, warm_up_jobs())
         prefill = self._prefill_backend
         if isinstance(prefill, PagedAttnMLAPrefill) and prefill_tokens > 0:
-            qk = dims.qk_nope_head_dim + dims.qk_rope_head_dim
-            q = torch.zeros(prefill_tokens, self.num_heads, qk, dtype=dtype, device=device)
-            v = torch.zeros(prefill_tokens, self.num_heads, dims.v_head_dim, dtype=dtype, device=device)
-            cu = torch.tensor([0, prefill_tokens], dtype=torch.int32, device=device)
-            scratch = prefill.clone()
-            scratch.prepare_metadata(_PrefillStandIn(query_start_loc=cu, max_query_len=prefill_tokens))
-            for lse in (False, True):
-                scratch.run_prefill_new_tokens(q, q, v, lse)
-            scratch.run_prefill_context_chunk(_PrefillStandIn(query_start_loc=cu, cu_seq_lens=cu,
-                                                              max_query_len=prefill_tokens), q, q, v)
-            runs += 3
+            if long_prefill_tokens is None:
+                long_prefill_tokens = 128 * (SHORT_PREFILL_WAVES * num_sms(device) // self.num_heads + 1)
+            calls = self._prefill_warm_up_calls(prefill, prefill_tokens, long_prefill_tokens)
+            runs += warm_up_calls(calls, self._prefill_is_large(), warm_up_jobs())
         return runs
+
+    def _prefill_warm_up_calls(self, prefill: PagedAttnMLAPrefill, short_tokens: int, long_tokens: int) -> list:
+        """The prefill calls of :meth:`warm_up` (see PREFILL_WARMUP_TOKENS), on zero scratch tensors."""
+        dims, device, dtype = self.mla_dims, self.device, self.model_config.dtype
+        qk = dims.qk_nope_head_dim + dims.qk_rope_head_dim
+        calls = []
+        for n in (short_tokens, long_tokens):
+            cu_q = torch.tensor([0, n], dtype=torch.int32, device=device)
+            q = torch.zeros(n, self.num_heads, qk, dtype=dtype, device=device)
+            v = torch.zeros(n, self.num_heads, dims.v_head_dim, dtype=dtype, device=device)
+            scratch = prefill.clone()
+            scratch.prepare_metadata(_PrefillStandIn(query_start_loc=cu_q, max_query_len=n))
+            calls += [lambda scratch=scratch, q=q, v=v, lse=lse: scratch.run_prefill_new_tokens(q, q, v, lse)
+                      for lse in (False, True)]
+            for per_query in (1, CONTEXT_WARMUP_KEYS_PER_QUERY) if n == short_tokens else (1,):
+                keys = n * per_query
+                k_ctx = torch.zeros(keys, self.num_heads, qk, dtype=dtype, device=device)
+                v_ctx = torch.zeros(keys, self.num_heads, dims.v_head_dim, dtype=dtype, device=device)
+                chunk = _PrefillStandIn(query_start_loc=cu_q, max_query_len=n,
+                                        cu_seq_lens=torch.tensor([0, keys], dtype=torch.int32, device=device))
+                calls.append(lambda scratch=scratch, chunk=chunk, q=q, k=k_ctx, v=v_ctx:
+                             scratch.run_prefill_context_chunk(chunk, q, k, v))
+        return calls
+
+    def _prefill_is_large(self) -> bool:
+        """Whether a prefill call's K or V can span 2**31 elements (the kernel's 64-bit offsets):
+        new tokens up to ``max_num_batched_tokens``, a context chunk up to vLLM's chunked-prefill
+        workspace, V read from the decompressed ``[tokens, heads, nope + v]`` rows."""
+        dims = self.mla_dims
+        tokens = max(self.vllm_config.scheduler_config.max_num_batched_tokens, self.chunked_prefill_workspace_size)
+        width = max(dims.qk_nope_head_dim + dims.qk_rope_head_dim, dims.qk_nope_head_dim + dims.v_head_dim)
+        return needs_int64_offsets(torch.empty(tokens, self.num_heads, width, device="meta"))
 
     def _build_decode(self, block_table_tensor, seq_lens_device, max_seq_len, query_start_loc_cpu,
                       query_start_loc_device, num_decode_tokens, dcp_tot_seq_lens_device=None,
