@@ -506,6 +506,8 @@ PROVIDERS: dict[str, Provider] = {
                           description="automatic path, Gluon sm90 prefill kernel, one consumer partition"),
         PagedAttnProvider("pagedattn-gluon-serial", gluon="serial", by_default=False,
                           description="automatic path, Gluon sm90 prefill kernel, serial loop"),
+        PagedAttnProvider("pagedattn-gluon-qregs", gluon="qregs", by_default=False,
+                          description="automatic path, Gluon sm90 prefill kernel, Q as a register operand"),
         SdpaProvider("sdpa-cudnn", anchor=True, backend="CUDNN_ATTENTION",
                      description="torch SDPA, cuDNN backend, contiguous KV"),
         SdpaProvider("sdpa-flash", anchor=True, backend="FLASH_ATTENTION",

@@ -179,13 +179,14 @@ def _probabilities(qk, i, m_i, l_i, q_pos, qk_scale, mods, DTYPE: gl.constexpr, 
 
 
 @gluon.jit
-def _issue_scores(q_smem, k_bufs, k_ready, j, s_zero, NUM_STAGES: gl.constexpr):
-    """Wait for the key tile at ring position j and issue ``S = Q K^T`` (async): (S, the K tile)."""
+def _issue_scores(q_op, k_bufs, k_ready, j, s_zero, NUM_STAGES: gl.constexpr):
+    """Wait for the key tile at ring position j and issue ``S = Q K^T`` (async): (S, the K tile).
+    ``q_op``: the Q tile in shared memory, or in registers as the wgmma's A operand."""
     slot = j % NUM_STAGES
     k_tile = k_bufs.index(slot)  # [BLOCK_N, HEAD]
     mbarrier.wait(k_ready.index(slot), (j // NUM_STAGES) & 1)
     fence_async_shared()  # cp.async wrote through the generic proxy; wgmma reads through the async one
-    return warpgroup_mma(q_smem, k_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True), k_tile
+    return warpgroup_mma(q_op, k_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True), k_tile
 
 
 @gluon.jit
@@ -199,14 +200,14 @@ def _issue_values(p_op, v_bufs, v_ready, j, acc, NUM_STAGES: gl.constexpr):
 
 
 @gluon.jit
-def _attend_tiles(i_lo, i_hi, t_base, q_smem, k_bufs, v_bufs, k_ready, v_ready, kv_empty, m_i, l_i, acc, q_pos,
+def _attend_tiles(i_lo, i_hi, t_base, q_op, k_bufs, v_bufs, k_ready, v_ready, kv_empty, m_i, l_i, acc, q_pos,
                   qk_scale, mods, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
                   NUM_WARPS: gl.constexpr, MASKED: gl.constexpr, PIPELINED: gl.constexpr, OVERLAP: gl.constexpr,
                   FEATURES: gl.constexpr):
     """Online softmax over key tiles i_lo .. i_hi - 1 (MASKED: the causal rule k_pos <= q_pos and
     the window's; else every key is visible to every row). Tile i sits at ring position
     ``i - t_base`` (t_base: the first tile the producer loads); ``mods``, ``FEATURES``:
-    ``_probabilities``'.
+    ``_probabilities``'; ``q_op``: ``_issue_scores``'.
 
     PIPELINED: software-pipelined by one tile: tile i + 1's ``S = Q K^T`` is issued before tile
     i's softmax, so the tensor cores run it while the warps compute exponentials; both wgmma in
@@ -216,13 +217,13 @@ def _attend_tiles(i_lo, i_hi, t_base, q_smem, k_bufs, v_bufs, k_ready, v_ready, 
     rescaled by tile i + 1's factor once its P V is done, and P of two tiles is live in
     registers. Else each tile's two wgmma and its softmax run one after the other."""
     HEAD: gl.constexpr = acc.shape[1]
-    DTYPE: gl.constexpr = q_smem.dtype
+    DTYPE: gl.constexpr = q_op.dtype
     s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
                                                   instr_shape=[16, BLOCK_N, 16])
     s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_l)
     if not PIPELINED:
         for i in range(i_lo, i_hi):
-            qk, k_tile = _issue_scores(q_smem, k_bufs, k_ready, i - t_base, s_zero, NUM_STAGES)
+            qk, k_tile = _issue_scores(q_op, k_bufs, k_ready, i - t_base, s_zero, NUM_STAGES)
             qk, _ = warpgroup_mma_wait(num_outstanding=0, deps=(qk, k_tile))  # [BLOCK_M, BLOCK_N] fp32
             p_op, m_i, l_i, alpha = _probabilities(qk, i, m_i, l_i, q_pos, qk_scale, mods, DTYPE, HEAD,
                                                    BLOCK_N, NUM_WARPS, MASKED, FEATURES)
@@ -232,14 +233,14 @@ def _attend_tiles(i_lo, i_hi, t_base, q_smem, k_bufs, v_bufs, k_ready, v_ready, 
             # slot free: both wgmma of the tile are done
             mbarrier.arrive(kv_empty.index((i - t_base) % NUM_STAGES), count=1)
     elif i_lo < i_hi:
-        qk, k_tile = _issue_scores(q_smem, k_bufs, k_ready, i_lo - t_base, s_zero, NUM_STAGES)
+        qk, k_tile = _issue_scores(q_op, k_bufs, k_ready, i_lo - t_base, s_zero, NUM_STAGES)
         qk, _ = warpgroup_mma_wait(num_outstanding=0, deps=(qk, k_tile))
         if OVERLAP:
             p_op, m_i, l_i, alpha = _probabilities(qk, i_lo, m_i, l_i, q_pos, qk_scale, mods, DTYPE, HEAD,
                                                    BLOCK_N, NUM_WARPS, MASKED, FEATURES)
             acc = acc * alpha[:, None]
             for i in range(i_lo, i_hi - 1):
-                qk_next, k_next = _issue_scores(q_smem, k_bufs, k_ready, i + 1 - t_base, s_zero, NUM_STAGES)
+                qk_next, k_next = _issue_scores(q_op, k_bufs, k_ready, i + 1 - t_base, s_zero, NUM_STAGES)
                 acc, v_tile = _issue_values(p_op, v_bufs, v_ready, i - t_base, acc, NUM_STAGES)
                 qk, _ = warpgroup_mma_wait(num_outstanding=1, deps=(qk_next, k_next))  # issued first: done first
                 p_next, m_i, l_i, alpha = _probabilities(qk, i + 1, m_i, l_i, q_pos, qk_scale, mods, DTYPE, HEAD,
@@ -251,7 +252,7 @@ def _attend_tiles(i_lo, i_hi, t_base, q_smem, k_bufs, v_bufs, k_ready, v_ready, 
                 p_op = p_next
         else:
             for i in range(i_lo, i_hi - 1):
-                qk_next, k_next = _issue_scores(q_smem, k_bufs, k_ready, i + 1 - t_base, s_zero, NUM_STAGES)
+                qk_next, k_next = _issue_scores(q_op, k_bufs, k_ready, i + 1 - t_base, s_zero, NUM_STAGES)
                 p_op, m_i, l_i, alpha = _probabilities(qk, i, m_i, l_i, q_pos, qk_scale, mods, DTYPE, HEAD,
                                                        BLOCK_N, NUM_WARPS, MASKED, FEATURES)
                 acc = acc * alpha[:, None]
@@ -274,16 +275,21 @@ def _consumer(q_smem, k_bufs, v_bufs, k_ready, v_ready, kv_empty, out_ptr, lse_p
               stride_lse_t, stride_lse_h, head, q_start, q_len, row_lo, context_len, num_tokens, t_lo, t_mid_lo,
               t_mid_hi, n_tiles, scale, mods, sink_log2, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
               NUM_STAGES: gl.constexpr, NUM_WARPS: gl.constexpr, PIPELINED: gl.constexpr, OVERLAP: gl.constexpr,
-              FEATURES: gl.constexpr):
+              Q_IN_REGS: gl.constexpr, FEATURES: gl.constexpr):
     """Attend over the key tiles and store out and lse: tiles t_lo .. t_mid_lo - 1 (the window's
     edge, with a window only) and t_mid_hi .. n_tiles - 1 (the diagonal) masked, the ones between
     without a mask. ``sink_log2``: the head's sink logit in base 2 (-inf: none), a key of weight
-    e^sink and no value."""
+    e^sink and no value. Q_IN_REGS: Q is read from shared memory once, into registers as the A
+    operand of every ``S = Q K^T`` (else each wgmma reads it from shared memory again)."""
     HEAD: gl.constexpr = q_smem.shape[1]
     s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
                                                   instr_shape=[16, BLOCK_N, 16])
     o_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
                                                   instr_shape=[16, HEAD, 16])
+    if Q_IN_REGS:
+        q_op = q_smem.load(gl.DotOperandLayout(operand_index=0, parent=s_l, k_width=2))
+    else:
+        q_op = q_smem
     q_pos = context_len + row_lo + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_l))
     m_i = gl.zeros([BLOCK_M], gl.float32, layout=gl.SliceLayout(1, s_l)) + sink_log2
     l_i = gl.where(m_i > float("-inf"), 1.0, 0.0)
@@ -291,13 +297,13 @@ def _consumer(q_smem, k_bufs, v_bufs, k_ready, v_ready, kv_empty, out_ptr, lse_p
     qk_scale = scale * LOG2E
     USE_WINDOW: gl.constexpr = FEATURES[2]
     if USE_WINDOW:
-        m_i, l_i, acc = _attend_tiles(t_lo, t_mid_lo, t_lo, q_smem, k_bufs, v_bufs, k_ready, v_ready, kv_empty, m_i,
+        m_i, l_i, acc = _attend_tiles(t_lo, t_mid_lo, t_lo, q_op, k_bufs, v_bufs, k_ready, v_ready, kv_empty, m_i,
                                       l_i, acc, q_pos, qk_scale, mods, BLOCK_M, BLOCK_N, NUM_STAGES, NUM_WARPS,
                                       True, PIPELINED, OVERLAP, FEATURES)
-    m_i, l_i, acc = _attend_tiles(t_mid_lo, t_mid_hi, t_lo, q_smem, k_bufs, v_bufs, k_ready, v_ready, kv_empty, m_i,
+    m_i, l_i, acc = _attend_tiles(t_mid_lo, t_mid_hi, t_lo, q_op, k_bufs, v_bufs, k_ready, v_ready, kv_empty, m_i,
                                   l_i, acc, q_pos, qk_scale, mods, BLOCK_M, BLOCK_N, NUM_STAGES, NUM_WARPS, False,
                                   PIPELINED, OVERLAP, FEATURES)
-    m_i, l_i, acc = _attend_tiles(t_mid_hi, n_tiles, t_lo, q_smem, k_bufs, v_bufs, k_ready, v_ready, kv_empty, m_i,
+    m_i, l_i, acc = _attend_tiles(t_mid_hi, n_tiles, t_lo, q_op, k_bufs, v_bufs, k_ready, v_ready, kv_empty, m_i,
                                   l_i, acc, q_pos, qk_scale, mods, BLOCK_M, BLOCK_N, NUM_STAGES, NUM_WARPS, True,
                                   PIPELINED, OVERLAP, FEATURES)
 
@@ -416,6 +422,7 @@ def prefill_gluon_kernel(
     NUM_QUERIES_PER_KV: gl.constexpr, HEAD: gl.constexpr, PAGE_SIZE: gl.constexpr, BLOCK_N: gl.constexpr,
     NUM_STAGES: gl.constexpr, PRODUCER_WARPS: gl.constexpr, PRODUCER_REGS: gl.constexpr, PIPELINED: gl.constexpr,
     OVERLAP: gl.constexpr, NUM_CONSUMERS: gl.constexpr, CONSUMER_REGS: gl.constexpr, GROUP_SIGNAL: gl.constexpr,
+    Q_IN_REGS: gl.constexpr,
     USE_SOFTCAP: gl.constexpr, ALIBI_MODE: gl.constexpr, USE_WINDOW: gl.constexpr, HAS_PREFIX: gl.constexpr,
 ):
     """out = softmax(scale * q k^T + causal mask) v for one Q tile of one head (see the module docstring),
@@ -481,7 +488,7 @@ def prefill_gluon_kernel(
             (_consumer, (q_smem, k_bufs, v_bufs, k_ready, v_ready, kv_empty, out_ptr, lse_ptr, stride_o_t, stride_o_h,
                          stride_lse_t, stride_lse_h, head, q_start, q_len, row_lo, context_len, num_tokens, t_lo,
                          t_mid_lo, t_mid_hi, n_tiles, scale, mods, sink_log2, WG_ROWS, BLOCK_N, NUM_STAGES, NUM_WARPS,
-                         PIPELINED, OVERLAP, FEATURES)),
+                         PIPELINED, OVERLAP, Q_IN_REGS, FEATURES)),
             (_producer, (k_cache_ptr, v_cache_ptr, bt_row_ptr, k_bufs, v_bufs, k_ready, v_ready, kv_empty, kv_head,
                          t_lo, n_tiles, kv_hi, num_blocks, max_blocks_per_seq, stride_c_b, stride_c_s, stride_c_h,
                          HEAD, PAGE_SIZE, BLOCK_N, NUM_STAGES, PRODUCER_WARPS, GROUP_SIGNAL)),
@@ -493,14 +500,15 @@ def prefill_gluon_kernel(
             (_consumer, (q_smem.slice(0, WG_ROWS), k_bufs, v_bufs, k_ready, v_ready, kv_empty, out_ptr, lse_ptr,
                          stride_o_t, stride_o_h, stride_lse_t, stride_lse_h, head, q_start, q_len, row_lo,
                          context_len, num_tokens, t_lo, t_mid_lo, t_mid_hi, n_tiles, scale, mods, sink_log2, WG_ROWS,
-                         BLOCK_N, NUM_STAGES, NUM_WARPS, PIPELINED, OVERLAP, FEATURES)),
+                         BLOCK_N, NUM_STAGES, NUM_WARPS, PIPELINED, OVERLAP, Q_IN_REGS, FEATURES)),
             (_producer, (k_cache_ptr, v_cache_ptr, bt_row_ptr, k_bufs, v_bufs, k_ready, v_ready, kv_empty, kv_head,
                          t_lo, n_tiles, kv_hi, num_blocks, max_blocks_per_seq, stride_c_b, stride_c_s, stride_c_h,
                          HEAD, PAGE_SIZE, BLOCK_N, NUM_STAGES, PRODUCER_WARPS, GROUP_SIGNAL)),
             (_consumer, (q_smem.slice(WG_ROWS, WG_ROWS), k_bufs, v_bufs, k_ready, v_ready, kv_empty, out_ptr,
                          lse_ptr, stride_o_t, stride_o_h, stride_lse_t, stride_lse_h, head, q_start, q_len,
                          row_lo + WG_ROWS, context_len, num_tokens, t_lo, t_mid_lo, t_mid_hi, n_tiles, scale, mods,
-                         sink_log2, WG_ROWS, BLOCK_N, NUM_STAGES, NUM_WARPS, PIPELINED, OVERLAP, FEATURES)),
+                         sink_log2, WG_ROWS, BLOCK_N, NUM_STAGES, NUM_WARPS, PIPELINED, OVERLAP, Q_IN_REGS,
+                         FEATURES)),
         ], [PRODUCER_WARPS, NUM_WARPS], [PRODUCER_REGS, CONSUMER_REGS])
 
     _invalidate_ring(k_ready, v_ready, kv_empty, NUM_STAGES)

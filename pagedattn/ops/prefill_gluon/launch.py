@@ -51,7 +51,10 @@ class GluonPrefillConfig:
     commit groups (one tile in flight) and arrives on the ready barriers with a plain arrive,
     the form Triton's ConSan (``TRITON_INSTRUMENTATION_MODE=consan``) can follow; the default,
     ``cp.async.mbarrier.arrive.noinc``, keeps every ring slot's copies in flight at once, and
-    ConSan in triton 3.6 counts cp.async as done only at a ``wait_group``."""
+    ConSan in triton 3.6 counts cp.async as done only at a ``wait_group``; ``q_in_regs``: each
+    consumer loads its Q rows into registers once and every ``S = Q K^T`` takes them as its A
+    operand, so the wgmma reads only K from shared memory (an m64n64k16 step that reads both
+    reads 4 KB for 32 tensor-core cycles, shared memory's whole 128 B a cycle)."""
 
     block_m: int = 128
     block_n: int = 64
@@ -63,6 +66,7 @@ class GluonPrefillConfig:
     split_consumers: bool = False  # the two 64-row halves in two partitions (block_m 128 only)
     consumer_regs: int = 208  # the second consumer partition's register cap (split_consumers)
     group_signal: bool = False  # tiles' copies completed through commit groups (for ConSan)
+    q_in_regs: bool = False  # Q as the register A operand of S = Q K^T (heads up to 128)
 
     def for_head(self, head_size: int) -> "GluonPrefillConfig":
         """This config at ``head_size``: past head 128 the key tile is 32 keys. At head 256 and 64
@@ -70,9 +74,10 @@ class GluonPrefillConfig:
         sm90 (2 stages: 197 KB of shared memory); at 32 keys and 3 stages it compiles without
         spills (193 / 198 / 61 registers, 164 KB), and with every score modifier at once spills
         4-8 B (207 / 206 / 56 registers; with the second consumer at 224 and the producer at 56
-        still 4-8 B: not register pressure)."""
-        if head_size > 128 and self.block_n > 32:
-            return dataclasses.replace(self, block_n=32)
+        still 4-8 B: not register pressure). Q stays in shared memory past head 128 (in
+        registers it would take 64 more a thread)."""
+        if head_size > 128 and (self.block_n > 32 or self.q_in_regs):
+            return dataclasses.replace(self, block_n=min(self.block_n, 32), q_in_regs=False)
         return self
 
     @property
@@ -96,6 +101,8 @@ GLUON_PREFILL_CONFIGS = {"1": GLUON_PREFILL_CONFIG, "split": GluonPrefillConfig(
                          "pipelined": GluonPrefillConfig(), "serial": GluonPrefillConfig(pipelined=False),
                          # the default with the ready barriers signalled in the form ConSan follows
                          "groups": GluonPrefillConfig(split_consumers=True, overlap=True, group_signal=True),
+                         # the default with Q in registers (compiled; not yet timed on a GPU)
+                         "qregs": GluonPrefillConfig(split_consumers=True, overlap=True, q_in_regs=True),
                          "0": GLUON_OFF}
 # the automatic rule's floor: below it the tl kernel was as fast on the H200 (a 512-token prefill:
 # 16.7 against 16.9 us), above it the Gluon kernel was faster (2048: 99.1 against 100.3 us; 4 x 512
@@ -235,7 +242,7 @@ def launch_prefill_gluon(
            BLOCK_N=config.block_n, NUM_STAGES=config.num_stages, PRODUCER_WARPS=config.producer_warps,
            PRODUCER_REGS=config.producer_regs, PIPELINED=config.pipelined, OVERLAP=config.overlap,
            NUM_CONSUMERS=config.num_consumers, CONSUMER_REGS=config.consumer_regs,
-           GROUP_SIGNAL=config.group_signal, USE_SOFTCAP=bool(a.softcap),
+           GROUP_SIGNAL=config.group_signal, Q_IN_REGS=config.q_in_regs, USE_SOFTCAP=bool(a.softcap),
            ALIBI_MODE=int(a.alibi_mode),
            USE_WINDOW=bool(a.sliding_window and a.sliding_window > 0), HAS_PREFIX=pr is not None,
            num_warps=config.num_warps)
