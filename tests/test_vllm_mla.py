@@ -374,26 +374,36 @@ def test_warm_up_runs_decode_steps_and_prefill_calls(monkeypatch):
                         (True, False, 40, 40), (True, True, 40, 40), (False, True, 40, 40)]
 
 
+def _builder_recording_compiles(monkeypatch, config):
+    """A builder of ``config`` with an impl (made on the CPU: no warm-up at construction), and the
+    list that records each ``compile_ahead(launched, **fields)`` the warm-up asks for instead."""
+    from pagedattn.integrations.vllm import backend as vllm_backend
+
+    builder = make_builder(config)
+    builder.layer.impl = make_impl(config)
+    asked = []
+    monkeypatch.setattr(vllm_backend, "compile_ahead",
+                        lambda launched, **fields: asked.append((list(launched), fields)))
+    return builder, asked
+
+
+def _assert_asked_large_variants(asked, calls: int):
+    """The warm-up asked for ``calls`` compiles in the 64-bit-offset variant, each of a call's
+    captured launches, among them one compiled with 32-bit offsets when it ran."""
+    assert [fields for _, fields in asked] == [{"LARGE_CACHE": True}] * calls
+    for launched, _ in asked:
+        assert launched and any(getattr(kwargs.get("CFG"), "LARGE_CACHE", None) is False for _, _, kwargs in launched)
+
+
 @pytest.mark.parametrize("large", [False, True], ids=["below", "past"])
 def test_warm_up_also_compiles_the_64_bit_offset_decode_variants_of_a_large_cache(monkeypatch, large):
     """Where the latent cache vLLM sized passes 2**31 elements (a few DeepSeek-V3 layers on one
     H200), the decode kernel takes its 64-bit-offset variant, which the scratch cache never
     reaches: the warm-up then also compiles each decode launch in that variant (shapes only)."""
-    from pagedattn.integrations.vllm import backend as vllm_backend
-
     below = 2**31 // (BLOCK * (LATENT + ROPE))  # the most blocks whose cache stays under 2**31 elements
-    config = make_config(num_gpu_blocks=below + int(large))
-    builder = make_builder(config)  # on the CPU: no warm-up at construction
-    builder.layer.impl = make_impl(config)
-    asked = []
-    monkeypatch.setattr(vllm_backend, "compile_ahead", lambda launched, **fields: asked.append((launched, fields)))
+    builder, asked = _builder_recording_compiles(monkeypatch, make_config(num_gpu_blocks=below + int(large)))
     assert builder.warm_up((((1, 20),), ((1, 40), (1, 9))), prefill_tokens=0) == 2
-    if not large:
-        assert asked == []
-        return
-    assert [fields for _, fields in asked] == [{"LARGE_CACHE": True}] * 2
-    for launched, _ in asked:
-        assert launched and any(getattr(kwargs.get("CFG"), "LARGE_CACHE", None) is False for _, _, kwargs in launched)
+    _assert_asked_large_variants(asked, 2 if large else 0)
 
 
 @pytest.mark.parametrize("large", [False, True], ids=["below", "past"])
@@ -402,34 +412,18 @@ def test_warm_up_also_compiles_the_64_bit_offset_prefill_variants_of_large_steps
     heads, nope + v]``) pass 2**31 elements takes the prefill kernel's 64-bit-offset variant,
     which the warm-up's scratch prompts never reach: it then also compiles each prefill launch in
     that variant (shapes only)."""
-    from pagedattn.integrations.vllm import backend as vllm_backend
-
     below = (2**31 - 1) // (HEADS * max(NOPE + ROPE, NOPE + V_DIM))  # the most tokens under 2**31 elements
     config = make_config()
     config.scheduler_config.max_num_batched_tokens = below + int(large)
-    builder = make_builder(config)  # on the CPU: no warm-up at construction
-    builder.layer.impl = make_impl(config)
-    asked = []
-    monkeypatch.setattr(vllm_backend, "compile_ahead", lambda launched, **fields: asked.append((launched, fields)))
+    builder, asked = _builder_recording_compiles(monkeypatch, config)
     assert builder.warm_up((), prefill_tokens=8, long_prefill_tokens=16) == 7
-    if not large:
-        assert asked == []
-        return
-    assert [fields for _, fields in asked] == [{"LARGE_CACHE": True}] * 7
-    for launched, _ in asked:
-        assert launched and all(getattr(kwargs.get("CFG"), "LARGE_CACHE", None) is False for _, _, kwargs in launched)
+    _assert_asked_large_variants(asked, 7 if large else 0)
 
 
 def test_warm_up_in_threads_compiles_the_decode_launches_before_they_run(monkeypatch):
     """``PAGEDATTN_VLLM_WARMUP_JOBS=2``: every decode step's launches are captured and compiled in
     2 threads before the steps run; the prefill calls run after them."""
-    from pagedattn.integrations.vllm import backend as vllm_backend
-
-    config = make_config()
-    builder = make_builder(config)  # on the CPU: no warm-up at construction
-    builder.layer.impl = make_impl(config)
-    asked = []
-    monkeypatch.setattr(vllm_backend, "compile_ahead", lambda launched, **fields: asked.append((list(launched), fields)))
+    builder, asked = _builder_recording_compiles(monkeypatch, make_config())
     monkeypatch.setenv("PAGEDATTN_VLLM_WARMUP_JOBS", "2")
     assert builder.warm_up((((1, 20),), ((1, 40), (1, 9))), prefill_tokens=0) == 2
     assert [fields for _, fields in asked] == [{"jobs": 2}]
