@@ -38,7 +38,7 @@ from pagedattn.integrations.vllm.backend import (  # noqa: E402
 )
 from pagedattn.reference import paged_attention_ref, varlen_attention_ref  # noqa: E402
 from pagedattn.testing import assert_matches_reference  # noqa: E402
-from tests.vllm_support import assert_stand_in_matches, paged_layout  # noqa: E402
+from tests.vllm_support import assert_stand_in_matches, override_mismatches, paged_layout  # noqa: E402
 
 DEVICE = torch.device("cpu")
 NUM_Q_HEADS, NUM_KV_HEADS, HEAD_SIZE = 4, 2, 32
@@ -620,3 +620,10 @@ def test_warm_up_steps_cover_the_prefill_tiles_of_real_batches(monkeypatch, num_
         for name, step in real.items():
             tiles = prefill_tiles(step)
             assert tiles is None or tiles in warmed, f"{name}: prefill tiles {tiles} are not warmed up"
+
+
+def test_overrides_take_vllms_arguments():
+    """Every method the backend's classes define over vLLM's takes the call vLLM makes the base
+    class's way: no argument name of the base's missing, no required argument the base lacks."""
+    for cls in (PagedAttnBackend, PagedAttnImpl, PagedAttnMetadataBuilder):
+        assert override_mismatches(cls) == [], cls.__name__

@@ -41,7 +41,7 @@ from pagedattn.integrations.vllm.mla import (  # noqa: E402
 )
 from pagedattn.reference import mla_decode_ref, varlen_attention_ref, write_mla_kv_ref  # noqa: E402
 from pagedattn.testing import assert_matches_reference  # noqa: E402
-from tests.vllm_support import assert_stand_in_matches, paged_layout  # noqa: E402
+from tests.vllm_support import assert_stand_in_matches, override_mismatches, paged_layout  # noqa: E402
 
 DEVICE = torch.device("cpu")
 # 256 + 64 = 320: the smaller latent row vLLM's MLA metadata accepts (DeepSeek's is 512 + 64)
@@ -448,3 +448,10 @@ def test_decode_over_an_fp8_cache_matches_reference():
     ref, _ = mla_decode_ref(q_nope, q_pe, batch.cache, batch.block_table, batch.seq_lens, batch.qsl, scale=SCALE,
                             kv_scale=0.5)
     assert_matches_reference(out, None, ref, None)
+
+
+def test_overrides_take_vllms_arguments():
+    """Every method the MLA backend's classes define over vLLM's takes the call vLLM makes the
+    base class's way (vLLM 0.26 passes ``run_prefill_context_chunk`` its arguments by keyword)."""
+    for cls in (PagedAttnMLABackend, PagedAttnMLAImpl, PagedAttnMLAMetadataBuilder, PagedAttnMLAPrefill):
+        assert override_mismatches(cls) == [], cls.__name__

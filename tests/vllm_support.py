@@ -51,3 +51,42 @@ def assert_stand_in_matches(stand_in, parts: dict) -> None:
     for cls, obj in parts.items():
         for attr in vars(obj):
             assert attr in names(cls), f"{cls.__name__}.{attr}"
+
+
+def _plain(member):
+    return member.__func__ if isinstance(member, (staticmethod, classmethod)) else member
+
+
+def override_mismatches(cls) -> list[str]:
+    """Where a method ``cls`` defines over one of its vLLM base classes could not take a call made
+    the base's way: a named argument of the base's that ours does not accept (vLLM passes some
+    by keyword, e.g. 0.26's ``run_prefill_context_chunk(chunk_idx=...)``), or an argument of
+    ours without a default that the base does not have. Methods taking ``**kwargs`` accept any
+    name; positional-only and ``*args`` parameters are not compared, nor the arguments with
+    defaults of a base's ``__init__`` (vLLM makes a builder or impl with the required ones; the
+    others are for a subclass to pass up, e.g. ``MLACommonMetadataBuilder``'s ``metadata_cls``)."""
+    import inspect
+
+    problems = []
+    for name, member in vars(cls).items():
+        ours = _plain(member)
+        if not callable(ours) or (name.startswith("__") and name != "__init__"):
+            continue
+        base = next((b for b in cls.__mro__[1:] if name in vars(b) and b is not object), None)
+        if base is None or not (base.__module__ or "").startswith("vllm"):
+            continue
+        try:
+            mine, theirs = inspect.signature(ours).parameters, inspect.signature(_plain(vars(base)[name])).parameters
+        except (TypeError, ValueError):
+            continue
+        named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+        if not any(p.kind == inspect.Parameter.VAR_KEYWORD for p in mine.values()):
+            for p in theirs.values():
+                hook = name == "__init__" and p.default is not inspect.Parameter.empty
+                if p.kind in named and p.name not in ("self", "cls") and p.name not in mine and not hook:
+                    problems.append(f"{cls.__name__}.{name} does not take {base.__name__}'s argument {p.name!r}")
+        for p in mine.values():
+            if (p.kind in named and p.name not in ("self", "cls") and p.default is inspect.Parameter.empty
+                    and p.name not in theirs):
+                problems.append(f"{cls.__name__}.{name} needs {p.name!r}, which {base.__name__}.{name} does not have")
+    return problems

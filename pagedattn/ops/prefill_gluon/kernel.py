@@ -11,7 +11,8 @@ One CTA per (query head, sequence, Q tile), the tl kernel's grid and launch orde
 Q tile of every head and sequence first). Two partitions (``gl.warp_specialize``):
 
 * the default partition, NUM_WARPS warps (BLOCK_M = 16 * NUM_WARPS rows, a warpgroup per 64):
-  per key tile ``S = Q K^T`` (wgmma, Q and K from shared memory), the online softmax in base 2
+  per key tile ``S = Q K^T`` (wgmma, K from shared memory, Q from shared memory or, with
+  Q_IN_REGS, from registers loaded once), the online softmax in base 2
   in registers, ``P`` converted in registers to the A operand of ``O += P V`` (wgmma, V from
   shared memory, O in registers); PIPELINED issues the next tile's ``S`` before this tile's
   softmax, OVERLAP also keeps this tile's ``P V`` running during the next tile's softmax. Tiles
