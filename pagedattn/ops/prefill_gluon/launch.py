@@ -100,9 +100,9 @@ GLUON_PREFILL_CONFIG = GluonPrefillConfig(split_consumers=True, overlap=True)
 GLUON_PREFILL_CONFIGS = {"1": GLUON_PREFILL_CONFIG, "split": GluonPrefillConfig(split_consumers=True),
                          "pipelined": GluonPrefillConfig(), "serial": GluonPrefillConfig(pipelined=False),
                          # the default with the ready barriers signalled in the form ConSan follows
-                         "groups": GluonPrefillConfig(split_consumers=True, overlap=True, group_signal=True),
+                         "groups": dataclasses.replace(GLUON_PREFILL_CONFIG, group_signal=True),
                          # the default with Q in registers (compiled; not yet timed on a GPU)
-                         "qregs": GluonPrefillConfig(split_consumers=True, overlap=True, q_in_regs=True),
+                         "qregs": dataclasses.replace(GLUON_PREFILL_CONFIG, q_in_regs=True),
                          "0": GLUON_OFF}
 # the automatic rule's floor: below it the tl kernel was as fast on the H200 (a 512-token prefill:
 # 16.7 against 16.9 us), above it the Gluon kernel was faster (2048: 99.1 against 100.3 us; 4 x 512
