@@ -198,17 +198,16 @@ def test_generate_batch_same_tokens_as_greedy(name, chunked, monkeypatch):
 
 
 def test_model_without_the_attention_interface_is_refused():
-    """Falcon's attention classes call their own kernels: transformers alone would keep them (a
+    """BLOOM's attention module computes ALiBi scores itself: transformers alone would keep it (a
     logged warning) or fail with a KeyError while building the model."""
-    config = transformers.FalconConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
-                                       new_decoder_architecture=True, num_kv_heads=2)
-    model = _model(transformers.FalconForCausalLM, config)
+    config = transformers.BloomConfig(vocab_size=VOCAB, hidden_size=32, n_layer=1, n_head=4)
+    model = _model(transformers.BloomForCausalLM, config)
     before = model.config._attn_implementation
-    with pytest.raises(ValueError, match="FalconForCausalLM computes attention in its own modules"):
+    with pytest.raises(ValueError, match="BloomForCausalLM computes attention in its own modules"):
         model.set_attn_implementation("pagedattn")
     assert model.config._attn_implementation == before
     with pytest.raises(ValueError, match="not through transformers' AttentionInterface"):
-        transformers.FalconForCausalLM._from_config(copy.deepcopy(config), attn_implementation="pagedattn")
+        transformers.BloomForCausalLM._from_config(copy.deepcopy(config), attn_implementation="pagedattn")
 
 
 def test_continuous_batching_allow_list_wrapped_once():

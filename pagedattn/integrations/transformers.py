@@ -12,7 +12,7 @@ Mistral, Qwen2, Qwen3, Phi3, Gemma 2, Gemma 3 (text, and with images), GPT-OSS, 
 ModernBERT, BART, Whisper and Llava (docs/transformers.md). The name must be registered before
 a model asks for it: without :func:`register`, transformers raises its generic "not supported"
 error (which names :func:`register` once this module is imported). A model whose attention does
-not go through ``AttentionInterface`` (Falcon, for one: its attention classes are its own) cannot
+not go through ``AttentionInterface`` (BLOOM, for one: its attention module computes ALiBi scores itself) cannot
 take the name: ``set_attn_implementation`` and loading with it raise ValueError instead of
 transformers keeping the model's own attention.
 
