@@ -2,9 +2,10 @@
 a broken backend is caught.
 
 Each backend runs in a fresh process (tests/vllm_logprobs.py) on a small model with random
-weights (Llama's shape with grouped heads, and DeepSeek-V2's latent attention), eager. Per prompt
-token and per decode step (top-20 log-probabilities, while the greedy tokens agree) the largest
-difference from a reference backend is taken. vLLM's two reference backends differ from each
+weights (Llama's shape with grouped heads, and DeepSeek's latent attention at 16 and at 128
+heads: the portable and, on sm90, the Gluon MLA decode kernel), eager. Per prompt token and per
+decode step (top-20 log-probabilities, while the greedy tokens agree) the largest difference from
+a reference backend is taken. vLLM's two reference backends differ from each
 other by some amount ``d_ref`` (bf16 kernels that round differently); pagedattn must stay within
 ``max(2 d_ref, FLOOR)`` of the first, and pagedattn with its softmax scale doubled must not.
 
@@ -74,7 +75,7 @@ def _difference(a: dict, b: dict) -> tuple[float, int]:
     return worst, steps
 
 
-@pytest.fixture(scope="module", params=["llama", "deepseek"])
+@pytest.fixture(scope="module", params=["llama", "deepseek", "deepseek-128"])
 def case(request, tmp_path_factory):
     kind = request.param
     model_dir = tmp_path_factory.mktemp(kind)

@@ -3,7 +3,7 @@
 Run in a fresh process per backend, vLLM's engine in the same process
 (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so registering pagedattn here reaches the model runner:
 
-    python -m tests.vllm_logprobs make DIR --kind llama|deepseek     # a model with random weights
+    python -m tests.vllm_logprobs make DIR --kind llama|deepseek|deepseek-128  # random weights
     python -m tests.vllm_logprobs run DIR --backend CUSTOM [--broken]  # JSON on the last line
 
 ``make`` writes a Hugging Face checkpoint with transformers (random weights of std 0.1, so that
@@ -25,6 +25,7 @@ PROMPT_LENS = (5, 37, 130, 300)
 DECODE_TOKENS = 24
 TOP_LOGPROBS = 20
 VOCAB = 512
+KINDS = ("llama", "deepseek", "deepseek-128")
 
 
 def make(model_dir: str, kind: str) -> None:
@@ -37,9 +38,12 @@ def make(model_dir: str, kind: str) -> None:
     if kind == "llama":
         config = transformers.LlamaConfig(num_attention_heads=8, num_key_value_heads=2, head_dim=64, **common)
         model = transformers.LlamaForCausalLM(config)
-    else:  # DeepSeek-V2's attention shape (512 + 64 latent, 128 + 64 heads, 16 heads), dense MLPs only
+    else:  # DeepSeek-V2's attention shape (512 + 64 latent, 128 + 64 heads), dense MLPs only: 16 heads
+        # as V2-Lite (the portable decode kernel), or 128 as V3 and Kimi K2 (heads in whole 64-row
+        # CTAs: on sm90 the warp-specialized Gluon decode kernel)
+        heads = 128 if kind == "deepseek-128" else 16
         config = transformers.DeepseekV2Config(
-            num_attention_heads=16, num_key_value_heads=16, kv_lora_rank=512, q_lora_rank=None, qk_rope_head_dim=64,
+            num_attention_heads=heads, num_key_value_heads=heads, kv_lora_rank=512, q_lora_rank=None, qk_rope_head_dim=64,
             qk_nope_head_dim=128, v_head_dim=128, first_k_dense_replace=2, n_routed_experts=4, num_experts_per_tok=2,
             moe_intermediate_size=128, **common)
         model = transformers.DeepseekV2ForCausalLM(config)
@@ -134,7 +138,7 @@ def main() -> None:
     sub = p.add_subparsers(dest="cmd", required=True)
     m = sub.add_parser("make")
     m.add_argument("model_dir")
-    m.add_argument("--kind", choices=("llama", "deepseek"), required=True)
+    m.add_argument("--kind", choices=KINDS, required=True)
     r = sub.add_parser("run")
     r.add_argument("model_dir")
     r.add_argument("--backend", required=True)
