@@ -42,6 +42,7 @@ SERIAL = GLUON_PREFILL_CONFIGS["serial"]  # each tile's wgmma and softmax one af
 PIPELINED = GLUON_PREFILL_CONFIGS["pipelined"]  # the two 64-row halves in one consumer partition
 SPLIT = GLUON_PREFILL_CONFIGS["split"]  # the two 64-row halves in two consumer partitions
 OVERLAP = GluonPrefillConfig(split_consumers=True, overlap=True)  # and P V beside the next softmax
+SMEMQ = GLUON_PREFILL_CONFIGS["smemq"]  # the default with Q read from shared memory by each S = Q K^T
 
 
 # ---------------------------------------------------------------------------------------------
@@ -66,10 +67,8 @@ OVERLAP = GluonPrefillConfig(split_consumers=True, overlap=True)  # and P V besi
         pytest.param(64, torch.float16, False, SPLIT, 64, False, id="page64-fp16-head64-split"),
         pytest.param(16, torch.bfloat16, True, GLUON_PREFILL_CONFIGS["groups"], 128, True, id="page16-bf16-lse-groups"),
         pytest.param(16, torch.bfloat16, True, GLUON_PREFILL_CONFIG, 128, True, id="page16-bf16-lse-modifiers"),
-        pytest.param(16, torch.bfloat16, True, GLUON_PREFILL_CONFIGS["qregs"], 128, True,
-                     id="page16-bf16-lse-qregs-modifiers"),
-        pytest.param(64, torch.float16, False, GLUON_PREFILL_CONFIGS["qregs"], 64, False, id="page64-fp16-head64-qregs"),
-        pytest.param(16, torch.bfloat16, True, GLUON_PREFILL_CONFIGS["qregs"], 256, False, id="page16-bf16-lse-head256-qregs"),
+        pytest.param(16, torch.bfloat16, True, SMEMQ, 128, True, id="page16-bf16-lse-smemq-modifiers"),
+        pytest.param(64, torch.float16, False, SMEMQ, 64, False, id="page64-fp16-head64-smemq"),
         pytest.param(16, torch.bfloat16, True, GLUON_PREFILL_CONFIG, 256, False, id="page16-bf16-lse-head256"),
         pytest.param(64, torch.float16, False, GLUON_PREFILL_CONFIG, 256, False, id="page64-fp16-head256"),
         pytest.param(256, torch.float16, False, GLUON_PREFILL_CONFIG, 64, True, id="page256-fp16-head64-modifiers"),
@@ -109,22 +108,22 @@ def _args(dtype=torch.bfloat16, cache_dtype=None, head_size=128, page_size=16, n
 
 
 def test_gluon_prefill_variable_picks_the_config(monkeypatch):
-    """PAGEDATTN_PREFILL_GLUON: 1 the default config, split / pipelined / serial / groups / qregs
+    """PAGEDATTN_PREFILL_GLUON: 1 the default config, split / pipelined / serial / groups / smemq
     the kept variants, 0 off, anything else (or unset) the automatic rule; read at each call."""
     monkeypatch.delenv(GLUON_PREFILL_ENV, raising=False)
     assert gluon_prefill_requested() is None
-    assert GLUON_PREFILL_CONFIG == OVERLAP
-    for value, config in (("1", OVERLAP), ("serial", SERIAL), ("split", SPLIT), ("pipelined", PIPELINED),
-                          ("groups", GLUON_PREFILL_CONFIGS["groups"]),
-                          ("qregs", dataclasses.replace(OVERLAP, q_in_regs=True)), ("0", GLUON_OFF), ("yes", None)):
+    default = dataclasses.replace(OVERLAP, q_in_regs=True)
+    assert GLUON_PREFILL_CONFIG == default
+    for value, config in (("1", default), ("serial", SERIAL), ("split", SPLIT), ("pipelined", PIPELINED),
+                          ("groups", dataclasses.replace(default, group_signal=True)),
+                          ("smemq", OVERLAP), ("0", GLUON_OFF), ("yes", None)):
         monkeypatch.setenv(GLUON_PREFILL_ENV, value)
         assert gluon_prefill_requested() == config, value
     # past head 128 every config takes 32-key tiles (64 spill at head 256)
     assert GLUON_PREFILL_CONFIG.for_head(128) == GLUON_PREFILL_CONFIG == GLUON_PREFILL_CONFIG.for_head(64)
-    assert GLUON_PREFILL_CONFIG.for_head(256) == dataclasses.replace(GLUON_PREFILL_CONFIG, block_n=32)
     # and keep Q in shared memory (in registers: 64 more a thread)
-    qregs = GLUON_PREFILL_CONFIGS["qregs"]
-    assert qregs.for_head(128) == qregs and qregs.for_head(256) == dataclasses.replace(OVERLAP, block_n=32)
+    assert GLUON_PREFILL_CONFIG.for_head(256) == dataclasses.replace(OVERLAP, block_n=32)
+    assert SMEMQ.for_head(256) == dataclasses.replace(OVERLAP, block_n=32)
 
 
 @needs_gluon
@@ -365,12 +364,13 @@ def test_gluon_prefill_single_sequence_gpu(calls, seq_len, heads, block_size, dt
 @pytest.mark.gpu
 @needs_gluon
 @needs_sm90
-@pytest.mark.parametrize("variant", ["1", "split", "pipelined", "m64", "serial", "groups", "qregs"])
+@pytest.mark.parametrize("variant", ["1", "split", "pipelined", "m64", "serial", "groups", "smemq"])
 @pytest.mark.parametrize("block_size", [16, 64, 256], ids=lambda n: f"page{n}")
 def test_gluon_prefill_extend_gpu(calls, block_size, variant):
     """Extends: 128 and 300 queries over 2000 keys, queries that start mid-page, a Q tile that
     ends mid-tile; 64- and 128-row tiles, the serial loop, the pipelined one and the overlapped
-    one, one consumer partition and two, the producer signalling through commit groups."""
+    one, one consumer partition and two, the producer signalling through commit groups, Q in
+    registers (the default) and read from shared memory."""
     if variant != "m64":
         require_first_call(variant)
     calls.config = BLOCK_M64 if variant == "m64" else GLUON_PREFILL_CONFIGS[variant]
@@ -487,7 +487,7 @@ MODIFIER_CASES = {
 @pytest.mark.gpu
 @needs_gluon
 @needs_sm90
-@pytest.mark.parametrize("variant", ["1", "serial", "qregs"])
+@pytest.mark.parametrize("variant", ["1", "serial", "smemq"])
 @pytest.mark.parametrize("case", list(MODIFIER_CASES))
 def test_gluon_prefill_score_modifiers_gpu(calls, case, variant):
     """The score modifiers the kernel computes, asked for with PAGEDATTN_PREFILL_GLUON: a prompt

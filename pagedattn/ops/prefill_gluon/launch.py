@@ -91,18 +91,20 @@ class GluonPrefillConfig:
 
 
 # two consumer warpgroups of 64 rows in two partitions, each loop pipelined by one tile with P V
-# beside the next tile's softmax, 64 keys a step, 3 stages: the fastest of the variants at every
-# prefill and extend point timed on the H200 (docs/perf-notes.md, the Gluon prefill entry, has the
-# timings and each variant's registers and shared memory)
-GLUON_PREFILL_CONFIG = GluonPrefillConfig(split_consumers=True, overlap=True)
+# beside the next tile's softmax, 64 keys a step, 3 stages, Q as the register A operand of
+# S = Q K^T at heads 64 and 128: the fastest of the variants at every prefill and extend point
+# timed on the H200 (with Q read from shared memory by every wgmma instead, the same kernel ran
+# 1.01-1.12x longer at S >= 2048 in one run beside vLLM's FA3; docs/perf-notes.md, the Gluon
+# prefill entry, has the timings and each variant's registers and shared memory)
+GLUON_PREFILL_CONFIG = GluonPrefillConfig(split_consumers=True, overlap=True, q_in_regs=True)
 # what PAGEDATTN_PREFILL_GLUON may ask for: 1 the default config for every call the kernel
 # serves, 0 the portable kernel everywhere, or a variant kept for a same-run comparison
 GLUON_PREFILL_CONFIGS = {"1": GLUON_PREFILL_CONFIG, "split": GluonPrefillConfig(split_consumers=True),
                          "pipelined": GluonPrefillConfig(), "serial": GluonPrefillConfig(pipelined=False),
                          # the default with the ready barriers signalled in the form ConSan follows
                          "groups": dataclasses.replace(GLUON_PREFILL_CONFIG, group_signal=True),
-                         # the default with Q in registers (compiled; not yet timed on a GPU)
-                         "qregs": dataclasses.replace(GLUON_PREFILL_CONFIG, q_in_regs=True),
+                         # the default with Q read from shared memory by every S = Q K^T
+                         "smemq": dataclasses.replace(GLUON_PREFILL_CONFIG, q_in_regs=False),
                          "0": GLUON_OFF}
 # the automatic rule's floor: below it the tl kernel was as fast on the H200 (a 512-token prefill:
 # 16.7 against 16.9 us), above it the Gluon kernel was faster (2048: 99.1 against 100.3 us; 4 x 512
