@@ -284,7 +284,7 @@ def _launch_prefill_and_rest(out, lse, args: AttentionArgs, prefill_tiles, max_q
     prefill = functools.partial(launch_prefill, out, lse, args, prefill_tiles, max_query_len=max_query_len,
                                 min_q_len=min_q_len, seqs=(first, end))
     # the sm90 kernel, where it serves and pays
-    gluon = use_gluon_prefill(args, max_query_len, short_beside=bool(rest_max_q_len))
+    gluon = use_gluon_prefill(args, max_query_len)
     if gluon is not None:
         prefill = functools.partial(launch_prefill_gluon, out, lse, args, config=gluon, max_query_len=max_query_len,
                                     min_q_len=min_q_len, seqs=(first, end))

@@ -107,11 +107,12 @@ GLUON_PREFILL_CONFIGS = {"1": GLUON_PREFILL_CONFIG, "split": GluonPrefillConfig(
                          "smemq": dataclasses.replace(GLUON_PREFILL_CONFIG, q_in_regs=False),
                          "0": GLUON_OFF}
 # the automatic rule's floor: below it the tl kernel was as fast on the H200 (a 512-token prefill:
-# 16.7 against 16.9 us), above it the Gluon kernel was faster (2048: 99.1 against 100.3 us; 4 x 512
-# on 4096: 349.6 against 380.9; 8192: 1276 against 1347), except beside shorter sequences: a
-# 2048-token prefill among 63 decodes, both replayed as CUDA graphs, ran 226.4 against 220.6 us
-# (226.8 against 221.0 on another machine), the decodes' unified kernel running on a second
-# stream beside a prefill kernel that holds 131 KB of shared memory and 12 warps an SM
+# 16.8 against 16.6 us), above it the Gluon kernel was faster (2048: 99.6 against 103.9 us; 4 x 512
+# on 4096: 360.9 against 382.7; 8192: 1221 against 1347), beside shorter sequences too: with the
+# decodes' unified kernel on a second stream, a 2048-token prefill among 63 decodes ran 229.3
+# against 229.7 us (CUDA-graph replays) and 2 x 4096 prefills with 2 extends and 16 decodes 1003
+# against 1073 (do_bench). With Q in shared memory the first of those had run 226.4 against
+# 220.6, and the rule then left such calls to the tl kernel.
 GLUON_MIN_QUERY_TOKENS = 2048
 GLUON_MIN_QUERY_LEN = 512
 # AttentionArgs' score modifiers the kernel computes (any other sends the call to the tl kernel)
@@ -176,15 +177,13 @@ def gluon_prefill_supported(a: AttentionArgs, max_query_len: int,
     return None
 
 
-def use_gluon_prefill(a: AttentionArgs, max_query_len: int, short_beside: bool = False) -> GluonPrefillConfig | None:
+def use_gluon_prefill(a: AttentionArgs, max_query_len: int) -> GluonPrefillConfig | None:
     """The Gluon config of this call's prefill launch, or None for the portable kernel.
 
     On a CUDA GPU of compute capability 9.x, for a call the kernel serves: the config
     ``PAGEDATTN_PREFILL_GLUON`` names, else (unset) the default one when the call holds at least
     GLUON_MIN_QUERY_TOKENS query tokens and a sequence of GLUON_MIN_QUERY_LEN or more, a head
-    size of GLUON_AUTO_HEAD_SIZES, no
-    sequence shorter than the prefill launch's runs beside it (``short_beside``: the plan says
-    so; a call without a plan does not know) and no score modifier: the modifiers passed the
+    size of GLUON_AUTO_HEAD_SIZES and no score modifier: the modifiers passed the
     GPU suite against the float64 reference, but the one shape timed with them (GPT-OSS's:
     head 64, a 128-key window, sinks; 4096 tokens) ran 139.9 us on the Gluon kernel against
     115.6 on the tl kernel, so only an explicit ``PAGEDATTN_PREFILL_GLUON`` sends them there.
@@ -193,7 +192,7 @@ def use_gluon_prefill(a: AttentionArgs, max_query_len: int, short_beside: bool =
     if config is GLUON_OFF or not on_sm9x(a.q):
         return None
     if config is None:
-        if (a.q.shape[0] < GLUON_MIN_QUERY_TOKENS or max_query_len < GLUON_MIN_QUERY_LEN or short_beside
+        if (a.q.shape[0] < GLUON_MIN_QUERY_TOKENS or max_query_len < GLUON_MIN_QUERY_LEN
                 or a.score_modifiers() or a.q.shape[2] not in GLUON_AUTO_HEAD_SIZES):
             return None
         config = GLUON_PREFILL_CONFIG
