@@ -2,8 +2,9 @@
 a broken backend is caught.
 
 Each backend runs in a fresh process (tests/vllm_logprobs.py) on a small model with random
-weights (Llama's shape with grouped heads, and DeepSeek's latent attention at 16 and at 128
-heads: the portable and, on sm90, the Gluon MLA decode kernel), eager. Per prompt token and per
+weights (Llama's shape with grouped heads; Mistral's, one sliding window on every layer; Gemma-2's,
+windowed and global layers in turn with a logit cap and its own scale; DeepSeek's latent
+attention at 16 and at 128 heads: the portable and, on sm90, the Gluon MLA decode kernel), eager. Per prompt token and per
 decode step (top-20 log-probabilities, while the greedy tokens agree) the largest difference from
 a reference backend is taken. vLLM's two reference backends differ from each
 other by some amount ``d_ref`` (bf16 kernels that round differently); pagedattn must stay within
@@ -75,13 +76,13 @@ def _difference(a: dict, b: dict) -> tuple[float, int]:
     return worst, steps
 
 
-@pytest.fixture(scope="module", params=["llama", "deepseek", "deepseek-128"])
+@pytest.fixture(scope="module", params=["llama", "mistral", "gemma2", "deepseek", "deepseek-128"])
 def case(request, tmp_path_factory):
     kind = request.param
     model_dir = tmp_path_factory.mktemp(kind)
     proc = _worker("make", str(model_dir), "--kind", kind)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    refs = ("FLASH_ATTN", "TRITON_ATTN") if kind == "llama" else ("TRITON_MLA", "FLASHMLA")
+    refs = ("TRITON_MLA", "FLASHMLA") if kind.startswith("deepseek") else ("FLASH_ATTN", "TRITON_ATTN")
     return kind, model_dir, refs
 
 

@@ -3,7 +3,7 @@
 Run in a fresh process per backend, vLLM's engine in the same process
 (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so registering pagedattn here reaches the model runner:
 
-    python -m tests.vllm_logprobs make DIR --kind llama|deepseek|deepseek-128  # random weights
+    python -m tests.vllm_logprobs make DIR --kind KIND  # random weights; KIND one of KINDS
     python -m tests.vllm_logprobs run DIR --backend CUSTOM [--broken]  # JSON on the last line
 
 ``make`` writes a Hugging Face checkpoint with transformers (random weights of std 0.1, so that
@@ -25,7 +25,8 @@ PROMPT_LENS = (5, 37, 130, 300)
 DECODE_TOKENS = 24
 TOP_LOGPROBS = 20
 VOCAB = 512
-KINDS = ("llama", "deepseek", "deepseek-128")
+KINDS = ("llama", "mistral", "gemma2", "deepseek", "deepseek-128")
+WINDOW = 64  # keys of the sliding windows: the two longer prompts pass it
 
 
 def make(model_dir: str, kind: str) -> None:
@@ -35,9 +36,18 @@ def make(model_dir: str, kind: str) -> None:
     torch.manual_seed(0)
     common = dict(vocab_size=VOCAB, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
                   max_position_embeddings=2048, initializer_range=0.1)
+    heads = dict(num_attention_heads=8, num_key_value_heads=2, head_dim=64)
     if kind == "llama":
-        config = transformers.LlamaConfig(num_attention_heads=8, num_key_value_heads=2, head_dim=64, **common)
-        model = transformers.LlamaForCausalLM(config)
+        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**heads, **common))
+    elif kind == "mistral":  # one sliding window on every layer
+        model = transformers.MistralForCausalLM(transformers.MistralConfig(sliding_window=WINDOW, **heads, **common))
+    elif kind == "gemma2":
+        # windowed and global layers in turn, a scale from query_pre_attn_scalar (not head_dim), and
+        # a logit cap of 5: the random weights' scores have a standard deviation near 2.5, so the
+        # cap shapes them (Gemma-2's own 50 would leave them almost linear)
+        config = transformers.Gemma2Config(sliding_window=WINDOW, layer_types=["sliding_attention", "full_attention"],
+                                           query_pre_attn_scalar=48, attn_logit_softcapping=5.0, **heads, **common)
+        model = transformers.Gemma2ForCausalLM(config)
     else:  # DeepSeek-V2's attention shape (512 + 64 latent, 128 + 64 heads), dense MLPs only: 16 heads
         # as V2-Lite (the portable decode kernel), or 128 as V3 and Kimi K2 (heads in whole 64-row
         # CTAs: on sm90 the warp-specialized Gluon decode kernel)
@@ -118,7 +128,7 @@ def run(model_dir: str, backend: str, broken: bool) -> dict:
     if broken:
         register_backend(AttentionBackendEnum.CUSTOM, "tests.vllm_logprobs.BrokenCustom")
     llm = LLM(model=model_dir, skip_tokenizer_init=True, dtype="bfloat16", attention_backend=backend,
-              enforce_eager=True, gpu_memory_utilization=0.3, max_model_len=1024, seed=0,
+              enforce_eager=True, gpu_memory_utilization=0.12, max_model_len=1024, seed=0,  # 5 kinds side by side
               enable_prefix_caching=False, enable_flashinfer_autotune=False)
     prompts = [[(7 * i + 13 * n) % VOCAB for i in range(n)] for n in PROMPT_LENS]
     params = SamplingParams(max_tokens=DECODE_TOKENS, temperature=0.0, prompt_logprobs=0, logprobs=TOP_LOGPROBS,
