@@ -8,7 +8,8 @@ attention at 16 and at 128 heads: the portable and, on sm90, the Gluon MLA decod
 eager. Per prompt token and per decode step (top-20 log-probabilities, while the greedy tokens
 agree) the largest difference from a reference backend is taken. vLLM's two reference backends
 differ from each other by some amount ``d_ref`` (bf16 kernels that round differently); pagedattn
-must stay within ``max(2 d_ref, FLOOR)`` of the first, and pagedattn with its softmax scale doubled must not.
+must stay within ``max(2 d_ref, FLOOR)`` of the first, and pagedattn with its softmax scale
+doubled must not.
 
 Needs vLLM installed where ``VLLM_SITE`` (default /tmp/site) points, as ../shared/vllm-gpu's
 recipe installs it on the GPU machine; skipped otherwise.
