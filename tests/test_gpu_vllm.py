@@ -51,12 +51,12 @@ def _worker(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=timeout)
 
 
-def _logprobs(model_dir, backend: str, broken: bool = False) -> dict | None:
-    """The worker's JSON, or None when the backend does not start on this machine."""
+def _logprobs(model_dir, backend: str, broken: bool = False, required: bool = True) -> dict | None:
+    """The worker's JSON; None when a backend not ``required`` does not start on this machine."""
     proc = _worker("run", str(model_dir), "--backend", backend, *(["--broken"] if broken else []))
     if proc.returncode != 0:
-        if backend == "CUSTOM":
-            raise AssertionError(f"pagedattn's backend failed in vLLM:\n{proc.stderr[-4000:]}")
+        if required:
+            raise AssertionError(f"{backend}{' (broken)' if broken else ''} failed in vLLM:\n{proc.stderr[-4000:]}")
         return None
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -90,8 +90,7 @@ def case(request, tmp_path_factory):
 def test_logprobs_match_vllms_backends_and_a_broken_backend_is_caught(case):
     kind, model_dir, (ref_name, ref2_name) = case
     ref = _logprobs(model_dir, ref_name)
-    assert ref is not None, f"{ref_name} did not start"
-    ref2 = _logprobs(model_dir, ref2_name)
+    ref2 = _logprobs(model_dir, ref2_name, required=False)
     d_ref = _difference(ref, ref2)[0] if ref2 is not None else 0.0
     bound = max(2 * d_ref, FLOOR)
     d_custom, steps = _difference(ref, _logprobs(model_dir, "CUSTOM"))

@@ -26,6 +26,7 @@ DECODE_TOKENS = 24
 TOP_LOGPROBS = 20
 VOCAB = 512
 KINDS = ("llama", "mistral", "gemma2", "deepseek", "deepseek-128")
+KV_CACHE_BYTES = 1 << 30  # two layers of 1024 tokens need a few MB (MLA at 128 heads included)
 WINDOW = 64  # keys of the sliding windows: the two longer prompts pass it
 
 
@@ -127,9 +128,12 @@ def run(model_dir: str, backend: str, broken: bool) -> dict:
     pa_vllm.register()
     if broken:
         register_backend(AttentionBackendEnum.CUSTOM, "tests.vllm_logprobs.BrokenCustom")
+    # A fixed KV cache: vLLM then skips its memory profile, which reads the whole device's free
+    # memory, so that another test's engine starting or exiting meanwhile cannot upset it (the
+    # kinds run side by side under pytest-xdist); the utilization is then only a start-up check.
     llm = LLM(model=model_dir, skip_tokenizer_init=True, dtype="bfloat16", attention_backend=backend,
-              enforce_eager=True, gpu_memory_utilization=0.12, max_model_len=1024, seed=0,  # 5 kinds side by side
-              enable_prefix_caching=False, enable_flashinfer_autotune=False)
+              enforce_eager=True, gpu_memory_utilization=0.05, kv_cache_memory_bytes=KV_CACHE_BYTES,
+              max_model_len=1024, seed=0, enable_prefix_caching=False, enable_flashinfer_autotune=False)
     prompts = [[(7 * i + 13 * n) % VOCAB for i in range(n)] for n in PROMPT_LENS]
     params = SamplingParams(max_tokens=DECODE_TOKENS, temperature=0.0, prompt_logprobs=0, logprobs=TOP_LOGPROBS,
                             detokenize=False, ignore_eos=True)
