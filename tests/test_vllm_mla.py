@@ -31,7 +31,7 @@ from vllm.v1.attention.backends.registry import AttentionBackendEnum  # noqa: E4
 from vllm.v1.kv_cache_interface import MLAAttentionSpec  # noqa: E402
 
 import pagedattn.integrations.vllm as pa_vllm  # noqa: E402
-from pagedattn.integrations.vllm.backend import PagedAttnBackend  # noqa: E402
+from pagedattn.integrations.vllm.backend import PagedAttnBackend, worker_block_table_width  # noqa: E402
 from pagedattn.integrations.vllm.mla import (  # noqa: E402
     PagedAttnMLABackend,
     PagedAttnMLADecodeMetadata,
@@ -350,13 +350,14 @@ def test_warm_up_runs_decode_steps_and_prefill_calls(monkeypatch):
     builder = make_builder(config)  # on the CPU: no warm-up at construction
     impl = make_impl(config)
     builder.layer.impl = impl
-    decodes, prefills = [], []
+    decodes, prefills, rows = [], [], []
     forward_mqa = impl.forward_mqa
 
     def counting_mqa(q, cache, md, layer):
         out, lse = forward_mqa(q, cache, md, layer)
         assert torch.isfinite(out).all()
         decodes.append(md.decode.max_query_len)
+        rows.append(md.decode.block_table.stride(0))
         return out, lse
     monkeypatch.setattr(impl, "forward_mqa", counting_mqa)
     attend = PagedAttnMLAPrefill._attend
@@ -368,6 +369,8 @@ def test_warm_up_runs_decode_steps_and_prefill_calls(monkeypatch):
     steps = (((1, 20),), ((2, 40), (1, 9)), ((3, 30),))  # the last is wider than 1 + 1 speculative token
     assert builder.warm_up(steps, prefill_tokens=24, long_prefill_tokens=40) == 2 + 7
     assert decodes == [1, 2]
+    # the row length of vLLM's own block table (tests/test_vllm.py checks it against vLLM's class)
+    assert rows == [worker_block_table_width(builder.kv_cache_spec, config)] * 2
     # both prefill sizes: new tokens without and with lse, a context chunk of as many keys as
     # queries; the short size also a chunk of three times as many (the tiles a long context takes)
     assert prefills == [(True, False, 24, 24), (True, True, 24, 24), (False, True, 24, 24), (False, True, 24, 72),

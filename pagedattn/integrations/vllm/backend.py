@@ -30,6 +30,7 @@ How vLLM's objects map onto pagedattn's contract
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from typing import ClassVar
@@ -335,9 +336,10 @@ class PagedAttnMetadataBuilder(AttentionMetadataBuilder[PagedAttnMetadata]):
         # vLLM's default (NHD) memory order: [num_blocks, block_size, num_kv_heads, 2 * head_size]
         cache = torch.zeros(num_blocks, page, self.num_kv_heads, 2 * self.head_size, dtype=self.cache_dtype,
                             device=self.device).transpose(1, 2)
+        rows = worker_block_table_width(self.kv_cache_spec, self.vllm_config)
         calls = []
         for step in steps:
-            common = _scratch_step(step, page, self.device)
+            common = _scratch_step(step, page, self.device, rows)
             n = common.num_actual_tokens
             q = torch.zeros(n, self.num_q_heads, self.head_size, dtype=self.dtype, device=self.device)
             kv = torch.zeros(n, self.num_kv_heads, self.head_size, dtype=self.dtype, device=self.device)
@@ -419,8 +421,28 @@ class PagedAttnMetadataBuilder(AttentionMetadataBuilder[PagedAttnMetadata]):
         )
 
 
-def _scratch_step(step, block_size: int, device) -> CommonAttentionMetadata:
-    """vLLM's metadata of one step ``((query_len, seq_len), ...)`` over pages 0, 1, ... of a scratch cache."""
+def worker_block_table_width(kv_cache_spec, vllm_config) -> int:
+    """The row length of the block table vLLM's model runner keeps for this KV-cache group (0.26
+    through 0.33): the spec's blocks per request at ``max_model_len``, rounded up to a multiple of
+    128 tokens' blocks (``MultiGroupBlockTable``). A step's ``block_table_tensor`` is a slice of
+    its rows, so this is the stride the kernels see."""
+    max_len = vllm_config.model_config.max_model_len
+    per_request = getattr(kv_cache_spec, "max_num_blocks_per_req", None)
+    blocks = per_request(vllm_config, max_len) if per_request else -(-max_len // kv_cache_spec.block_size)
+    align = 128 // math.gcd(128, kv_cache_spec.block_size)
+    return -(-blocks // align) * align
+
+
+def _scratch_step(step, block_size: int, device, width: int = 0) -> CommonAttentionMetadata:
+    """vLLM's metadata of one step ``((query_len, seq_len), ...)`` over pages 0, 1, ... of a scratch
+    cache, its block table ``width`` entries a row (at least the step's longest).
+
+    Triton specializes a kernel on its block table's row stride (whether it is a multiple of 16),
+    so a warm-up whose rows are only as long as its steps' compiles variants that vLLM's table
+    (``worker_block_table_width``) does not take, and the first real step of the other kind
+    compiles during inference: on the H200 a traffic run of unequal prompts compiled the unified
+    kernel at its first step beside a prefill launch, after a warm-up with 13- and 19-entry rows
+    where vLLM's had 512."""
     qsl, lens, rows, first = [0], [], [], 0
     for q_len, kv in step:
         qsl.append(qsl[-1] + q_len)
@@ -428,7 +450,7 @@ def _scratch_step(step, block_size: int, device) -> CommonAttentionMetadata:
         pages = -(-kv // block_size)
         rows.append(list(range(first, first + pages)))
         first += pages
-    width = max(len(r) for r in rows)
+    width = max(width, max(len(r) for r in rows))
     table = torch.tensor([r + [0] * (width - len(r)) for r in rows], dtype=torch.int32)
     slots = [rows[s][p // block_size] * block_size + p % block_size
              for s, (q_len, kv) in enumerate(step) for p in range(kv - q_len, kv)]
@@ -461,7 +483,7 @@ def _mm_ranges_host(mm_ranges, num_reqs: int) -> list[list[tuple[int, int]]] | N
 
 
 def _ranges_tensor(rows, device) -> torch.Tensor:
-    width = max(len(r) for r in rows)
+    width = max(width, max(len(r) for r in rows))
     padded = [r + [(0, 0)] * (width - len(r)) for r in rows]
     host = torch.tensor(padded, dtype=torch.int32).view(len(rows), width, 2)
     return host.to(device, non_blocking=True)
