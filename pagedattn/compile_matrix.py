@@ -276,12 +276,14 @@ def capture(v: Variant, target: str) -> list[tuple]:
 # Compiling and reading what the compiler made
 
 
-def compile_launch(kernel, kwargs: dict, target: str):
-    """The compiled kernel of ``kernel[grid](**kwargs)`` for ``target``, specialized as
-    Triton's launcher would (heuristics applied, arguments bound as the JIT binds them)."""
-    import triton
-    from triton.compiler import ASTSource, make_backend
+def _bind(kernel, kwargs: dict, target: str, interpreted: bool = False):
+    """``kernel[grid](**kwargs)`` bound for ``target`` as Triton's launcher binds it (heuristics
+    applied): (JITFunction, backend, bound arguments, specialization, options, GPUTarget).
+    ``interpreted``: a kernel decorated under TRITON_INTERPRET=1 is bound as the JITFunction it
+    would have been (binding compiles nothing)."""
+    from triton.compiler import make_backend
     from triton.runtime.autotuner import Heuristics
+    from triton.runtime.interpreter import InterpretedFunction
     from triton.runtime.jit import JITFunction, create_function_from_signature
 
     from pagedattn.ops.common.target import gpu_target, props_for
@@ -291,11 +293,37 @@ def compile_launch(kernel, kwargs: dict, target: str):
     while not isinstance(kernel, JITFunction):
         if isinstance(kernel, Heuristics):
             kw.update({name: heur(dict(kw)) for name, heur in kernel.values.items()})
+        elif interpreted and isinstance(kernel, InterpretedFunction):
+            kernel = _JIT_OF_INTERPRETED.setdefault(kernel, JITFunction(kernel.fn, **kernel.kwargs))
+            continue
         elif not hasattr(kernel, "fn"):
             raise TypeError(f"kernel {kernel!r} is not a Triton JIT function (the interpreter is on)")
         kernel = kernel.fn
     backend = make_backend(gpu)
     bound, specialization, options = create_function_from_signature(kernel.signature, kernel.params, backend)(**kw)
+    return kernel, backend, bound, specialization, options, gpu
+
+
+def launch_key(kernel, kwargs: dict, target: str) -> tuple[str, str]:
+    """(kernel name, the key Triton's launcher finds the compiled kernel under) of
+    ``kernel[grid](**kwargs)`` on ``target``: two launches with equal keys share one compile, and
+    a launch whose key no earlier launch had compiles."""
+    from triton.runtime.jit import compute_cache_key
+
+    fn, _, _, specialization, options, _ = _bind(kernel, kwargs, target, interpreted=True)
+    return fn.__name__, compute_cache_key({}, specialization, options)
+
+
+_JIT_OF_INTERPRETED: dict = {}  # InterpretedFunction -> the JITFunction it would have been
+
+
+def compile_launch(kernel, kwargs: dict, target: str):
+    """The compiled kernel of ``kernel[grid](**kwargs)`` for ``target``, specialized as
+    Triton's launcher would (heuristics applied, arguments bound as the JIT binds them)."""
+    import triton
+    from triton.compiler import ASTSource
+
+    kernel, backend, bound, specialization, options, gpu = _bind(kernel, kwargs, target)
     options, signature, constexprs, attrs = kernel._pack_args(backend, options, bound, specialization, options)
     if type(kernel).__name__ == "GluonJITFunction":  # a @gluon.jit kernel: Gluon's own front end
         from triton.experimental.gluon._runtime import GluonASTSource

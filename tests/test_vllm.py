@@ -12,7 +12,10 @@ that every attribute the stand-in provides exists on vLLM's config classes.
 
 from __future__ import annotations
 
+import importlib
 import inspect
+import itertools
+import random
 import sys
 import types
 import zlib
@@ -648,6 +651,93 @@ def test_warm_up_block_tables_have_the_rows_of_vllms_own_table(monkeypatch, max_
         rows.append(md.block_table.stride(0)), forward(layer, q, k, v, kv_cache, md, out))[1])
     assert builder.warm_up((((20, 20),), ((1, 9), (18, 40)))) == 2
     assert rows == [vllm_rows] * 2
+
+
+def _vllm_block_table(spec, config, num_reqs: int) -> torch.Tensor:
+    """The first ``num_reqs`` rows of the block table vLLM's model runner keeps for ``spec``'s
+    group (``MultiGroupBlockTable``, built as the runner builds it)."""
+    from vllm.v1.worker.block_table import MultiGroupBlockTable
+
+    max_len = config.model_config.max_model_len
+    table = dict(max_num_reqs=max(4, num_reqs), max_num_batched_tokens=64, pin_memory=False,
+                 device=torch.device(DEVICE), block_sizes=[spec.block_size],
+                 max_num_blocks=[spec.max_num_blocks_per_req(config, max_len)])
+    if "kernel_block_sizes" in inspect.signature(MultiGroupBlockTable).parameters:  # 0.26
+        table["kernel_block_sizes"] = [spec.block_size]
+    return MultiGroupBlockTable(**table).block_tables[0].get_device_tensor(num_reqs)
+
+
+def _chunked_prefill_steps(count: int, seed: int = 0) -> list:
+    """``count`` steps as vLLM's scheduler makes them under chunked prefill of 8192 tokens:
+    prompts of 64-4096 tokens (log-uniform), some over a cached context, packed into the budget,
+    beside 0, 3 or 20 decodes of contexts of 64-4096."""
+    rng = random.Random(seed)
+    steps = []
+    for _ in range(count):
+        step, budget = [], 8192
+        for _ in range(rng.choice([0, 0, 3, 20])):
+            step.append((1, rng.randint(64, 4096)))
+            budget -= 1
+        while budget > 0:
+            q = min(int(2 ** rng.uniform(6, 12)), budget)
+            context = rng.choice([0, 0, rng.randint(0, 3000)])
+            step.append((q, context + q))
+            budget -= q
+        steps.append(tuple(step))
+    return steps
+
+
+@pytest.mark.parametrize("shape", ["llama-8192", "llama-8704", "gemma2-8192"])
+def test_warm_up_compiles_every_kernel_variant_that_prefill_steps_launch(monkeypatch, shape):
+    """A step with a prompt or a chunk never replays a full CUDA graph: whatever it launches and
+    the warm-up did not compiles at the first such request (vLLM's "Triton kernel JIT compilation
+    during inference"). Planned for the H200 at Llama-3.1-8B's heads, every launch of 24
+    chunked-prefill steps on vLLM's own block table has the Triton cache key of a warm-up launch
+    (``compile_matrix.launch_key``: the specialization Triton's launcher looks a compiled kernel up
+    by). The Gluon prefill kernel, which wants an sm90 tensor, is not reached on the CPU."""
+    from pagedattn.compile_matrix import launch_key
+    from pagedattn.integrations.vllm.backend import WARMUP_STEPS
+    from pagedattn.ops.common.launching import capturing
+    from pagedattn.ops.common.target import props_for, targeting
+
+    # the CUDA backend that binds the launches imports Gluon, whose import asserts that a kernel
+    # decorated under TRITON_INTERPRET=1 is read while the interpreter is on
+    importlib.import_module("triton.experimental.gluon")
+    monkeypatch.setenv("TRITON_INTERPRET", "0")  # the GPU's tiles and warps, not the interpreter's
+    model, max_model_len = shape.split("-")
+    # Llama-3.1-8B's heads; Gemma-2-9B's, with the window and logit cap of its windowed layers
+    heads, kv_heads, head_size, window, cap = (32, 8, 128, None, None) if model == "llama" else (16, 8, 256, 4096, 50.0)
+    page = 16
+    spec, kv_cache = vllm_kv_cache(8, page, "NHD", torch.bfloat16, num_kv_heads=kv_heads, head_size=head_size)
+    config = make_config(max_model_len=int(max_model_len), num_q_heads=heads, dtype=torch.bfloat16)
+    impl = PagedAttnImpl(heads, head_size, head_size ** -0.5, kv_heads, None, window, "auto", logits_soft_cap=cap)
+    layer = types.SimpleNamespace(impl=impl, **vars(make_layer()))
+    config.compilation_config.static_forward_context["layer.0"] = layer
+    builder = PagedAttnMetadataBuilder(spec, ["layer.0"], config, DEVICE)  # CPU: no warm-up at construction
+
+    def keys(launched):
+        return {launch_key(kernel, kwargs, "sm90") for kernel, _, kwargs in launched}
+
+    with targeting(props_for("sm90")):
+        with capturing() as launched:
+            builder.warm_up(WARMUP_STEPS)
+        warmed = keys(launched)
+        for step in _chunked_prefill_steps(24):
+            qsl = torch.tensor([0] + list(itertools.accumulate(q for q, _ in step)), dtype=torch.int32)
+            lens = torch.tensor([kv for _, kv in step], dtype=torch.int32)
+            n = int(qsl[-1])
+            common = CommonAttentionMetadata(
+                query_start_loc=qsl, query_start_loc_cpu=qsl, seq_lens=lens, num_reqs=len(step), num_actual_tokens=n,
+                max_query_len=max(q for q, _ in step), max_seq_len=int(lens.max()),
+                block_table_tensor=_vllm_block_table(spec, config, len(step)),
+                slot_mapping=torch.zeros(n, dtype=torch.int64), causal=True, seq_lens_cpu_upper_bound=lens)
+            q = torch.zeros(n, heads, head_size, dtype=torch.bfloat16)
+            kv = torch.zeros(n, kv_heads, head_size, dtype=torch.bfloat16)
+            with capturing() as launched:
+                impl.forward(layer, q, kv, kv, kv_cache, builder.build(0, common), torch.empty_like(q))
+            missing = keys(launched) - warmed
+            assert not missing, f"step {step[:4]}... ({len(step)} requests) launches {sorted(k for k, _ in missing)} " \
+                                "in a variant the warm-up did not compile"
 
 
 def test_overrides_take_vllms_arguments():

@@ -483,7 +483,7 @@ def _mm_ranges_host(mm_ranges, num_reqs: int) -> list[list[tuple[int, int]]] | N
 
 
 def _ranges_tensor(rows, device) -> torch.Tensor:
-    width = max(width, max(len(r) for r in rows))
+    width = max(len(r) for r in rows)
     padded = [r + [(0, 0)] * (width - len(r)) for r in rows]
     host = torch.tensor(padded, dtype=torch.int32).view(len(rows), width, 2)
     return host.to(device, non_blocking=True)
