@@ -529,7 +529,7 @@ def test_warm_up_runs_each_distinct_layer_through_prefill_steps(monkeypatch):
     assert builder.warm_up(steps) == 4
     assert {impl for impl, _, _ in seen} == {plain, windowed}
     assert [q for impl, q, _ in seen if impl is plain] == [20, 18]
-    assert all(shape == (2 + 1 + 3, NUM_KV_HEADS, 16, 2 * HEAD_SIZE) for _, _, shape in seen)
+    assert all(shape == (3, NUM_KV_HEADS, 16, 2 * HEAD_SIZE) for _, _, shape in seen)  # the longest step's pages
 
 
 # blocks of [16, NUM_KV_HEADS, 2 * HEAD_SIZE]: the most whose K and V views stay under 2**31 elements
@@ -688,13 +688,14 @@ def _chunked_prefill_steps(count: int, seed: int = 0) -> list:
 
 
 @pytest.mark.parametrize("shape", ["llama-8192", "llama-8704", "gemma2-8192"])
-def test_warm_up_compiles_every_kernel_variant_that_prefill_steps_launch(monkeypatch, shape):
-    """A step with a prompt or a chunk never replays a full CUDA graph: whatever it launches and
-    the warm-up did not compiles at the first such request (vLLM's "Triton kernel JIT compilation
-    during inference"). Planned for the H200 at Llama-3.1-8B's heads, every launch of 24
-    chunked-prefill steps on vLLM's own block table has the Triton cache key of a warm-up launch
-    (``compile_matrix.launch_key``: the specialization Triton's launcher looks a compiled kernel up
-    by). The Gluon prefill kernel, which wants an sm90 tensor, is not reached on the CPU."""
+def test_warm_up_compiles_every_kernel_variant_that_eager_steps_launch(monkeypatch, shape):
+    """A step with a prompt or a chunk never replays a full CUDA graph, nor does any step without
+    full graphs: whatever it launches and the warm-up did not compiles at the first such request
+    (vLLM's "Triton kernel JIT compilation during inference"). Planned for the H200, every launch
+    of 24 chunked-prefill steps and of decode batches of the vLLM grid's sizes, on vLLM's own block
+    table, has the Triton cache key of a warm-up launch (``compile_matrix.launch_key``: the
+    specialization Triton's launcher looks a compiled kernel up by). The Gluon prefill kernel,
+    which wants an sm90 tensor, is not reached on the CPU."""
     from pagedattn.compile_matrix import launch_key
     from pagedattn.integrations.vllm.backend import WARMUP_STEPS
     from pagedattn.ops.common.launching import capturing
@@ -720,9 +721,11 @@ def test_warm_up_compiles_every_kernel_variant_that_prefill_steps_launch(monkeyp
 
     with targeting(props_for("sm90")):
         with capturing() as launched:
-            builder.warm_up(WARMUP_STEPS)
+            builder.warm_up()  # no full CUDA graphs: the decode steps too
         warmed = keys(launched)
-        for step in _chunked_prefill_steps(24):
+        decodes = [((1, length),) * batch for batch, length in ((1, 500), (1, 8192), (4, 1000), (16, 4096), (64, 2048),
+                                                               (128, 1024), (3, 77))]
+        for step in _chunked_prefill_steps(24) + decodes:
             qsl = torch.tensor([0] + list(itertools.accumulate(q for q, _ in step)), dtype=torch.int32)
             lens = torch.tensor([kv for _, kv in step], dtype=torch.int32)
             n = int(qsl[-1])

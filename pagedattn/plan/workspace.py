@@ -10,9 +10,15 @@ def split_partials(num_tokens: int, num_q_heads: int, num_splits: int, head_size
                    device) -> tuple[torch.Tensor, torch.Tensor]:
     """``partial_out`` ``[num_tokens, num_q_heads, num_splits, head_size]`` fp32 and
     ``partial_lse`` ``[num_tokens, num_q_heads, num_splits]`` fp32: each split's output and LSE,
-    merged by the reduce kernel."""
+    merged by the reduce kernel.
+
+    ``partial_lse`` is a view of rows padded to a multiple of 16 splits: Triton specializes a
+    kernel on whether each stride is a multiple of 16, so with rows of ``num_splits`` a call of 16
+    splits and one of 10 ran different compiled variants, and a warm-up of one split count left
+    the other to compile during a request."""
+    padded = -(-num_splits // 16) * 16
     return (torch.empty(num_tokens, num_q_heads, num_splits, head_size, dtype=torch.float32, device=device),
-            torch.empty(num_tokens, num_q_heads, num_splits, dtype=torch.float32, device=device))
+            torch.empty(num_tokens, num_q_heads, padded, dtype=torch.float32, device=device)[..., :num_splits])
 
 
 def work_buffers(max_items: int, max_num_tokens: int, num_programs: int, device) -> dict[str, torch.Tensor]:

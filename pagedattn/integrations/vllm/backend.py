@@ -84,6 +84,14 @@ WARMUP_STEPS = (
     ((1, 300), (300, 300)),  # a decode beside a prompt: the prefill kernel and a unified launch for the rest
     ((1, 100), (64, 200)),  # a decode beside a short chunk: the unified kernel's extend tiles
 )
+# Pure decode steps, added to the warm-up where no full CUDA graph replays them (eager or
+# piecewise graphs: vLLM then runs attention outside the graphs): the split-KV kernel and its merge
+# (a short batch of long decodes) and the persistent kernel (many long decodes: 32 x 2048 takes it
+# on the H200's 132 SMs). Captured full graphs compile the decode kernels they replay.
+EAGER_DECODE_WARMUP_STEPS = (
+    ((1, 640),),
+    ((1, 2048),) * 32,
+)
 
 
 def full_graph_limits(vllm_config, batch_invariant: bool) -> tuple[int, int]:
@@ -313,9 +321,10 @@ class PagedAttnMetadataBuilder(AttentionMetadataBuilder[PagedAttnMetadata]):
         if self.has_cache and warm_up_wanted(self.device):
             self.warm_up()
 
-    def warm_up(self, steps=WARMUP_STEPS) -> int:
-        """Run ``steps`` through each distinct layer of the group on a scratch cache; returns the
-        number of forwards run.
+    def warm_up(self, steps=None) -> int:
+        """Run ``steps`` (default: WARMUP_STEPS, and EAGER_DECODE_WARMUP_STEPS where no full CUDA
+        graph serves the decodes) through each distinct layer of the group on a scratch cache;
+        returns the number of forwards run.
 
         vLLM's warm-up runs no prefill through attention (its profiling forward passes no
         metadata, its captured graphs are decodes), so without this the first request with a
@@ -323,6 +332,8 @@ class PagedAttnMetadataBuilder(AttentionMetadataBuilder[PagedAttnMetadata]):
         compilation during inference"). Layers that differ only in their weights share
         compiled kernels; one per distinct feature set runs. ``PAGEDATTN_VLLM_WARMUP=0`` skips it.
         """
+        if steps is None:
+            steps = WARMUP_STEPS if self.graph_max_tokens else WARMUP_STEPS + EAGER_DECODE_WARMUP_STEPS
         distinct = {}
         for layer in self.layers:
             impl = layer.impl
@@ -332,7 +343,7 @@ class PagedAttnMetadataBuilder(AttentionMetadataBuilder[PagedAttnMetadata]):
         if not distinct:
             return 0
         page = self.block_size
-        num_blocks = sum(-(-kv // page) for step in steps for _, kv in step)
+        num_blocks = max(-(-kv // page) for step in steps for _, kv in step)  # shared by a step's sequences
         # vLLM's default (NHD) memory order: [num_blocks, block_size, num_kv_heads, 2 * head_size]
         cache = torch.zeros(num_blocks, page, self.num_kv_heads, 2 * self.head_size, dtype=self.cache_dtype,
                             device=self.device).transpose(1, 2)
@@ -434,8 +445,9 @@ def worker_block_table_width(kv_cache_spec, vllm_config) -> int:
 
 
 def _scratch_step(step, block_size: int, device, width: int = 0) -> CommonAttentionMetadata:
-    """vLLM's metadata of one step ``((query_len, seq_len), ...)`` over pages 0, 1, ... of a scratch
-    cache, its block table ``width`` entries a row (at least the step's longest).
+    """vLLM's metadata of one step ``((query_len, seq_len), ...)`` over a scratch cache, each
+    sequence on pages 0, 1, ... (they share pages: a warm-up reads them, nothing checks what),
+    its block table ``width`` entries a row (at least the step's longest).
 
     Triton specializes a kernel on its block table's row stride (whether it is a multiple of 16),
     so a warm-up whose rows are only as long as its steps' compiles variants that vLLM's table
@@ -443,13 +455,11 @@ def _scratch_step(step, block_size: int, device, width: int = 0) -> CommonAttent
     compiles during inference: on the H200 a traffic run of unequal prompts compiled the unified
     kernel at its first step beside a prefill launch, after a warm-up with 13- and 19-entry rows
     where vLLM's had 512."""
-    qsl, lens, rows, first = [0], [], [], 0
+    qsl, lens, rows = [0], [], []
     for q_len, kv in step:
         qsl.append(qsl[-1] + q_len)
         lens.append(kv)
-        pages = -(-kv // block_size)
-        rows.append(list(range(first, first + pages)))
-        first += pages
+        rows.append(list(range(-(-kv // block_size))))
     width = max(width, max(len(r) for r in rows))
     table = torch.tensor([r + [0] * (width - len(r)) for r in rows], dtype=torch.int32)
     slots = [rows[s][p // block_size] * block_size + p % block_size

@@ -198,7 +198,7 @@ class PagedAttnMLAMetadataBuilder(MLACommonMetadataBuilder[MLACommonMetadata]):
         page = self.page_size
         runs = 0
         if isinstance(impl, PagedAttnMLAImpl):
-            num_blocks = sum(-(-kv // page) for step in decode_steps for _, kv in step)
+            num_blocks = max((-(-kv // page) for step in decode_steps for _, kv in step), default=1)  # shared by a step's sequences
             width = dims.kv_lora_rank + dims.qk_rope_head_dim
             cache = torch.zeros(num_blocks, page, width, dtype=self.kv_cache_spec.dtype, device=device)
             blocks = sized_cache_blocks(self.vllm_config)
