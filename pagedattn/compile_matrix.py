@@ -230,13 +230,14 @@ def gluon_call(family: str, *, page_size: int = 16, dtype=None, head_size: int =
     if family == "mla_gluon":
         from pagedattn.ops.mla.launch import MLAInputs
         from pagedattn.ops.mla_gluon.launch import GLUON_MLA_CONFIG, launch_mla_decode_gluon
+        from pagedattn.plan.workspace import split_partials
 
         seqs, heads = 2, 128
         q = torch.zeros(seqs, heads, 576, dtype=dtype)
         partials = dict(partial_out=None, partial_lse=None)
         if num_splits > 1:
-            partials = dict(partial_out=torch.empty(seqs, heads, num_splits, 512),
-                            partial_lse=torch.empty(seqs, heads, num_splits))
+            partial_out, partial_lse = split_partials(seqs, heads, num_splits, 512, "cpu")  # as mla_decode makes them
+            partials = dict(partial_out=partial_out, partial_lse=partial_lse)
         launch_mla_decode_gluon(torch.empty(seqs, heads, 512, dtype=dtype),
                                 torch.empty(seqs, heads) if return_lse else None,
                                 MLAInputs(q[..., :512], q[..., 512:], torch.zeros(8, page_size, 576, dtype=dtype),
@@ -276,6 +277,9 @@ def capture(v: Variant, target: str) -> list[tuple]:
 # Compiling and reading what the compiler made
 
 
+_JIT_OF_INTERPRETED: dict = {}  # InterpretedFunction -> the JITFunction it would have been
+
+
 def _bind(kernel, kwargs: dict, target: str, interpreted: bool = False):
     """``kernel[grid](**kwargs)`` bound for ``target`` as Triton's launcher binds it (heuristics
     applied): (JITFunction, backend, bound arguments, specialization, options, GPUTarget).
@@ -313,8 +317,6 @@ def launch_key(kernel, kwargs: dict, target: str) -> tuple[str, str]:
     fn, _, _, specialization, options, _ = _bind(kernel, kwargs, target, interpreted=True)
     return fn.__name__, compute_cache_key({}, specialization, options)
 
-
-_JIT_OF_INTERPRETED: dict = {}  # InterpretedFunction -> the JITFunction it would have been
 
 
 def compile_launch(kernel, kwargs: dict, target: str):

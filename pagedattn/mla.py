@@ -38,6 +38,7 @@ from pagedattn.ops.common.target import target_props
 from pagedattn.ops.mla.kernel import mla_decode_kernel
 from pagedattn.ops.mla_gluon.launch import gluon_mla_requested, launch_mla_decode_gluon, use_gluon_mla
 from pagedattn.plan import choose_mla_splits, num_sms, resolve_mla_config
+from pagedattn.plan.workspace import split_partials
 
 __all__ = ["mla_decode", "write_mla_kv"]
 
@@ -53,13 +54,6 @@ def check_mla_dims(latent_name: str, latent_dim: int, rope_name: str, rope_dim: 
                                  (rope_name, "rope", rope_dim, MAX_ROPE_DIM)):
         if not (16 <= dim <= top) or dim % 16:
             raise ValueError(f"{name}: {what} dim {dim} is not supported; use a multiple of 16 from 16 to {top}")
-
-
-def _workspace(num_tokens: int, num_heads: int, num_splits: int, latent_dim: int, device: torch.device):
-    """Split-KV partials: out ``[num_tokens, num_heads, num_splits, latent_dim]`` and lse, fp32."""
-    partial_out = torch.empty(num_tokens, num_heads, num_splits, latent_dim, dtype=torch.float32, device=device)
-    partial_lse = torch.empty(num_tokens, num_heads, num_splits, dtype=torch.float32, device=device)
-    return partial_out, partial_lse
 
 
 def mla_decode(
@@ -221,7 +215,7 @@ def _mla_decode(q_nope, q_pe, kv_cache, block_table, seq_lens, query_start_loc, 
     lse = torch.empty(num_tokens, num_heads, dtype=torch.float32, device=device) if return_lse else None
     partial_out = partial_lse = None
     if num_splits > 1 and num_tokens > 0:
-        partial_out, partial_lse = _workspace(num_tokens, num_heads, num_splits, latent_dim, device)
+        partial_out, partial_lse = split_partials(num_tokens, num_heads, num_splits, latent_dim, device)
     run = functools.partial(
         launch_mla_decode_gluon if gluon else launch_mla_decode, out, lse,
         MLAInputs(q_nope, q_pe, kv_cache, block_table, seq_lens, query_start_loc),

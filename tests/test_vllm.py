@@ -625,34 +625,6 @@ def test_warm_up_steps_cover_the_prefill_tiles_of_real_batches(monkeypatch, num_
             assert tiles is None or tiles in warmed, f"{name}: prefill tiles {tiles} are not warmed up"
 
 
-@pytest.mark.parametrize("max_model_len", [1000, 1100, 8192])
-def test_warm_up_block_tables_have_the_rows_of_vllms_own_table(monkeypatch, max_model_len):
-    """Triton specializes a kernel on its block table's row stride (a multiple of 16 or not), so
-    the warm-up's steps take the row length of the table vLLM's model runner keeps, built here as
-    the runner builds it; with rows only as long as its steps', a real step compiled during
-    inference what the warm-up had compiled for other rows (the unified kernel beside a prefill
-    launch, on the H200). 1000 tokens: 63 blocks, 64 a row; 1100: 69, 72 a row."""
-    from vllm.v1.worker.block_table import MultiGroupBlockTable
-
-    spec, _ = vllm_kv_cache(4, 16, "NHD", torch.float16)
-    config = make_config(max_model_len=max_model_len)
-    table = dict(max_num_reqs=4, max_num_batched_tokens=64, pin_memory=False, device=torch.device(DEVICE),
-                 block_sizes=[16], max_num_blocks=[spec.max_num_blocks_per_req(config, max_model_len)])
-    if "kernel_block_sizes" in inspect.signature(MultiGroupBlockTable).parameters:  # 0.26
-        table["kernel_block_sizes"] = [16]
-    vllm_rows = MultiGroupBlockTable(**table).block_tables[0].get_device_tensor(2).stride(0)
-    impl = PagedAttnImpl(NUM_Q_HEADS, HEAD_SIZE, 0.2, NUM_KV_HEADS, None, None, "auto")
-    config.compilation_config.static_forward_context["layer.0"] = types.SimpleNamespace(impl=impl,
-                                                                                        **vars(make_layer()))
-    builder = PagedAttnMetadataBuilder(spec, ["layer.0"], config, DEVICE)  # CPU: no warm-up at construction
-    rows = []
-    forward = impl.forward
-    monkeypatch.setattr(impl, "forward", lambda layer, q, k, v, kv_cache, md, out: (
-        rows.append(md.block_table.stride(0)), forward(layer, q, k, v, kv_cache, md, out))[1])
-    assert builder.warm_up((((20, 20),), ((1, 9), (18, 40)))) == 2
-    assert rows == [vllm_rows] * 2
-
-
 def _vllm_block_table(spec, config, num_reqs: int) -> torch.Tensor:
     """The first ``num_reqs`` rows of the block table vLLM's model runner keeps for ``spec``'s
     group (``MultiGroupBlockTable``, built as the runner builds it)."""
@@ -665,6 +637,28 @@ def _vllm_block_table(spec, config, num_reqs: int) -> torch.Tensor:
     if "kernel_block_sizes" in inspect.signature(MultiGroupBlockTable).parameters:  # 0.26
         table["kernel_block_sizes"] = [spec.block_size]
     return MultiGroupBlockTable(**table).block_tables[0].get_device_tensor(num_reqs)
+
+
+@pytest.mark.parametrize("max_model_len", [1000, 1100, 8192])
+def test_warm_up_block_tables_have_the_rows_of_vllms_own_table(monkeypatch, max_model_len):
+    """Triton specializes a kernel on its block table's row stride (a multiple of 16 or not), so
+    the warm-up's steps take the row length of the table vLLM's model runner keeps, built here as
+    the runner builds it; with rows only as long as its steps', a real step compiled during
+    inference what the warm-up had compiled for other rows (the unified kernel beside a prefill
+    launch, on the H200). 1000 tokens: 63 blocks, 64 a row; 1100: 69, 72 a row."""
+    spec, _ = vllm_kv_cache(4, 16, "NHD", torch.float16)
+    config = make_config(max_model_len=max_model_len)
+    vllm_rows = _vllm_block_table(spec, config, 2).stride(0)
+    impl = PagedAttnImpl(NUM_Q_HEADS, HEAD_SIZE, 0.2, NUM_KV_HEADS, None, None, "auto")
+    config.compilation_config.static_forward_context["layer.0"] = types.SimpleNamespace(impl=impl,
+                                                                                        **vars(make_layer()))
+    builder = PagedAttnMetadataBuilder(spec, ["layer.0"], config, DEVICE)  # CPU: no warm-up at construction
+    rows = []
+    forward = impl.forward
+    monkeypatch.setattr(impl, "forward", lambda layer, q, k, v, kv_cache, md, out: (
+        rows.append(md.block_table.stride(0)), forward(layer, q, k, v, kv_cache, md, out))[1])
+    assert builder.warm_up((((20, 20),), ((1, 9), (18, 40)))) == 2
+    assert rows == [vllm_rows] * 2
 
 
 def _chunked_prefill_steps(count: int, seed: int = 0) -> list:

@@ -54,13 +54,14 @@ def make_mla_batch(cases, *, num_heads=8, latent_dim=32, rope_dim=16, block_size
 def poisoned_workspace(monkeypatch):
     """Split-KV partials start as NaN, so an unwritten partial that is read fails; records the split counts."""
     calls = []
+    split_partials = mla.split_partials
 
     def workspace(num_tokens, num_heads, num_splits, latent_dim, device):
         calls.append(num_splits)
-        return (torch.full((num_tokens, num_heads, num_splits, latent_dim), float("nan"), device=device),
-                torch.full((num_tokens, num_heads, num_splits), float("nan"), device=device))
+        partials = split_partials(num_tokens, num_heads, num_splits, latent_dim, device)
+        return tuple(t.fill_(float("nan")) for t in partials)
 
-    monkeypatch.setattr(mla, "_workspace", workspace)
+    monkeypatch.setattr(mla, "split_partials", workspace)
     return calls
 
 

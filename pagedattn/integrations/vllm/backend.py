@@ -347,10 +347,10 @@ class PagedAttnMetadataBuilder(AttentionMetadataBuilder[PagedAttnMetadata]):
         # vLLM's default (NHD) memory order: [num_blocks, block_size, num_kv_heads, 2 * head_size]
         cache = torch.zeros(num_blocks, page, self.num_kv_heads, 2 * self.head_size, dtype=self.cache_dtype,
                             device=self.device).transpose(1, 2)
-        rows = worker_block_table_width(self.kv_cache_spec, self.vllm_config)
+        table_width = worker_block_table_width(self.kv_cache_spec, self.vllm_config)
         calls = []
         for step in steps:
-            common = _scratch_step(step, page, self.device, rows)
+            common = _scratch_step(step, page, self.device, table_width)
             n = common.num_actual_tokens
             q = torch.zeros(n, self.num_q_heads, self.head_size, dtype=self.dtype, device=self.device)
             kv = torch.zeros(n, self.num_kv_heads, self.head_size, dtype=self.dtype, device=self.device)
@@ -437,9 +437,7 @@ def worker_block_table_width(kv_cache_spec, vllm_config) -> int:
     through 0.33): the spec's blocks per request at ``max_model_len``, rounded up to a multiple of
     128 tokens' blocks (``MultiGroupBlockTable``). A step's ``block_table_tensor`` is a slice of
     its rows, so this is the stride the kernels see."""
-    max_len = vllm_config.model_config.max_model_len
-    per_request = getattr(kv_cache_spec, "max_num_blocks_per_req", None)
-    blocks = per_request(vllm_config, max_len) if per_request else -(-max_len // kv_cache_spec.block_size)
+    blocks = kv_cache_spec.max_num_blocks_per_req(vllm_config, vllm_config.model_config.max_model_len)
     align = 128 // math.gcd(128, kv_cache_spec.block_size)
     return -(-blocks // align) * align
 

@@ -204,12 +204,12 @@ class PagedAttnMLAMetadataBuilder(MLACommonMetadataBuilder[MLACommonMetadata]):
             blocks = sized_cache_blocks(self.vllm_config)
             # the real cache's 64-bit-offset kernel variants, which the scratch cache cannot reach
             large = blocks is not None and needs_int64_offsets(torch.empty(blocks, page, width, device="meta"))
-            rows = worker_block_table_width(self.kv_cache_spec, self.vllm_config)
+            table_width = worker_block_table_width(self.kv_cache_spec, self.vllm_config)
             calls = []
             for step in decode_steps:
                 if max(q for q, _ in step) > self.reorder_batch_threshold:
                     continue  # a speculative step, without speculative decoding configured
-                common = _scratch_step(step, page, device, rows)
+                common = _scratch_step(step, page, device, table_width)
                 n = common.num_actual_tokens
                 q_nope = torch.zeros(n, self.num_heads, dims.kv_lora_rank, dtype=dtype, device=device)
                 q_pe = torch.zeros(n, self.num_heads, dims.qk_rope_head_dim, dtype=dtype, device=device)
