@@ -1,0 +1,281 @@
+#!/usr/bin/env python3
+"""Where a vLLM step's GPU time goes, per kernel, for each attention backend.
+
+Runs vLLM offline in this process's child (engine core in-process, so torch.profiler sees its
+kernels, CUDA graph replays included), one fresh process per backend, with the model, weights
+and engine flags of ``run_vllm_e2e.py`` (the vLLM-on-GPU runner; ``--runner``, default
+``.vllm_wheels/run_vllm_e2e.py``). Its own flags (``--model-config``, ``--config-json``,
+``--max-model-len``, ``--max-num-batched-tokens``, ``--gpu-mem``, ``--site``, ...) pass through.
+
+* decode points (``--points BxL,...``): B prompts of L tokens, profiled twice, generating 1 token
+  and 1 + D tokens; per kernel name, (GPU time of the second - of the first) / D is its time in
+  one decode step, with launches per step.
+* traffic (``--traffic N``): N requests of unequal lengths (prompts 64-4096, outputs 16-512, the
+  runner's distribution, its own seed), once unprofiled for the wall time, then profiled: per
+  kernel GPU time, the kernels' busy time (union of their intervals) and the share of it in
+  attention kernels (``ATTENTION`` below), which bounds what any attention kernel can gain:
+  with attention free, the run could go at most busy / (busy - attention) faster.
+
+    python3 scripts/vllm_profile.py --backends CUSTOM,FLASH_ATTN --points 64x2048 --traffic 96
+
+Writes ``$OUT/vllm_profile.json`` (every kernel) and prints a short table per backend last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import importlib.util
+import json
+import os
+import random
+import re
+import subprocess
+import sys
+import tempfile
+import time
+
+# Kernels of the attention layer (the attention itself, its split merge, the KV-cache write) of
+# pagedattn, FA3, vLLM's Triton backend and FlashInfer; the GEMMs, norms and sampling are not.
+ATTENTION = re.compile(r"attention|attn|flash|fmha|reshape_and_cache|write_kv|persistent_reduce|merge_|"
+                       r"combine|reduce_segments|split_kv|reduce_splits|prefill_|gluon_kernel|mla_decode|paged|BatchPrefill|BatchDecode", re.IGNORECASE)
+NOT_ATTENTION = re.compile(r"nvjet|cublas|gemm|rms_norm|silu|sample|splitKreduce", re.IGNORECASE)
+
+
+def is_attention(name: str) -> bool:
+    return bool(ATTENTION.search(name)) and not NOT_ATTENTION.search(name)
+
+
+def load_runner(path: str):
+    spec = importlib.util.spec_from_file_location("run_vllm_e2e", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def parse_points(text: str) -> list[tuple[int, int]]:
+    out = []
+    for item in filter(None, (s.strip() for s in text.split(","))):
+        b, l = item.lower().split("x")
+        out.append((int(b), int(l)))
+    return out
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--runner", default=".vllm_wheels/run_vllm_e2e.py", help="path of run_vllm_e2e.py")
+    p.add_argument("--backends", default="CUSTOM,FLASH_ATTN")
+    p.add_argument("--points", type=parse_points, default=[], help="decode points BATCHxCONTEXT,...")
+    p.add_argument("--decode-steps", type=int, default=64)
+    p.add_argument("--traffic", type=int, default=0, help="requests of the profiled traffic run (0: none)")
+    p.add_argument("--per-backend-timeout", type=float, default=300.0)
+    p.add_argument("--top", type=int, default=12, help="kernels printed per workload")
+    p.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--result-file", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--model-dir", default=None, help=argparse.SUPPRESS)
+    return p.parse_known_args(argv)
+
+
+def runner_args(e2e, own, rest: list[str]):
+    """The runner's settings: its defaults and the passed-through flags, with our decode points
+    (they size max_model_len, max_num_batched_tokens and the graph capture sizes as the runner's)."""
+    argv = list(rest) + ["--inproc", "--b64-decode", str(own.decode_steps)]
+    if own.points:
+        argv += ["--grid", ",".join(f"{b}x{l}" for b, l in own.points)]
+    else:
+        argv += ["--no-batch64"]
+    return e2e.parse_args(argv)
+
+
+def kernel_table(trace_path: str) -> dict:
+    """Per kernel name [GPU us, launches], and the busy time (union of kernel intervals), from a
+    chrome trace that torch.profiler wrote."""
+    opener = gzip.open if trace_path.endswith(".gz") else open
+    with opener(trace_path, "rt") as f:
+        events = json.load(f)["traceEvents"]
+    table: dict[str, list[float]] = {}
+    spans = []
+    for ev in events:
+        if ev.get("ph") != "X" or ev.get("cat") not in ("kernel", "gpu_memcpy", "gpu_memset"):
+            continue
+        ts, dur = float(ev["ts"]), float(ev.get("dur", 0.0))
+        row = table.setdefault(ev["name"], [0.0, 0])
+        row[0] += dur
+        row[1] += 1
+        spans.append((ts, ts + dur))
+    spans.sort()
+    busy, end = 0.0, float("-inf")
+    for a, b in spans:
+        if b <= end:
+            continue
+        busy += b - max(a, end)
+        end = b
+    return {"kernels": table, "busy_us": busy}
+
+
+def profiled(fn, tmp: str, tag: str):
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        t = time.perf_counter()
+        result = fn()
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - t
+    path = os.path.join(tmp, f"{tag}.json")
+    prof.export_chrome_trace(path)
+    table = kernel_table(path)
+    os.remove(path)
+    table["wall_us"] = wall * 1e6
+    return result, table
+
+
+def summarize(kernels: dict, scale: float) -> dict:
+    """kernels {name: [us, launches]} scaled (per step), with the attention sum."""
+    rows = {k: [round(v[0] * scale, 2), round(v[1] * scale, 2)] for k, v in kernels.items()}
+    rows = dict(sorted(rows.items(), key=lambda kv: -kv[1][0]))
+    attn = sum(v[0] for k, v in rows.items() if is_attention(k))
+    total = sum(v[0] for v in rows.values())
+    return {"kernel_us": round(total, 1), "attention_us": round(attn, 1), "kernels": rows}
+
+
+def run_child(own, e2e, args) -> dict:
+    import torch
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    backend = own.child
+    res = {"backend": backend}
+    _, cfg = e2e.model_config(args)
+    vocab = e2e.text_config(cfg)["vocab_size"]
+    t0 = time.perf_counter()
+    llm = LLM(**e2e.llm_kwargs(args, backend, own.model_dir))
+    res["init_s"] = round(time.perf_counter() - t0, 1)
+    res["gpu"] = torch.cuda.get_device_name(0)
+    rng = random.Random(0)
+    tmp = tempfile.mkdtemp(prefix="vllm_profile_")
+
+    def prompts(n, length):
+        return [TokensPrompt(prompt_token_ids=[rng.randrange(1000, vocab - 1000) for _ in range(length)])
+                for _ in range(n)]
+
+    def generate(ps, sps):
+        return llm.generate(ps, sps, use_tqdm=False)
+
+    def greedy(n):
+        return SamplingParams(max_tokens=n, ignore_eos=True, temperature=0.0, detokenize=False)
+
+    D = own.decode_steps
+    res["decode"] = []
+    for B, L in own.points:
+        generate(prompts(B, L), greedy(1 + D))  # warm-up at this shape
+        _, one = profiled(lambda: generate(prompts(B, L), greedy(1)), tmp, "one")
+        _, many = profiled(lambda: generate(prompts(B, L), greedy(1 + D)), tmp, "many")
+        diff = {k: [v[0] - one["kernels"].get(k, [0.0, 0])[0], v[1] - one["kernels"].get(k, [0.0, 0])[1]]
+                for k, v in many["kernels"].items()}
+        point = dict(batch=B, context=L, decode_steps=D,
+                     busy_us_per_step=round((many["busy_us"] - one["busy_us"]) / D, 1),
+                     wall_us_per_step_profiled=round((many["wall_us"] - one["wall_us"]) / D, 1))
+        point.update(summarize(diff, 1.0 / D))
+        res["decode"].append(point)
+        print(f"{backend} {B}x{L}: attention {point['attention_us']} us of {point['kernel_us']} us a step",
+              flush=True)
+
+    if own.traffic:
+        def traffic(seed):
+            r = random.Random(seed)
+            ps, sps = [], []
+            for _ in range(own.traffic):
+                L, O = r.randint(64, 4096), r.randint(16, 512)
+                ps.append(TokensPrompt(prompt_token_ids=[r.randrange(1000, vocab - 1000) for _ in range(L)]))
+                sps.append(greedy(O))
+            return ps, sps
+
+        generate(*traffic(7))  # warm-up
+        ps, sps = traffic(200)
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        generate(ps, sps)
+        wall = time.perf_counter() - t
+        _, prof = profiled(lambda: generate(*traffic(200)), tmp, "traffic")
+        tr = dict(requests=own.traffic, prompt_tokens=sum(len(p["prompt_token_ids"]) for p in ps),
+                  output_tokens=sum(s.max_tokens for s in sps), wall_us=round(wall * 1e6),
+                  wall_us_profiled=round(prof["wall_us"]), busy_us=round(prof["busy_us"]))
+        tr.update(summarize(prof["kernels"], 1.0))
+        tr["attention_share_of_busy"] = round(tr["attention_us"] / prof["busy_us"], 4)
+        res["traffic"] = tr
+        print(f"{backend} traffic: wall {wall:.2f} s, busy {prof['busy_us'] / 1e6:.2f} s, attention "
+              f"{tr['attention_us'] / 1e6:.2f} s", flush=True)
+    return res
+
+
+def main():
+    own, rest = parse_args()
+    e2e = load_runner(own.runner)
+    args = runner_args(e2e, own, rest)
+    if own.child:
+        try:
+            res = run_child(own, e2e, args)
+            res["status"] = "ok"
+        except BaseException as e:  # noqa: BLE001 - report, then fail
+            import traceback
+
+            traceback.print_exc()
+            res = {"backend": own.child, "status": "error", "error": e2e.last_line(e)}
+        with open(own.result_file, "w") as f:
+            json.dump(res, f)
+        sys.stdout.flush()
+        os._exit(0)
+
+    os.makedirs(args.out, exist_ok=True)
+    name, cfg = e2e.model_config(args)
+    tmp = tempfile.mkdtemp(prefix="vllm_profile_")
+    model_dir = e2e.write_model_dir(tmp, name, cfg)
+    plugin_dir = e2e.write_plugin_dir(tmp)
+    meta = dict(model=name, points=own.points, decode_steps=own.decode_steps, traffic=own.traffic,
+                max_model_len=e2e.max_model_len(args), max_num_batched_tokens=e2e.max_num_batched_tokens(args),
+                project_commit=e2e.git_commit(e2e.project_root(args)), attention_kernels=ATTENTION.pattern)
+    results = {}
+    out_json = os.path.join(args.out, "vllm_profile.json")
+    for backend in (b.strip() for b in own.backends.split(",") if b.strip()):
+        result_file = os.path.join(tmp, f"profile_{backend}.json")
+        cmd = [sys.executable, os.path.abspath(__file__), "--child", backend, "--result-file", result_file,
+               "--model-dir", model_dir, "--runner", os.path.abspath(own.runner),
+               "--decode-steps", str(own.decode_steps), "--traffic", str(own.traffic),
+               "--points", ",".join(f"{b}x{l}" for b, l in own.points)] + rest
+        log = os.path.join(args.out, f"vllm_profile_{backend}.log")
+        t0 = time.perf_counter()
+        with open(log, "w") as f:
+            try:
+                rc = subprocess.run(cmd, env=e2e.child_env(args, backend, plugin_dir), stdout=f,
+                                    stderr=subprocess.STDOUT, timeout=own.per_backend_timeout).returncode
+            except subprocess.TimeoutExpired:
+                rc = "timeout"
+        try:
+            with open(result_file) as f:
+                results[backend] = json.load(f)
+        except OSError:
+            results[backend] = {"backend": backend, "status": "error", "error": f"no result (rc {rc}); see {log}"}
+        results[backend]["seconds"] = round(time.perf_counter() - t0, 1)
+        with open(out_json, "w") as f:
+            json.dump({"meta": meta, "results": results}, f, indent=1)
+        print(f"{backend}: {results[backend].get('status')} {results[backend].get('error', '')} "
+              f"in {results[backend]['seconds']} s", flush=True)
+    for backend, r in results.items():
+        for point in r.get("decode", []):
+            print(f"\n{backend} {point['batch']}x{point['context']}: us a decode step, launches a step "
+                  f"(busy {point['busy_us_per_step']}, kernels {point['kernel_us']}, attention {point['attention_us']})")
+            for k, (us, n) in list(point["kernels"].items())[:own.top]:
+                print(f"  {us:9.1f} {n:6.1f}  {'A ' if is_attention(k) else '  '}{k[:90]}")
+        tr = r.get("traffic")
+        if tr:
+            print(f"\n{backend} traffic {tr['requests']} requests: wall {tr['wall_us'] / 1e6:.3f} s, busy "
+                  f"{tr['busy_us'] / 1e6:.3f} s (profiled), attention {tr['attention_us'] / 1e6:.3f} s "
+                  f"= {tr['attention_share_of_busy']:.1%} of busy")
+            for k, (us, n) in list(tr["kernels"].items())[:own.top]:
+                print(f"  {us / 1e3:9.1f} ms {n:7.0f}  {'A ' if is_attention(k) else '  '}{k[:90]}")
+
+
+if __name__ == "__main__":
+    main()
