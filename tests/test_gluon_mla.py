@@ -190,17 +190,17 @@ def gluon_calls(monkeypatch, gluon_finishes):
     monkeypatch.setenv(GLUON_ENV, "1")
     calls = []
     launcher = mla_module.launch_mla_decode_gluon
-    workspace = mla_module._workspace
+    split_partials = mla_module.split_partials
 
     def counted(*args, **kwargs):
         calls.append(kwargs["num_splits"])
         return launcher(*args, **kwargs)
 
     def poisoned(*args, **kwargs):
-        return tuple(t.fill_(float("nan")) for t in workspace(*args, **kwargs))
+        return tuple(t.fill_(float("nan")) for t in split_partials(*args, **kwargs))
 
     monkeypatch.setattr(mla_module, "launch_mla_decode_gluon", counted)
-    monkeypatch.setattr(mla_module, "_workspace", poisoned)
+    monkeypatch.setattr(mla_module, "split_partials", poisoned)
     mla_module._TAPES.clear()  # a replayed tape would bypass the launcher
     yield calls
     mla_module._TAPES.clear()
