@@ -681,13 +681,33 @@ def _chunked_prefill_steps(count: int, seed: int = 0) -> list:
     return steps
 
 
+def _scheduled_steps(num_prompts: int, prompt_len: int, budget: int = 8192, decodes: int = 2) -> list:
+    """The steps vLLM's scheduler makes for ``num_prompts`` equal prompts arriving together under
+    chunked prefill of ``budget`` tokens, until each has decoded ``decodes`` tokens: the running
+    requests first (a decode's one token, a partial prompt's next chunk), then new prompts, in
+    arrival order. A prompt cut at the budget leaves a tail of a few tokens for the next step."""
+    done = [0] * num_prompts  # tokens computed (prompt, then decoded) per request
+    steps = []
+    while any(d < prompt_len + decodes for d in done):
+        step, left = [], budget
+        for r in range(num_prompts):
+            if left == 0 or done[r] >= prompt_len + decodes:
+                continue
+            q = 1 if done[r] >= prompt_len else min(prompt_len - done[r], left)
+            step.append((q, done[r] + q))
+            done[r] += q
+            left -= q
+        steps.append(tuple(step))
+    return steps
+
+
 @pytest.mark.parametrize("shape", ["llama-8192", "llama-8704", "gemma2-8192"])
 def test_warm_up_compiles_every_kernel_variant_that_eager_steps_launch(monkeypatch, shape):
     """A step with a prompt or a chunk never replays a full CUDA graph, nor does any step without
     full graphs: whatever it launches and the warm-up did not compiles at the first such request
     (vLLM's "Triton kernel JIT compilation during inference"). Planned for the H200, every launch
-    of 24 chunked-prefill steps and of decode batches of the vLLM grid's sizes, on vLLM's own block
-    table, has the Triton cache key of a warm-up launch (``compile_matrix.launch_key``: the
+    of 24 chunked-prefill steps, of the grid's points scheduled under that budget and of decode
+    batches of the vLLM grid's sizes, on vLLM's own block table, has the Triton cache key of a warm-up launch (``compile_matrix.launch_key``: the
     specialization Triton's launcher looks a compiled kernel up by). The Gluon prefill kernel,
     which wants an sm90 tensor, is not reached on the CPU."""
     from pagedattn.compile_matrix import launch_key
@@ -719,7 +739,10 @@ def test_warm_up_compiles_every_kernel_variant_that_eager_steps_launch(monkeypat
         warmed = keys(launched)
         decodes = [((1, length),) * batch for batch, length in ((1, 500), (1, 8192), (4, 1000), (16, 4096), (64, 2048),
                                                                (128, 1024), (3, 77))]
-        for step in _chunked_prefill_steps(24) + decodes:
+        # the grid's points under the traffic run's 8192-token budget (the 16 x 4096 point once
+        # compiled the unified kernel at a step with a prompt's 2-token tail)
+        grid = _scheduled_steps(16, 4096) + _scheduled_steps(64, 2048) + _scheduled_steps(128, 1024)
+        for step in _chunked_prefill_steps(24) + grid + decodes:
             qsl = torch.tensor([0] + list(itertools.accumulate(q for q, _ in step)), dtype=torch.int32)
             lens = torch.tensor([kv for _, kv in step], dtype=torch.int32)
             n = int(qsl[-1])

@@ -82,6 +82,12 @@ WARMUP_STEPS = (
     ((GLUON_MIN_QUERY_TOKENS, GLUON_MIN_QUERY_TOKENS),),  # a prompt the Gluon prefill kernel takes on sm90
     ((128, 2048),),  # an extend over a longer context: the 128-row tiles
     ((1, 300), (300, 300)),  # a decode beside a prompt: the prefill kernel and a unified launch for the rest
+    # a prompt's tail of a few tokens (chunked prefill cuts prompts at the token budget) beside a
+    # prompt: the rest's rows per block follow its longest query (2-8 tokens x the heads per KV
+    # head, 16 to 64 rows), so these reach each row count at any head ratio up to 16
+    ((2, 300), (300, 300)),
+    ((4, 300), (300, 300)),
+    ((8, 300), (300, 300)),
     ((1, 100), (64, 200)),  # a decode beside a short chunk: the unified kernel's extend tiles
 )
 # Pure decode steps, added to the warm-up where no full CUDA graph replays them (eager or
