@@ -9,7 +9,10 @@ and engine flags of ``run_vllm_e2e.py`` (the vLLM-on-GPU runner; ``--runner``, d
 
 * decode points (``--points BxL,...``): B prompts of L tokens, profiled twice, generating 1 token
   and 1 + D tokens; per kernel name, (GPU time of the second - of the first) / D is its time in
-  one decode step, with launches per step.
+  one decode step, with launches per step. Where ``--max-num-batched-tokens`` is under B x L the
+  prompts are chunked, and the steps that prefill the later chunks also carry the decodes of the
+  earlier prompts in the second run only: the difference then holds those mixed steps' kernels
+  too, while the decode kernels' rows (one launch a layer a step) stay pure decode steps.
 * traffic (``--traffic N``): N requests of unequal lengths (prompts 64-4096, outputs 16-512, the
   runner's distribution, its own seed), once unprofiled for the wall time, then profiled: per
   kernel GPU time, the kernels' busy time (union of their intervals) and the share of it in
