@@ -128,7 +128,9 @@ def test_models_suite_steps_on_the_graph_plan(tmp_path):
     full = {c.name: c for c in make_cases(SUITES["models"])}
     assert set(full) == {f"gemma3 {kind} decode B={b} L={ctx}" for kind in ("local", "global")
                          for b, ctx in ((1, 512), (16, 4096), (64, 2048))} | {
-                         f"llama3 decode B={b} L={ctx}" for b, ctx in ((1, 512), (16, 4096), (64, 2048), (128, 1024))}
+                         f"llama3 decode B={b} L={ctx}" for b, ctx in ((1, 512), (16, 4096), (64, 2048), (128, 1024))} | {
+                         f"llama3 {cache} cache decode B={b} L={ctx}" for cache in ("engine", "engine-interleaved")
+                         for b, ctx in ((16, 4097), (64, 2049))}
     local, glob = full["gemma3 local decode B=16 L=4096"], full["gemma3 global decode B=16 L=4096"]
     assert local.params["sliding_window"] == 1024 and glob.params["sliding_window"] is None
     assert work(glob, torch.bfloat16)["kv_bytes"] == 4 * work(local, torch.bfloat16)["kv_bytes"]
@@ -139,7 +141,7 @@ def test_models_suite_steps_on_the_graph_plan(tmp_path):
     graph = {r["case"]: r for r in records if r["provider"] == "pagedattn-graph"}
     assert {c for c, r in graph.items() if r["status"] == "ok" and r["ok"]} == {
         "gemma3 local decode B=2 L=64", "gemma3 global decode B=2 L=64", "llama3 decode B=2 L=64",
-        "llama3 decode B=4 L=32"}
+        "llama3 decode B=4 L=32", "llama3 engine cache decode B=2 L=65", "llama3 engine-interleaved cache decode B=2 L=65"}
     assert graph["mixed 1x32+3x1@33"]["status"] == "skip"
 
 
@@ -161,6 +163,25 @@ def _timed(provider, us, method, graph_us=None):
     rec = dict(case="mixed", provider=provider, status="ok", time_us=us, method=method, n_copies=1,
                kv_bytes=1e9, flops=1e12)
     return rec if graph_us is None else {**rec, "graph_us": graph_us}
+
+
+@pytest.mark.parametrize("cache", ["engine", "engine-interleaved"])
+def test_engine_cache_cases_lay_pages_out_as_vllm_does(cache):
+    # one allocation ENGINE_POOL_FACTOR x the batch's blocks, block 0 unused, each sequence's pages
+    # in order after the last one's; K and V as the engine's two layouts view them
+    import torch
+
+    from pagedattn.bench.workloads import ENGINE_POOL_FACTOR, LLAMA, _case, build_inputs
+
+    case = _case("c", "llama3", "decode", [(3, 1, 40)], dict(LLAMA, num_q_heads=4, num_kv_heads=2, head_size=32),
+                 cache=cache)
+    x = build_inputs(case, torch.device("cpu"), torch.float32)
+    assert x.block_table.tolist() == [[1, 2, 3], [4, 5, 6], [7, 8, 9]]
+    assert x.k_cache.shape == x.v_cache.shape == (ENGINE_POOL_FACTOR * 9 + 1, 16, 2, 32)
+    assert x.k_cache.untyped_storage().data_ptr() == x.v_cache.untyped_storage().data_ptr()
+    assert (x.v_cache.data_ptr() - x.k_cache.data_ptr()) // 4 == (32 if cache == "engine-interleaved" else x.k_cache.numel())
+    with pytest.raises(ValueError, match="cache must be one of"):
+        _case("c", "llama3", "decode", [(1, 1, 8)], LLAMA, cache="paged")
 
 
 def test_a_case_is_timed_one_way():

@@ -51,6 +51,19 @@ GEMMA = dict(num_q_heads=8, num_kv_heads=4, head_size=256, sliding_window=1024, 
 GEMMA3 = dict(num_q_heads=16, num_kv_heads=8, head_size=256, sliding_window=1024)
 BLOCK_SIZE = 16
 MAX_DECODE_TOKENS = 4 * 1024 * 1024  # skip decode cases with B * L above this
+# Caches laid out as vLLM's engine lays them (``params["cache"]``): one allocation per layer,
+# ENGINE_POOL_FACTOR times the blocks a case reads (vLLM sizes a layer's cache to the free memory:
+# Llama-3.1-8B at 85% of an H200 gives each layer about 3 GB, 5.7x a 64 x 2048 batch), block 0
+# left out (vLLM's null block) and each sequence's pages in order after the last one's, as a fresh
+# engine's free-block queue hands them out. "engine": K and V in two planes of that allocation,
+# ``[2, num_blocks, block_size, num_kv_heads, head_size]`` (vLLM's FLASH_ATTN cache);
+# "engine-interleaved": K and V side by side in each head's row,
+# ``[num_blocks, block_size, num_kv_heads, 2 * head_size]`` (its cache for pagedattn's backend).
+# Inside vLLM on the H200 FA3's decode ran 12% faster than in the shuffled bench cache and
+# pagedattn's 3% slower (docs/vllm.md, "Where the time goes, per kernel"); these cases time both
+# in the engine's layouts alone.
+ENGINE_POOL_FACTOR = 6
+CACHE_LAYOUTS = ("shuffled", "engine", "engine-interleaved")
 
 
 @dataclass(frozen=True)
@@ -89,7 +102,9 @@ class Case:
         return {k: p[k] for k in ("sliding_window", "softcap", "sinks") if p.get(k)}
 
 
-def _case(name, workload, kind, segments, shape, block_size=BLOCK_SIZE) -> Case:
+def _case(name, workload, kind, segments, shape, block_size=BLOCK_SIZE, cache: str = "shuffled") -> Case:
+    if cache not in CACHE_LAYOUTS:
+        raise ValueError(f"cache must be one of {CACHE_LAYOUTS}, got {cache!r}")
     params = dict(
         num_q_heads=shape["num_q_heads"],
         num_kv_heads=shape["num_kv_heads"],
@@ -100,6 +115,8 @@ def _case(name, workload, kind, segments, shape, block_size=BLOCK_SIZE) -> Case:
         softcap=shape.get("softcap"),
         sinks=bool(shape.get("sinks", False)),
     )
+    if cache != "shuffled":
+        params["cache"] = cache
     return Case(name=name, workload=workload, kind=kind, params=params)
 
 
@@ -204,6 +221,12 @@ def make_cases(workloads=WORKLOADS, *, quick: bool = False, tiny_heads: bool = F
         elif w == "llama3":  # Llama-3.1-8B's decode at the grid points (the reference decode's are others)
             for b, ctx in llama_steps:
                 cases += _decode_cases(w, "llama3 ", llama, (b,), (ctx,))
+            # the two points where FA3 led inside vLLM, at the first decode step's context (one
+            # key past a page) in the engine's cache layouts
+            for b, ctx in llama_steps[-3:-1]:
+                for cache in CACHE_LAYOUTS[1:]:
+                    cases.append(_case(f"llama3 {cache} cache decode B={b} L={ctx + 1}", w, "decode",
+                                       [(b, 1, ctx + 1)], llama, cache=cache))
         else:
             raise ValueError(f"unknown workload {w!r}; choose from {', '.join(ALL_WORKLOADS)}")
     return cases
@@ -305,7 +328,8 @@ class CaseInputs:
 
 
 def build_inputs(case: Case, device, dtype: torch.dtype, *, seed: int = 0) -> CaseInputs:
-    """Random inputs for ``case``: unit-variance data, a random permutation of physical blocks.
+    """Random inputs for ``case``: unit-variance data, a random permutation of physical blocks
+    (or, for the engine's cache layouts, ``params["cache"]``, pages in order in a larger pool).
 
     Every sequence's K/V (its new tokens' included, as after ``write_kv``) already sits in the
     cache; no block is shared and none is left zero.
@@ -319,7 +343,11 @@ def build_inputs(case: Case, device, dtype: torch.dtype, *, seed: int = 0) -> Ca
     num_blocks = sum(pages_per_seq)
     max_pages = max(pages_per_seq)
 
-    perm = torch.randperm(num_blocks, generator=gen).to(torch.int32)
+    cache = p.get("cache", "shuffled")
+    if cache == "shuffled":
+        perm = torch.randperm(num_blocks, generator=gen).to(torch.int32)
+    else:  # pages in order from block 1, in a pool ENGINE_POOL_FACTOR times the batch's blocks
+        perm = torch.arange(1, num_blocks + 1, dtype=torch.int32)
     block_table = torch.zeros(len(seq_lens), max_pages, dtype=torch.int32)
     start = 0
     for s, n in enumerate(pages_per_seq):
@@ -342,11 +370,18 @@ def build_inputs(case: Case, device, dtype: torch.dtype, *, seed: int = 0) -> Ca
     qsl = [0]
     for q in query_lens:
         qsl.append(qsl[-1] + q)
+    if cache == "shuffled":
+        k_cache, v_cache = randn(num_blocks, bs, hk, d), randn(num_blocks, bs, hk, d)
+    elif cache == "engine":
+        k_cache, v_cache = randn(2, ENGINE_POOL_FACTOR * num_blocks + 1, bs, hk, d).unbind(0)
+    else:
+        kv = randn(ENGINE_POOL_FACTOR * num_blocks + 1, bs, hk, 2 * d)
+        k_cache, v_cache = kv[..., :d], kv[..., d:]
     return CaseInputs(
         case=case,
         q=randn(case.num_tokens, hq, d),
-        k_cache=randn(num_blocks, bs, hk, d),
-        v_cache=randn(num_blocks, bs, hk, d),
+        k_cache=k_cache,
+        v_cache=v_cache,
         block_table=block_table.to(device),
         seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
         query_start_loc=torch.tensor(qsl, dtype=torch.int32, device=device),
