@@ -59,9 +59,9 @@ MAX_DECODE_TOKENS = 4 * 1024 * 1024  # skip decode cases with B * L above this
 # ``[2, num_blocks, block_size, num_kv_heads, head_size]`` (vLLM's FLASH_ATTN cache);
 # "engine-interleaved": K and V side by side in each head's row,
 # ``[num_blocks, block_size, num_kv_heads, 2 * head_size]`` (its cache for pagedattn's backend).
-# Inside vLLM on the H200 FA3's decode ran 12% faster than in the shuffled bench cache and
-# pagedattn's 3% slower (docs/vllm.md, "Where the time goes, per kernel"); these cases time both
-# in the engine's layouts alone.
+# Inside vLLM on the H200 FA3's decode ran 12% faster than in the shuffled bench cache
+# (docs/vllm.md, "Where the time goes, per kernel"); these cases time both kernels in the
+# engine's layouts alone, at the first decode step's context.
 ENGINE_POOL_FACTOR = 6
 CACHE_LAYOUTS = ("shuffled", "engine", "engine-interleaved")
 
