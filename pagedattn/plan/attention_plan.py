@@ -114,19 +114,19 @@ class AttentionPlan:
                 f"batch of {len(lens)} sequences / {qsl[-1] if qsl else 0} tokens exceeds the plan's capacity "
                 f"({self.max_num_seqs} sequences, {self.max_num_tokens} tokens)"
             )
-        blocks, splits = work_list_layout(
+        blocks, splits, order = work_list_layout(
             qsl, lens, tiles=self.tiles, num_kv_heads=self.num_kv_heads,
             num_programs=self.split_programs or self.num_programs, max_splits=self.partial_out.shape[2],
             sliding_window=self.sliding_window, resident=self.resident_programs or None,
         )
-        if self._listed == (qsl, splits):
+        if self._listed == (qsl, splits, order):
             # the device already holds this list (steady decode steps: same batch, same splits;
             # the kernels read the lengths from seq_lens): no rebuild, no upload, no wait on the
             # last upload (H200 host, 64 decodes inside vLLM: ~480 us a step otherwise)
             self.max_seq_len = max(lens + [0])
             return
-        self._load(qsl, lens, _work_items(blocks, splits, self.num_kv_heads), _reduce_rows(qsl, splits))
-        self._listed = (qsl, splits)
+        self._load(qsl, lens, _work_items(blocks, splits, self.num_kv_heads, order), _reduce_rows(qsl, splits))
+        self._listed = (qsl, splits, order)
 
     def _load(self, qsl: list[int], lens: list[int], items: torch.Tensor, rows: torch.Tensor) -> None:
         """Upload the work list made for the batch (qsl, lens) and record that batch."""

@@ -68,7 +68,8 @@ def persistent_work_list(qsl, lens, *, tiles: Tiles, num_kv_heads: int, num_prog
     ones finish (H200, on a grid of 3 waves: 2 x 16384 + 126 x 512 119 us, 1.4x its bytes floor,
     where the one-wave cut left each long piece at 2048 keys beside 512-key items: 364 us).
 
-    Items are block-major, then KV head, then split: (seq, q block, head, split, splits). Reduce
+    Items are block-major, then KV head, then split: (seq, q block, head, split, splits); when
+    every sequence is one unsplit Q block, the longest sequences go first (``_longest_first``). Reduce
     rows are every token of a split Q block, with its block's split count.
 
     This runs every engine step (``plan.update()`` before a graph replay), so it works per
@@ -81,16 +82,18 @@ def persistent_work_list(qsl, lens, *, tiles: Tiles, num_kv_heads: int, num_prog
     count computed) about 200 us.
     """
     qsl = _int_list(qsl)
-    blocks, splits = work_list_layout(qsl, lens, tiles=tiles, num_kv_heads=num_kv_heads, num_programs=num_programs,
-                                      max_splits=max_splits, sliding_window=sliding_window, resident=resident)
-    return _work_items(blocks, splits, num_kv_heads), _reduce_rows(qsl, splits)
+    blocks, splits, order = work_list_layout(qsl, lens, tiles=tiles, num_kv_heads=num_kv_heads,
+                                             num_programs=num_programs, max_splits=max_splits,
+                                             sliding_window=sliding_window, resident=resident)
+    return _work_items(blocks, splits, num_kv_heads, order), _reduce_rows(qsl, splits)
 
 
 def work_list_layout(qsl, lens, *, tiles: Tiles, num_kv_heads: int, num_programs: int, max_splits: int,
                      sliding_window: int | None = None,
-                     resident: int | None = None) -> tuple[list[int], list[int] | None]:
-    """(Q blocks per sequence, split count per sequence or None) of :func:`persistent_work_list`:
-    everything the list depends on besides ``qsl``, decided without building it."""
+                     resident: int | None = None) -> tuple[list[int], list[int] | None, list[int] | None]:
+    """(Q blocks per sequence, split count per sequence or None, the sequences' order in the
+    list or None for their own) of :func:`persistent_work_list`: everything the list depends on
+    besides ``qsl``, decided without building it."""
     qsl, lens = _int_list(qsl), _int_list(lens)
     q_lens = [b - a for a, b in zip(qsl, qsl[1:])]
     if len(lens) < len(q_lens):
@@ -100,7 +103,38 @@ def work_list_layout(qsl, lens, *, tiles: Tiles, num_kv_heads: int, num_programs
     splits = _splits_per_seq(q_lens, blocks, lens, num_kv_heads=num_kv_heads, num_programs=num_programs,
                              max_splits=max_splits, sliding_window=sliding_window, resident=resident,
                              full=sum(blocks) * num_kv_heads >= num_programs)
-    return blocks, splits
+    return blocks, splits, _longest_first(q_lens, blocks, lens, splits, sliding_window)
+
+
+def _longest_first(q_lens, blocks, lens, splits, sliding_window) -> list[int] | None:
+    """The sequences in the order their items go into the list: most visible keys first (ties in
+    sequence order), when every sequence is one Q block, none is split and their lengths differ;
+    None keeps the sequences' own order.
+
+    Programs take items in list order (the hardware starts the grid's programs about in index
+    order, and the atomic counter hands items out in it), so a long item listed late runs on
+    after the others have finished; longest first is the classic cure for that tail. On the decode
+    steps that vLLM's scheduler makes for 96 requests of 64-4096 prompt and 16-512 output tokens
+    (64 sequences of 90-4300 keys, the longest under UNEQUAL_RATIO x the mean, so one item per
+    sequence and head), scheduling the items greedily on 264 resident programs, each taking time in
+    proportion to its 64-key tiles, ends the last program at 1.25x the bound (the keys spread
+    evenly, or the longest item) in sequence order, 1.05x longest first (docs/vllm.md, "Where the
+    time goes, per kernel": the decode kernel read 70% of the H200's peak there, FA3's 76%). Split
+    lists (unequal batches, or too few items for the grid) keep their order: their pieces are about
+    equal, and pieces whose rounding moves with each step's extra key would reorder the list, and
+    upload it again, at every step. On a 2-core host: 4 us for 64 equal decodes, 8 unequal."""
+    n = len(q_lens)
+    if splits is not None or n < 2 or min(blocks) != 1 or max(blocks) != 1:
+        return None
+    keys = lens[:n]
+    if sliding_window:  # a query sees at most the window and the queries before it
+        keys = [v if v < sliding_window + q else sliding_window + q - 1 for v, q in zip(keys, q_lens)]
+    low = min(keys)
+    if low < 0:  # a length under the queries' (clamped by the rule): no keys
+        keys, low = [v if v > 0 else 0 for v in keys], 0
+    if low == max(keys):
+        return None
+    return sorted(range(n), key=keys.__getitem__, reverse=True)  # reverse sorts keep ties in order
 
 
 def _int_list(x) -> list[int]:
@@ -188,22 +222,25 @@ def _block_items(num_kv_heads: int, n: int) -> bytes:
     return data
 
 
-def _work_items(blocks, splits, num_kv_heads) -> torch.Tensor:
-    """[n, 5] int32 items from the Q blocks and split counts (None: one each) per sequence:
-    the blocks' templates joined as bytes, then the sequence and Q block columns written per
-    block (one broadcast when every block has the same number of items)."""
+def _work_items(blocks, splits, num_kv_heads, order=None) -> torch.Tensor:
+    """[n, 5] int32 items from the Q blocks and split counts (None: one each) per sequence, the
+    sequences in ``order`` (None: their own; given only when each is one Q block): the blocks'
+    templates joined as bytes, then the sequence and Q block columns written per block (one
+    broadcast when every block has the same number of items)."""
     one_each = bool(blocks) and min(blocks) == max(blocks) == 1  # decode: one Q block per sequence
     if splits is None:
         data, per_block = _block_items(num_kv_heads, 1) * sum(blocks), num_kv_heads
     else:
-        block_splits = splits if one_each else _per_block(splits, blocks)
+        block_splits = (splits if order is None else [splits[s] for s in order]) if one_each \
+            else _per_block(splits, blocks)
         templates = {n: _block_items(num_kv_heads, n) for n in set(block_splits)}
         data = b"".join(map(templates.__getitem__, block_splits))
         per_block = num_kv_heads * next(iter(templates)) if len(templates) == 1 else 0
     if not data:
         return torch.zeros(0, 5, dtype=torch.int32)
     items = _int32_tensor(data).view(-1, 5)
-    cols = _block_columns(blocks, one_each)  # [1 or 2, Q blocks]
+    # [1 or 2, Q blocks]
+    cols = _block_columns(blocks, one_each) if order is None else _int32_tensor(order).view(1, -1)
     if per_block:
         items.view(-1, per_block, 5)[:, :, : len(cols)] = cols.t().unsqueeze(1)
     else:

@@ -76,6 +76,32 @@ def test_persistent_update_uploads_only_a_new_list(monkeypatch):
     assert any(int(items[:, 4].max()) > 1 for items in uploads)  # the unequal batch was cut
 
 
+def test_decodes_of_unequal_lengths_are_listed_longest_first(monkeypatch):
+    """A full grid of unsplit decodes whose lengths differ lists the longest sequences' items
+    first (ties in sequence order); a step whose lengths reorder the batch uploads the new order,
+    one that keeps it does not; a split list keeps the sequences' order; every step is right."""
+    g = torch.Generator().manual_seed(5)
+    plan = plan_attention([0, 1, 2, 3, 4], [300] * 4, num_q_heads=4, num_kv_heads=2, head_size=32, device=DEVICE,
+                          path="persistent", num_programs=4, max_num_tokens=8, max_context_len=4096)
+    uploads = []
+    real_upload = type(plan)._upload
+    monkeypatch.setattr(type(plan), "_upload", lambda self, *a: (uploads.append(a[0].clone()), real_upload(self, *a)))
+    for lens, order, uploaded in (([500, 900, 700, 900], [1, 3, 2, 0], True),
+                                  ([501, 901, 701, 901], [1, 3, 2, 0], False),  # same order: the same list
+                                  ([950, 400, 600, 520], [0, 2, 3, 1], True),
+                                  ([3000, 200, 150, 180], [0, 1, 2, 3], True)):  # unequal: the long one cut
+        batch = make_paged_batch([(1, n) for n in lens], dtype=torch.float32, device=DEVICE, generator=g)
+        before = len(uploads)
+        plan.update(batch.query_start_loc, batch.seq_lens)
+        assert (len(uploads) > before) == uploaded, lens
+        items = plan.work_items[: int(plan.work_counts[0])].tolist()
+        assert list(dict.fromkeys(s for s, *_ in items)) == order, items
+        assert len({tuple(i[:4]) for i in items}) == len(items)  # each (sequence, block, head, split) once
+        plan.partial_out.fill_(float("nan"))
+        check(batch, plan, {})
+    assert int(uploads[-1][:, 4].max()) > 1
+
+
 def test_graph_plan_cuts_uniform_batches_for_its_residency():
     """A graph plan's kernel (no register cap) holds 2 programs per SM, not the 2D kernel's 3: a
     uniform batch's split items fill one wave of those, and the result is right."""
@@ -139,13 +165,21 @@ def _work_list_loop(qsl, lens, *, tiles, num_kv_heads, num_programs, max_splits,
             n = -(-visible // MANY_WAVES_SEGMENT_TOKENS)
         return 1 if full else max(1, min(n, -(-visible // segment), max_splits))
 
-    items, rows = [], []
-    for s, qb, visible, q_len in blocks:
-        n = splits(visible) if q_len <= SPLIT_KV_MAX_QUERY_LEN else 1
-        items += [(s, qb, h, i, n) for h in range(num_kv_heads) for i in range(n)]
+    counts = [splits(visible) if q_len <= SPLIT_KV_MAX_QUERY_LEN else 1 for _, _, visible, q_len in blocks]
+    rows = []
+    for (s, qb, _, _), n in zip(blocks, counts):
         if n > 1:
             first = qsl[s] + qb * tiles.block_q
             rows += [(t, n) for t in range(first, min(first + tiles.block_q, qsl[s + 1]))]
+    # every sequence one unsplit Q block (a full grid): the most visible keys first, ties in
+    # sequence order
+    order = list(range(len(blocks)))
+    if full and len(blocks) == len(qsl) - 1 >= 2 and all(1 <= b - a <= tiles.block_q for a, b in zip(qsl[:-1], qsl[1:])):
+        order.sort(key=lambda i: blocks[i][2], reverse=True)
+    items = []
+    for i in order:
+        s, qb, _, _ = blocks[i]
+        items += [(s, qb, h, k, counts[i]) for h in range(num_kv_heads) for k in range(counts[i])]
     return (torch.tensor(items, dtype=torch.int32).reshape(-1, 5), torch.tensor(rows, dtype=torch.int32).reshape(-1, 2))
 
 
@@ -192,7 +226,7 @@ def test_persistent_work_list_matches_loops(kind):
     from pagedattn.plan import persistent_work_list
 
     rng = random.Random(kind)
-    seen = dict(full=0, split=0, mixed_counts=0, multi_block_split=0, capped=0)
+    seen = dict(full=0, split=0, mixed_counts=0, multi_block_split=0, capped=0, longest_first=0)
     for _ in range(200):
         qsl, lens = _random_batch(rng, kind)
         kw = _work_list_kwargs(rng)
@@ -206,6 +240,9 @@ def test_persistent_work_list_matches_loops(kind):
         seen["mixed_counts"] += len(set(splits.tolist())) > 1
         seen["multi_block_split"] += bool(((items[:, 1] > 0) & (splits > 1)).any())
         seen["capped"] += kw["max_splits"] > 1 and bool((splits == kw["max_splits"]).any())
+        seen["longest_first"] += bool((items[1:, 0] < items[:-1, 0]).any())  # a sequence listed before a lower one
+    if kind == "empty":  # sequences without queries: rarely a full grid of one-block sequences
+        seen.pop("longest_first")
     assert all(seen.values()), seen
 
 
