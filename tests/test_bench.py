@@ -130,7 +130,9 @@ def test_models_suite_steps_on_the_graph_plan(tmp_path):
                          for b, ctx in ((1, 512), (16, 4096), (64, 2048))} | {
                          f"llama3 decode B={b} L={ctx}" for b, ctx in ((1, 512), (16, 4096), (64, 2048), (128, 1024))} | {
                          f"llama3 {cache} cache decode B={b} L={ctx}" for cache in ("engine", "engine-interleaved")
-                         for b, ctx in ((16, 4097), (64, 2049))}
+                         for b, ctx in ((16, 4097), (64, 2049))} | {"llama3 traffic decode B=64 L=90-4300"}
+    traffic = full["llama3 traffic decode B=64 L=90-4300"]
+    assert traffic.num_seqs == 64 and 90 <= min(traffic.seq_lens) < max(traffic.seq_lens) <= 4300
     local, glob = full["gemma3 local decode B=16 L=4096"], full["gemma3 global decode B=16 L=4096"]
     assert local.params["sliding_window"] == 1024 and glob.params["sliding_window"] is None
     assert work(glob, torch.bfloat16)["kv_bytes"] == 4 * work(local, torch.bfloat16)["kv_bytes"]
@@ -141,7 +143,8 @@ def test_models_suite_steps_on_the_graph_plan(tmp_path):
     graph = {r["case"]: r for r in records if r["provider"] == "pagedattn-graph"}
     assert {c for c, r in graph.items() if r["status"] == "ok" and r["ok"]} == {
         "gemma3 local decode B=2 L=64", "gemma3 global decode B=2 L=64", "llama3 decode B=2 L=64",
-        "llama3 decode B=4 L=32", "llama3 engine cache decode B=2 L=65", "llama3 engine-interleaved cache decode B=2 L=65"}
+        "llama3 decode B=4 L=32", "llama3 engine cache decode B=2 L=65", "llama3 engine-interleaved cache decode B=2 L=65",
+        "llama3 traffic decode B=6 L=8-200"}
     assert graph["mixed 1x32+3x1@33"]["status"] == "skip"
 
 

@@ -24,6 +24,7 @@ BYTES_FLOOR_TBPS):
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass, field
 
 import torch
@@ -174,6 +175,7 @@ def make_cases(workloads=WORKLOADS, *, quick: bool = False, tiny_heads: bool = F
         specdecode = (4, 6, 128)  # sequences, new tokens, context
         gemma3_steps = ((2, 64),)  # (batch, context) of the model workloads' decode steps
         llama_steps = ((2, 64), (4, 32))
+        traffic_step = (6, 8, 200)  # sequences, shortest and longest context
     else:
         decode_b, decode_l, prefill_s = (1, 8, 32, 128), (512, 4096, 32768), (512, 2048, 8192, 32768)
         extend = (4, 512, 4096)
@@ -187,6 +189,10 @@ def make_cases(workloads=WORKLOADS, *, quick: bool = False, tiny_heads: bool = F
         # docs/vllm.md's Gemma-3 and Llama-3.1-8B grids
         gemma3_steps = ((1, 512), (16, 4096), (64, 2048))
         llama_steps = ((1, 512), (16, 4096), (64, 2048), (128, 1024))
+        # a decode step of vLLM's traffic run (96 requests of 64-4096 prompt and 16-512 output
+        # tokens): 64 sequences of about 90-4300 keys in no order (docs/vllm.md, "Where the time
+        # goes, per kernel")
+        traffic_step = (64, 90, 4300)
 
     cases: list[Case] = []
     for w in workloads:
@@ -227,6 +233,10 @@ def make_cases(workloads=WORKLOADS, *, quick: bool = False, tiny_heads: bool = F
                 for cache in CACHE_LAYOUTS[1:]:
                     cases.append(_case(f"llama3 {cache} cache decode B={b} L={ctx + 1}", w, "decode",
                                        [(b, 1, ctx + 1)], llama, cache=cache))
+            n, shortest, longest = traffic_step
+            lengths = random.Random(0).choices(range(shortest, longest + 1), k=n)
+            cases.append(_case(f"llama3 traffic decode B={n} L={shortest}-{longest}", w, "decode",
+                               [(1, 1, kv) for kv in lengths], llama))
         else:
             raise ValueError(f"unknown workload {w!r}; choose from {', '.join(ALL_WORKLOADS)}")
     return cases
