@@ -318,7 +318,6 @@ def launch_key(kernel, kwargs: dict, target: str) -> tuple[str, str]:
     return fn.__name__, compute_cache_key({}, specialization, options)
 
 
-
 def compile_launch(kernel, kwargs: dict, target: str):
     """The compiled kernel of ``kernel[grid](**kwargs)`` for ``target``, specialized as
     Triton's launcher would (heuristics applied, arguments bound as the JIT binds them)."""

@@ -56,19 +56,11 @@ def load_runner(path: str):
     return mod
 
 
-def parse_points(text: str) -> list[tuple[int, int]]:
-    out = []
-    for item in filter(None, (s.strip() for s in text.split(","))):
-        b, l = item.lower().split("x")
-        out.append((int(b), int(l)))
-    return out
-
-
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--runner", default=".vllm_wheels/run_vllm_e2e.py", help="path of run_vllm_e2e.py")
     p.add_argument("--backends", default="CUSTOM,FLASH_ATTN")
-    p.add_argument("--points", type=parse_points, default=[], help="decode points BATCHxCONTEXT,...")
+    p.add_argument("--points", default="", help="decode points BATCHxCONTEXT,... (the runner's grid syntax)")
     p.add_argument("--decode-steps", type=int, default=64)
     p.add_argument("--traffic", type=int, default=0, help="requests of the profiled traffic run (0: none)")
     p.add_argument("--per-backend-timeout", type=float, default=300.0)
@@ -216,6 +208,7 @@ def run_child(own, e2e, args) -> dict:
 def main():
     own, rest = parse_args()
     e2e = load_runner(own.runner)
+    own.points = e2e.parse_grid(own.points)
     args = runner_args(e2e, own, rest)
     if own.child:
         try:

@@ -99,14 +99,17 @@ def work_list_layout(qsl, lens, *, tiles: Tiles, num_kv_heads: int, num_programs
     if len(lens) < len(q_lens):
         raise ValueError(f"{len(lens)} sequence lengths for {len(q_lens)} sequences")
     blocks = [-(-q // tiles.block_q) if q > 0 else 0 for q in q_lens]  # Q blocks per sequence
+    visible = [v if v > 0 else 0 for v in lens[: len(q_lens)]]  # the keys each sequence's queries see
+    if sliding_window:  # a query sees at most the window and the queries before it
+        visible = [v if v < sliding_window + q else sliding_window + q - 1 for v, q in zip(visible, q_lens)]
     # None: a full grid of equal items without splitting: no partials to write and merge
-    splits = _splits_per_seq(q_lens, blocks, lens, num_kv_heads=num_kv_heads, num_programs=num_programs,
-                             max_splits=max_splits, sliding_window=sliding_window, resident=resident,
+    splits = _splits_per_seq(q_lens, blocks, visible, num_kv_heads=num_kv_heads, num_programs=num_programs,
+                             max_splits=max_splits, resident=resident,
                              full=sum(blocks) * num_kv_heads >= num_programs)
-    return blocks, splits, _longest_first(q_lens, blocks, lens, splits, sliding_window)
+    return blocks, splits, _longest_first(blocks, visible, splits)
 
 
-def _longest_first(q_lens, blocks, lens, splits, sliding_window) -> list[int] | None:
+def _longest_first(blocks, visible, splits) -> list[int] | None:
     """The sequences in the order their items go into the list: most visible keys first (ties in
     sequence order), when every sequence is one Q block, none is split and their lengths differ;
     None keeps the sequences' own order.
@@ -122,19 +125,11 @@ def _longest_first(q_lens, blocks, lens, splits, sliding_window) -> list[int] | 
     time goes, per kernel": the decode kernel read 70% of the H200's peak there, FA3's 76%). Split
     lists (unequal batches, or too few items for the grid) keep their order: their pieces are about
     equal, and pieces whose rounding moves with each step's extra key would reorder the list, and
-    upload it again, at every step. On a 2-core host: 4 us for 64 equal decodes, 8 unequal."""
-    n = len(q_lens)
-    if splits is not None or n < 2 or min(blocks) != 1 or max(blocks) != 1:
+    upload it again, at every step. On a 2-core host: 4 us for 64 equal decodes, 9 unequal."""
+    n = len(blocks)
+    if splits is not None or n < 2 or min(blocks) != 1 or max(blocks) != 1 or min(visible) == max(visible):
         return None
-    keys = lens[:n]
-    if sliding_window:  # a query sees at most the window and the queries before it
-        keys = [v if v < sliding_window + q else sliding_window + q - 1 for v, q in zip(keys, q_lens)]
-    low = min(keys)
-    if low < 0:  # a length under the queries' (clamped by the rule): no keys
-        keys, low = [v if v > 0 else 0 for v in keys], 0
-    if low == max(keys):
-        return None
-    return sorted(range(n), key=keys.__getitem__, reverse=True)  # reverse sorts keep ties in order
+    return sorted(range(n), key=visible.__getitem__, reverse=True)  # reverse sorts keep ties in order
 
 
 def _int_list(x) -> list[int]:
@@ -156,15 +151,12 @@ def _int32_tensor(values) -> torch.Tensor:
     return torch.frombuffer(buf, dtype=torch.int32)  # shares (and keeps alive) buf, a private copy
 
 
-def _splits_per_seq(q_lens, blocks, lens, *, num_kv_heads, num_programs, max_splits, sliding_window,
+def _splits_per_seq(q_lens, blocks, visible, *, num_kv_heads, num_programs, max_splits,
                     full: bool, resident: int | None = None) -> list[int] | None:
     """Each sequence's split count by persistent_work_list's rule (the same for all its Q
-    blocks: they see the same keys); 1 for long queries and empty sequences. None when the
-    unsplit items fill the grid (``full``) and the batch is not unequal. Comparisons rather than
-    min()/max(): 4x faster."""
-    visible = [v if v > 0 else 0 for v in lens[: len(q_lens)]]
-    if sliding_window:  # a query sees at most the window and the queries before it
-        visible = [v if v < sliding_window + q else sliding_window + q - 1 for v, q in zip(visible, q_lens)]
+    blocks: they see the same ``visible`` keys); 1 for long queries and empty sequences. None when
+    the unsplit items fill the grid (``full``) and the batch is not unequal. Comparisons rather
+    than min()/max(): 4x faster."""
     if all(q == 1 for q in q_lens):  # a decode batch: every sequence one short Q block
         short, keys, short_blocks, longest = None, sum(visible), len(visible), max(visible + [0])
     else:
@@ -224,15 +216,14 @@ def _block_items(num_kv_heads: int, n: int) -> bytes:
 
 def _work_items(blocks, splits, num_kv_heads, order=None) -> torch.Tensor:
     """[n, 5] int32 items from the Q blocks and split counts (None: one each) per sequence, the
-    sequences in ``order`` (None: their own; given only when each is one Q block): the blocks'
+    sequences in ``order`` (None: their own; given only for unsplit one-block sequences): the blocks'
     templates joined as bytes, then the sequence and Q block columns written per block (one
     broadcast when every block has the same number of items)."""
     one_each = bool(blocks) and min(blocks) == max(blocks) == 1  # decode: one Q block per sequence
     if splits is None:
         data, per_block = _block_items(num_kv_heads, 1) * sum(blocks), num_kv_heads
     else:
-        block_splits = (splits if order is None else [splits[s] for s in order]) if one_each \
-            else _per_block(splits, blocks)
+        block_splits = splits if one_each else _per_block(splits, blocks)
         templates = {n: _block_items(num_kv_heads, n) for n in set(block_splits)}
         data = b"".join(map(templates.__getitem__, block_splits))
         per_block = num_kv_heads * next(iter(templates)) if len(templates) == 1 else 0

@@ -349,7 +349,7 @@ class PagedAttnMetadataBuilder(AttentionMetadataBuilder[PagedAttnMetadata]):
         if not distinct:
             return 0
         page = self.block_size
-        num_blocks = max(-(-kv // page) for step in steps for _, kv in step)  # shared by a step's sequences
+        num_blocks = _scratch_blocks(steps, page)
         # vLLM's default (NHD) memory order: [num_blocks, block_size, num_kv_heads, 2 * head_size]
         cache = torch.zeros(num_blocks, page, self.num_kv_heads, 2 * self.head_size, dtype=self.cache_dtype,
                             device=self.device).transpose(1, 2)
@@ -446,6 +446,12 @@ def worker_block_table_width(kv_cache_spec, vllm_config) -> int:
     blocks = kv_cache_spec.max_num_blocks_per_req(vllm_config, vllm_config.model_config.max_model_len)
     align = 128 // math.gcd(128, kv_cache_spec.block_size)
     return -(-blocks // align) * align
+
+
+def _scratch_blocks(steps, block_size: int) -> int:
+    """Blocks of the scratch cache that ``_scratch_step`` lays ``steps`` on: its longest
+    sequence's (every sequence starts at page 0)."""
+    return max((-(-kv // block_size) for step in steps for _, kv in step), default=1)
 
 
 def _scratch_step(step, block_size: int, device, width: int = 0) -> CommonAttentionMetadata:

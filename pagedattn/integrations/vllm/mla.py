@@ -50,6 +50,7 @@ from pagedattn.integrations.vllm.backend import (
     FP8_KV_CACHE_DTYPES,
     SUPPORTED_KV_CACHE_DTYPES,
     _batch_invariant,
+    _scratch_blocks,
     _scratch_step,
     fp8_view,
     full_graph_limits,
@@ -198,7 +199,7 @@ class PagedAttnMLAMetadataBuilder(MLACommonMetadataBuilder[MLACommonMetadata]):
         page = self.page_size
         runs = 0
         if isinstance(impl, PagedAttnMLAImpl):
-            num_blocks = max((-(-kv // page) for step in decode_steps for _, kv in step), default=1)  # shared by a step's sequences
+            num_blocks = _scratch_blocks(decode_steps, page)
             width = dims.kv_lora_rank + dims.qk_rope_head_dim
             cache = torch.zeros(num_blocks, page, width, dtype=self.kv_cache_spec.dtype, device=device)
             blocks = sized_cache_blocks(self.vllm_config)
