@@ -13,7 +13,7 @@
 #                       mixes    the prefill-heavy and decode-heavy batch mixes     -> mixes.json
 #                       hetero   a few long contexts among many short decodes         -> hetero.json
 #                       specdecode  2-8 query tokens a sequence (speculative decode)     -> specdecode.json
-#                       models   Gemma-3-12B's local and global, Llama-3.1-8B's decode steps at vLLM's grid, also on the graph plan -> models.json
+#                       models   Gemma-3-12B's local and global, Llama-3.1-8B's and Mistral-7B's decode steps at vLLM's grid, also on the graph plan -> models.json
 #                       heads    paged prefill at heads 64 and 256                 -> prefill-heads.json
 #                       autotune prefill/extend/mixed with PAGEDATTN_AUTOTUNE=1     -> prefill-autotuned.json
 #                       parts    the mixed batch's parts and streams               -> mixed-parts.json
@@ -173,7 +173,7 @@ for b in ${BENCH//,/ }; do
     prefill|extend|mixed) PEM="$PEM,$b" ;;
     mixes) kernels mixes "$PREFILL_PROVIDERS" prefill-heavy,decode-heavy ;;
     models) if has_workload gemma3; then
-              kernels models "$(pick_providers "${PROVIDERS:-pagedattn,pagedattn-graph}")" "$(has_workload llama3 && echo gemma3,llama3 || echo gemma3)"
+              kernels models "$(pick_providers "${PROVIDERS:-pagedattn,pagedattn-graph}")" "gemma3$(has_workload llama3 && echo ,llama3)$(has_workload mistral && echo ,mistral)"
             else STATUS+=("models: to be measured (this checkout's benchmark has no gemma3 workload)"); fi ;;
     hetero|specdecode)
       if has_workload "$b"; then kernels "$b" "$DECODE_PROVIDERS" "$b"

@@ -118,8 +118,8 @@ def test_bench_quick_mixes_of_prefill_extend_and_decode(tmp_path):
 
 
 def test_models_suite_steps_on_the_graph_plan(tmp_path):
-    # Gemma-3's local (window) and global layers' and Llama-3.1-8B's decode steps at vLLM's grid
-    # points, on the automatic plan and on the persistent plan vLLM's builder makes for its
+    # Gemma-3's local (window) and global layers', Llama-3.1-8B's and Mistral-7B's (window and
+    # none) decode steps at vLLM's grid points, on the automatic plan and on the persistent plan vLLM's builder makes for its
     # graphs; the graph plan declines a prefill.
     import torch
 
@@ -130,21 +130,26 @@ def test_models_suite_steps_on_the_graph_plan(tmp_path):
                          for b, ctx in ((1, 512), (16, 4096), (64, 2048))} | {
                          f"llama3 decode B={b} L={ctx}" for b, ctx in ((1, 512), (16, 4096), (64, 2048), (128, 1024))} | {
                          f"llama3 {cache} cache decode B={b} L={ctx}" for cache in ("engine", "engine-interleaved")
-                         for b, ctx in ((16, 4097), (64, 2049))} | {"llama3 traffic decode B=64 L=90-4300"}
+                         for b, ctx in ((16, 4097), (64, 2049))} | {"llama3 traffic decode B=64 L=90-4300"} | {
+                         f"mistral {w}decode B={b} L={ctx}" for w in ("", "no-window ") for b, ctx in ((16, 4224), (64, 2048))}
+    win, no_win = full["mistral decode B=16 L=4224"], full["mistral no-window decode B=16 L=4224"]
+    assert win.params["sliding_window"] == 4096 and no_win.params["sliding_window"] is None
+    assert work(win, torch.bfloat16)["kv_bytes"] < work(no_win, torch.bfloat16)["kv_bytes"]
     traffic = full["llama3 traffic decode B=64 L=90-4300"]
     assert traffic.num_seqs == 64 and 90 <= min(traffic.seq_lens) < max(traffic.seq_lens) <= 4300
     local, glob = full["gemma3 local decode B=16 L=4096"], full["gemma3 global decode B=16 L=4096"]
     assert local.params["sliding_window"] == 1024 and glob.params["sliding_window"] is None
     assert work(glob, torch.bfloat16)["kv_bytes"] == 4 * work(local, torch.bfloat16)["kv_bytes"]
     out = tmp_path / "models.json"
-    assert main(["--quick", "--suite", "models", "--workload", "gemma3,llama3,mixed", "--provider", "pagedattn,pagedattn-graph",
+    assert main(["--quick", "--suite", "models", "--workload", "gemma3,llama3,mistral,mixed", "--provider", "pagedattn,pagedattn-graph",
                  "--json", str(out)]) == 0
     records = json.loads(out.read_text())["records"]
     graph = {r["case"]: r for r in records if r["provider"] == "pagedattn-graph"}
     assert {c for c, r in graph.items() if r["status"] == "ok" and r["ok"]} == {
         "gemma3 local decode B=2 L=64", "gemma3 global decode B=2 L=64", "llama3 decode B=2 L=64",
         "llama3 decode B=4 L=32", "llama3 engine cache decode B=2 L=65", "llama3 engine-interleaved cache decode B=2 L=65",
-        "llama3 traffic decode B=6 L=8-200"}
+        "llama3 traffic decode B=6 L=8-200", "mistral decode B=2 L=40", "mistral no-window decode B=2 L=40",
+        "mistral decode B=4 L=16", "mistral no-window decode B=4 L=16"}
     assert graph["mixed 1x32+3x1@33"]["status"] == "skip"
 
 

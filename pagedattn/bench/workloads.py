@@ -36,7 +36,7 @@ __all__ = [
 
 WORKLOADS = ("decode", "prefill", "extend", "mixed", "prefill-heavy", "decode-heavy", "gptoss", "gemma")
 HETERO_WORKLOADS = ("hetero", "specdecode")
-MODEL_WORKLOADS = ("gemma3", "llama3")  # decode steps of a model's layers as vLLM runs them (docs/vllm.md)
+MODEL_WORKLOADS = ("gemma3", "llama3", "mistral")  # decode steps of a model's layers as vLLM runs them (docs/vllm.md)
 ALL_WORKLOADS = WORKLOADS + HETERO_WORKLOADS + MODEL_WORKLOADS
 # named sets of workloads: the reference workloads, the heterogeneous batches, model steps, or all
 SUITES = {"reference": WORKLOADS, "hetero": HETERO_WORKLOADS, "models": MODEL_WORKLOADS, "all": ALL_WORKLOADS}
@@ -50,6 +50,8 @@ GPTOSS = dict(num_q_heads=64, num_kv_heads=8, head_size=64, sliding_window=128, 
 GEMMA = dict(num_q_heads=8, num_kv_heads=4, head_size=256, sliding_window=1024, softcap=50.0)
 # Gemma-3-12B: five local layers (1024-key window) to one global, heads of 256
 GEMMA3 = dict(num_q_heads=16, num_kv_heads=8, head_size=256, sliding_window=1024)
+# Mistral-7B: Llama-3.1-8B's heads with a 4096-key window on every layer
+MISTRAL = dict(LLAMA, sliding_window=4096)
 BLOCK_SIZE = 16
 MAX_DECODE_TOKENS = 4 * 1024 * 1024  # skip decode cases with B * L above this
 # Caches laid out as vLLM's engine lays them (``params["cache"]``): one allocation per layer,
@@ -154,15 +156,16 @@ def make_cases(workloads=WORKLOADS, *, quick: bool = False, tiny_heads: bool = F
     ``quick`` shrinks every length; ``tiny_heads`` (for the CPU interpreter) also shrinks the
     head counts while keeping each workload's head size and features.
     """
-    llama, gptoss, gemma, gemma3 = dict(LLAMA), dict(GPTOSS), dict(GEMMA), dict(GEMMA3)
+    llama, gptoss, gemma, gemma3, mistral = dict(LLAMA), dict(GPTOSS), dict(GEMMA), dict(GEMMA3), dict(MISTRAL)
     if quick:
-        gptoss["sliding_window"] = 16
+        gptoss["sliding_window"] = mistral["sliding_window"] = 16
         gemma["sliding_window"] = gemma3["sliding_window"] = 32
     if tiny_heads:
         llama.update(num_q_heads=4, num_kv_heads=2, head_size=32)
         gptoss.update(num_q_heads=4, num_kv_heads=2)
         gemma.update(num_q_heads=2, num_kv_heads=1)
         gemma3.update(num_q_heads=2, num_kv_heads=1)
+        mistral.update(num_q_heads=4, num_kv_heads=2, head_size=32)
 
     if quick:
         decode_b, decode_l, prefill_s = (1, 2), (64, 200), (64,)
@@ -176,6 +179,7 @@ def make_cases(workloads=WORKLOADS, *, quick: bool = False, tiny_heads: bool = F
         gemma3_steps = ((2, 64),)  # (batch, context) of the model workloads' decode steps
         llama_steps = ((2, 64), (4, 32))
         traffic_step = (6, 8, 200)  # sequences, shortest and longest context
+        mistral_steps = ((2, 40), (4, 16))
     else:
         decode_b, decode_l, prefill_s = (1, 8, 32, 128), (512, 4096, 32768), (512, 2048, 8192, 32768)
         extend = (4, 512, 4096)
@@ -193,6 +197,9 @@ def make_cases(workloads=WORKLOADS, *, quick: bool = False, tiny_heads: bool = F
         # tokens): 64 sequences of about 90-4300 keys in no order (docs/vllm.md, "Where the time
         # goes, per kernel")
         traffic_step = (64, 90, 4300)
+        # the middle of the 256 timed steps at vLLM's 16 x 4096 point (the window bites), and 64 x
+        # 2048 (it does not)
+        mistral_steps = ((16, 4224), (64, 2048))
 
     cases: list[Case] = []
     for w in workloads:
@@ -237,6 +244,10 @@ def make_cases(workloads=WORKLOADS, *, quick: bool = False, tiny_heads: bool = F
             lengths = random.Random(0).choices(range(shortest, longest + 1), k=n)
             cases.append(_case(f"llama3 traffic decode B={n} L={shortest}-{longest}", w, "decode",
                                [(1, 1, kv) for kv in lengths], llama))
+        elif w == "mistral":  # each step with and without the window: its cost at equal lengths
+            for b, ctx in mistral_steps:
+                cases += _decode_cases(w, "mistral ", mistral, (b,), (ctx,))
+                cases += _decode_cases(w, "mistral no-window ", dict(mistral, sliding_window=None), (b,), (ctx,))
         else:
             raise ValueError(f"unknown workload {w!r}; choose from {', '.join(ALL_WORKLOADS)}")
     return cases

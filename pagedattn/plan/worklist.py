@@ -122,7 +122,9 @@ def _longest_first(blocks, visible, splits) -> list[int] | None:
     sequence and head), scheduling the items greedily on 264 resident programs, each taking time in
     proportion to its 64-key tiles, ends the last program at 1.25x the bound (the keys spread
     evenly, or the longest item) in sequence order, 1.05x longest first (docs/vllm.md, "Where the
-    time goes, per kernel": the decode kernel read 70% of the H200's peak there, FA3's 76%). Split
+    time goes, per kernel": the decode kernel read 70% of the H200's peak there, FA3's 76%). On
+    the H200 one such step (64 sequences of 90-4300 keys in no order, graph replays) took 206.3 us
+    in sequence order and 156.7 us longest first, where FA3 takes 173.0. Split
     lists (unequal batches, or too few items for the grid) keep their order: their pieces are about
     equal, and pieces whose rounding moves with each step's extra key would reorder the list, and
     upload it again, at every step. On a 2-core host: 4 us for 64 equal decodes, 9 unequal."""
