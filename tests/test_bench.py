@@ -119,8 +119,8 @@ def test_bench_quick_mixes_of_prefill_extend_and_decode(tmp_path):
 
 def test_models_suite_steps_on_the_graph_plan(tmp_path):
     # Gemma-3's local (window) and global layers', Llama-3.1-8B's and Mistral-7B's (window and
-    # none) decode steps at vLLM's grid points, on the automatic plan and on the persistent plan vLLM's builder makes for its
-    # graphs; the graph plan declines a prefill.
+    # none) decode steps at vLLM's grid points, on the automatic plan and on the persistent plan
+    # vLLM's builder makes for its graphs; the graph plan declines a prefill.
     import torch
 
     from pagedattn.bench.workloads import SUITES, make_cases, work
