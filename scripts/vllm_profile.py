@@ -13,6 +13,13 @@ and engine flags of ``run_vllm_e2e.py`` (the vLLM-on-GPU runner; ``--runner``, d
   prompts are chunked, and the steps that prefill the later chunks also carry the decodes of the
   earlier prompts in the second run only: the difference then holds those mixed steps' kernels
   too, while the decode kernels' rows (one launch a layer a step) stay pure decode steps.
+* replay (``--replay N``): after each decode point, one layer's attention call of its last decode
+  step (the impl's ``forward`` with the arguments it was captured with into the decode graph of
+  B tokens: the engine's activations, cache and metadata buffers, which then hold that step)
+  runs N times alone in the engine's process, per kernel timed as above: as captured; after a
+  GEMM the size of the model's MLP up-projection each time (the HBM and L2 state a layer leaves);
+  and, for FLASH_ATTN, the bench's ``vllm_kernels.fa3_call`` on the same cache and metadata. It
+  tells whether a kernel's in-engine time comes from its arguments or from its surroundings.
 * traffic (``--traffic N``): N requests of unequal lengths (prompts 64-4096, outputs 16-512, the
   runner's distribution, its own seed), once unprofiled for the wall time, then profiled: per
   kernel GPU time, the kernels' busy time (union of their intervals) and the share of it in
@@ -62,6 +69,7 @@ def parse_args(argv=None):
     p.add_argument("--backends", default="CUSTOM,FLASH_ATTN")
     p.add_argument("--points", default="", help="decode points BATCHxCONTEXT,... (the runner's grid syntax)")
     p.add_argument("--decode-steps", type=int, default=64)
+    p.add_argument("--replay", type=int, default=0, help="calls of the replayed layer per variant (0: none)")
     p.add_argument("--traffic", type=int, default=0, help="requests of the profiled traffic run (0: none)")
     p.add_argument("--per-backend-timeout", type=float, default=300.0)
     p.add_argument("--top", type=int, default=12, help="kernels printed per workload")
@@ -135,6 +143,105 @@ def summarize(kernels: dict, scale: float) -> dict:
     return {"kernel_us": round(total, 1), "attention_us": round(attn, 1), "kernels": rows}
 
 
+class ForwardRecorder:
+    """Wraps the attention impls' ``forward`` to keep, per token count, the last call's arguments
+    captured into a CUDA graph (the last layer's, in the decode graph of that many tokens: under
+    full CUDA graphs the decode steps replay it and call no Python)."""
+
+    IMPLS = (("vllm.v1.attention.backends.flash_attn", "FlashAttentionImpl"),
+             ("pagedattn.integrations.vllm.backend", "PagedAttnImpl"))
+
+    def __init__(self):
+        self.calls = {}
+        for module, name in self.IMPLS:
+            try:
+                cls = getattr(importlib.import_module(module), name)
+            except (ImportError, AttributeError):
+                continue
+            cls.forward = self._wrap(cls.forward)
+
+    def _wrap(self, forward):
+        import torch
+
+        def recorded(impl, layer, query, key, value, kv_cache, attn_metadata, output, *rest, **kw):
+            if attn_metadata is not None and torch.cuda.is_current_stream_capturing():
+                self.calls[query.shape[0]] = (forward, impl, (layer, query, key, value, kv_cache, attn_metadata,
+                                                              output) + rest, kw)
+            return forward(impl, layer, query, key, value, kv_cache, attn_metadata, output, *rest, **kw)
+
+        return recorded
+
+
+def describe(md) -> dict:
+    """The metadata's host values, tensor shapes, and small or key tensors' values."""
+    out = {}
+    for name, v in sorted(vars(md).items()):
+        if isinstance(v, (bool, int, float, str)) or v is None:
+            out[name] = v
+        elif hasattr(v, "shape"):
+            row = {"shape": list(v.shape), "dtype": str(v.dtype)}
+            if name in ("seq_lens", "scheduler_metadata") or v.numel() <= 32:
+                flat = v.flatten()
+                row["values"] = flat[:40].tolist()
+                if name == "seq_lens" and v.numel():
+                    row["min"], row["max"] = int(flat.min()), int(flat.max())
+            out[name] = row
+        elif name == "plan":
+            out[name] = {k: x for k, x in vars(v).items() if isinstance(x, (bool, int, float, str))} \
+                if hasattr(v, "__dict__") else repr(v)[:200]
+    return out
+
+
+def replay_alone(recorder, tokens: int, reps: int, tmp: str, hidden: int, intermediate: int) -> dict:
+    """Per-kernel µs a call of one layer's captured attention call, alone in several surroundings."""
+    import torch
+
+    if tokens not in recorder.calls:
+        return {"error": f"no attention call of {tokens} tokens was recorded"}
+    forward, impl, call, kw = recorder.calls[tokens]
+    layer, query, key, value, kv_cache, md, output = call[:7]
+    res = {"impl": type(impl).__name__, "metadata": describe(md),
+           "kv_cache": {"shape": list(kv_cache.shape), "stride": list(kv_cache.stride())}}
+    engine_call = lambda: forward(impl, *call, **kw)  # noqa: E731
+    x = torch.randn(tokens, hidden, device=query.device, dtype=query.dtype)
+    w = torch.randn(hidden, 2 * intermediate, device=query.device, dtype=query.dtype)
+    y = torch.empty(tokens, 2 * intermediate, device=query.device, dtype=query.dtype)
+
+    def after_gemm():
+        torch.mm(x, w, out=y)
+        engine_call()
+
+    variants = {"engine call": engine_call, "after MLP-sized GEMM": after_gemm}
+    if type(impl).__name__ == "FlashAttentionImpl" and kv_cache.shape[0] == 2:
+        from pagedattn.adapters import vllm_kernels
+
+        n = md.num_actual_tokens
+        run, note = vllm_kernels.fa3_call(query[:n], kv_cache[0], kv_cache[1], md.block_table, md.seq_lens,
+                                          md.query_start_loc, out=output[:n], sliding_window=impl.sliding_window[0] + 1
+                                          if impl.sliding_window and impl.sliding_window[0] >= 0 else None,
+                                          scale=impl.scale)
+        variants["bench fa3_call"] = run
+        res["bench_fa3_note"] = note
+    try:
+        graph = torch.cuda.CUDAGraph()
+        engine_call()
+        torch.cuda.synchronize()
+        with torch.cuda.graph(graph):
+            engine_call()
+        variants["engine call, graph replay"] = graph.replay
+    except Exception as e:  # noqa: BLE001 - a variant that cannot be captured is reported, not fatal
+        res["graph_error"] = f"{type(e).__name__}: {e}"[:300]
+    res["variants"] = {}
+    for name, fn in variants.items():
+        for _ in range(3):
+            fn()
+        _, table = profiled(lambda: [fn() for _ in range(reps)], tmp, "replay")
+        res["variants"][name] = {k: [round(v[0] / reps, 2), round(v[1] / reps, 2)]
+                                 for k, v in sorted(table["kernels"].items(), key=lambda kv: -kv[1][0])}
+        res["variants"][name]["(wall per call)"] = [round(table["wall_us"] / reps, 2), 1]
+    return res
+
+
 def run_child(own, e2e, args) -> dict:
     import torch
     from vllm import LLM, SamplingParams
@@ -143,7 +250,9 @@ def run_child(own, e2e, args) -> dict:
     backend = own.child
     res = {"backend": backend}
     _, cfg = e2e.model_config(args)
-    vocab = e2e.text_config(cfg)["vocab_size"]
+    text = e2e.text_config(cfg)
+    vocab = text["vocab_size"]
+    recorder = ForwardRecorder() if own.replay else None
     t0 = time.perf_counter()
     llm = LLM(**e2e.llm_kwargs(args, backend, own.model_dir))
     res["init_s"] = round(time.perf_counter() - t0, 1)
@@ -173,6 +282,12 @@ def run_child(own, e2e, args) -> dict:
                      busy_us_per_step=round((many["busy_us"] - one["busy_us"]) / D, 1),
                      wall_us_per_step_profiled=round((many["wall_us"] - one["wall_us"]) / D, 1))
         point.update(summarize(diff, 1.0 / D))
+        if own.replay:
+            try:
+                point["replay"] = replay_alone(recorder, B, own.replay, tmp, text["hidden_size"],
+                                               text["intermediate_size"])
+            except Exception as e:  # noqa: BLE001 - keep the point's profile
+                point["replay"] = {"error": f"{type(e).__name__}: {e}"[:300]}
         res["decode"].append(point)
         print(f"{backend} {B}x{L}: attention {point['attention_us']} us of {point['kernel_us']} us a step",
               flush=True)
@@ -238,7 +353,7 @@ def main():
         result_file = os.path.join(tmp, f"profile_{backend}.json")
         cmd = [sys.executable, os.path.abspath(__file__), "--child", backend, "--result-file", result_file,
                "--model-dir", model_dir, "--runner", os.path.abspath(own.runner),
-               "--decode-steps", str(own.decode_steps), "--traffic", str(own.traffic),
+               "--decode-steps", str(own.decode_steps), "--traffic", str(own.traffic), "--replay", str(own.replay),
                "--points", ",".join(f"{b}x{l}" for b, l in own.points)] + rest
         log = os.path.join(args.out, f"vllm_profile_{backend}.log")
         t0 = time.perf_counter()
@@ -264,6 +379,13 @@ def main():
                   f"(busy {point['busy_us_per_step']}, kernels {point['kernel_us']}, attention {point['attention_us']})")
             for k, (us, n) in list(point["kernels"].items())[:own.top]:
                 print(f"  {us:9.1f} {n:6.1f}  {'A ' if is_attention(k) else '  '}{k[:90]}")
+            replay = point.get("replay")
+            if replay:
+                print(f"  replayed alone ({replay.get('impl', replay.get('error'))}), us a call, launches a call:")
+                for variant, rows in replay.get("variants", {}).items():
+                    print(f"    {variant}:")
+                    for k, (us, n) in list(rows.items())[:4]:
+                        print(f"      {us:9.1f} {n:5.2f}  {k[:80]}")
         tr = r.get("traffic")
         if tr:
             print(f"\n{backend} traffic {tr['requests']} requests: wall {tr['wall_us'] / 1e6:.3f} s, busy "
