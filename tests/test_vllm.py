@@ -765,3 +765,22 @@ def test_overrides_take_vllms_arguments():
     class's way: no argument name of the base's missing, no required argument the base lacks."""
     for cls in (PagedAttnBackend, PagedAttnImpl, PagedAttnMetadataBuilder):
         assert override_mismatches(cls) == [], cls.__name__
+
+
+@pytest.mark.parametrize("cache_block_size", [16, 32])
+def test_window_layers_get_full_pages(cache_block_size):
+    """vLLM's own Attention.get_kv_cache_spec (each release picks a window layer's page size
+    itself) gives a window layer on this backend pages of at least 16 tokens, not 1."""
+    from vllm.model_executor.layers.attention.attention import Attention
+    from vllm.v1.kv_cache_interface import SlidingWindowSpec
+
+    layer = types.SimpleNamespace(attn_type=AttentionType.DECODER, kv_cache_dtype="auto", sliding_window=4096,
+                                  attn_backend=PagedAttnBackend, num_kv_heads=8, head_size=128, head_size_v=128,
+                                  kv_cache_torch_dtype=torch.bfloat16)
+    config = types.SimpleNamespace(cache_config=types.SimpleNamespace(block_size=cache_block_size,
+                                                                      skip_page_size_padded=None))
+    spec = Attention.get_kv_cache_spec(layer, config)
+    assert isinstance(spec, SlidingWindowSpec) and spec.sliding_window == 4096
+    assert spec.block_size >= 16 and spec.block_size % 16 == 0, spec
+    full = Attention.get_kv_cache_spec(types.SimpleNamespace(**{**vars(layer), "sliding_window": None}), config)
+    assert full.block_size == cache_block_size
