@@ -131,12 +131,19 @@ def test_models_suite_steps_on_the_graph_plan(tmp_path):
                          f"llama3 decode B={b} L={ctx}" for b, ctx in ((1, 512), (16, 4096), (64, 2048), (128, 1024))} | {
                          f"llama3 {cache} cache decode B={b} L={ctx}" for cache in ("engine", "engine-interleaved")
                          for b, ctx in ((16, 4097), (64, 2049))} | {"llama3 traffic decode B=64 L=90-4300"} | {
+                         "llama3 traffic chunk step 56x1+3000+2000+3136", "llama3 traffic chunk decodes 56x1",
+                         "llama3 traffic chunk prompts 3000+2000+3136"} | {
                          f"mistral {w}decode B={b} L={ctx}" for w in ("", "no-window ") for b, ctx in ((16, 4224), (64, 2048))}
     win, no_win = full["mistral decode B=16 L=4224"], full["mistral no-window decode B=16 L=4224"]
     assert win.params["sliding_window"] == 4096 and no_win.params["sliding_window"] is None
     assert work(win, torch.bfloat16)["kv_bytes"] < work(no_win, torch.bfloat16)["kv_bytes"]
     traffic = full["llama3 traffic decode B=64 L=90-4300"]
     assert traffic.num_seqs == 64 and 90 <= min(traffic.seq_lens) < max(traffic.seq_lens) <= 4300
+    # the chunk step fills vLLM's 8192-token budget; its two parts are its decodes and its prompts
+    chunk = full["llama3 traffic chunk step 56x1+3000+2000+3136"]
+    decodes, prompts = full["llama3 traffic chunk decodes 56x1"], full["llama3 traffic chunk prompts 3000+2000+3136"]
+    assert chunk.num_tokens == 8192 and chunk.segments == decodes.segments + prompts.segments
+    assert decodes.seq_lens == traffic.seq_lens[:56]
     local, glob = full["gemma3 local decode B=16 L=4096"], full["gemma3 global decode B=16 L=4096"]
     assert local.params["sliding_window"] == 1024 and glob.params["sliding_window"] is None
     assert work(glob, torch.bfloat16)["kv_bytes"] == 4 * work(local, torch.bfloat16)["kv_bytes"]
@@ -149,8 +156,10 @@ def test_models_suite_steps_on_the_graph_plan(tmp_path):
         "gemma3 local decode B=2 L=64", "gemma3 global decode B=2 L=64", "llama3 decode B=2 L=64",
         "llama3 decode B=4 L=32", "llama3 engine cache decode B=2 L=65", "llama3 engine-interleaved cache decode B=2 L=65",
         "llama3 traffic decode B=6 L=8-200", "mistral decode B=2 L=40", "mistral no-window decode B=2 L=40",
-        "mistral decode B=4 L=16", "mistral no-window decode B=4 L=16"}
+        "mistral decode B=4 L=16", "mistral no-window decode B=4 L=16", "llama3 traffic chunk decodes 6x1"}
     assert graph["mixed 1x32+3x1@33"]["status"] == "skip"
+    auto = {r["case"]: r for r in records if r["provider"] == "pagedattn"}
+    assert all(auto[c]["status"] == "ok" and auto[c]["ok"] for c in auto if "chunk" in c), auto
 
 
 def test_report_marks_eager_timing_after_failed_capture():

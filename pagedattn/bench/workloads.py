@@ -179,6 +179,7 @@ def make_cases(workloads=WORKLOADS, *, quick: bool = False, tiny_heads: bool = F
         gemma3_steps = ((2, 64),)  # (batch, context) of the model workloads' decode steps
         llama_steps = ((2, 64), (4, 32))
         traffic_step = (6, 8, 200)  # sequences, shortest and longest context
+        chunk_step = (6, (48, 32, 40))  # decodes beside the chunk, its prompts' lengths
         mistral_steps = ((2, 40), (4, 16))
     else:
         decode_b, decode_l, prefill_s = (1, 8, 32, 128), (512, 4096, 32768), (512, 2048, 8192, 32768)
@@ -197,6 +198,9 @@ def make_cases(workloads=WORKLOADS, *, quick: bool = False, tiny_heads: bool = F
         # tokens): 64 sequences of about 90-4300 keys in no order (docs/vllm.md, "Where the time
         # goes, per kernel")
         traffic_step = (64, 90, 4300)
+        # a step of that run that carries a prompt chunk: the 8192-token budget filled by 56
+        # decodes (first, as vLLM orders them) and whole prompts (the last one cut off)
+        chunk_step = (56, (3000, 2000, 3136))
         # the middle of the 256 timed steps at vLLM's 16 x 4096 point (the window bites), and 64 x
         # 2048 (it does not)
         mistral_steps = ((16, 4224), (64, 2048))
@@ -244,6 +248,15 @@ def make_cases(workloads=WORKLOADS, *, quick: bool = False, tiny_heads: bool = F
             lengths = random.Random(0).choices(range(shortest, longest + 1), k=n)
             cases.append(_case(f"llama3 traffic decode B={n} L={shortest}-{longest}", w, "decode",
                                [(1, 1, kv) for kv in lengths], llama))
+            # the chunk step, and its decodes and its prompts alone: which part costs what
+            decodes, prompts = chunk_step
+            decode_segs = [(1, 1, kv) for kv in lengths[:decodes]]
+            prompt_segs = [(1, p, p) for p in prompts]
+            chunk = f"{decodes}x1+{'+'.join(str(p) for p in prompts)}"
+            cases.append(_case(f"llama3 traffic chunk step {chunk}", w, "mixed", decode_segs + prompt_segs, llama))
+            cases.append(_case(f"llama3 traffic chunk decodes {decodes}x1", w, "decode", decode_segs, llama))
+            cases.append(_case(f"llama3 traffic chunk prompts {'+'.join(str(p) for p in prompts)}", w, "prefill",
+                               prompt_segs, llama))
         elif w == "mistral":  # each step with and without the window: its cost at equal lengths
             for b, ctx in mistral_steps:
                 cases += _decode_cases(w, "mistral ", mistral, (b,), (ctx,))
