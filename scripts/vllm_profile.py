@@ -18,8 +18,11 @@ and engine flags of ``run_vllm_e2e.py`` (the vLLM-on-GPU runner; ``--runner``, d
   B tokens: the engine's activations, cache and metadata buffers, which then hold that step)
   runs N times alone in the engine's process, per kernel timed as above: as captured; after a
   GEMM the size of the model's MLP up-projection each time (the HBM and L2 state a layer leaves);
-  and, for FLASH_ATTN, the bench's ``vllm_kernels.fa3_call`` on the same cache and metadata. It
-  tells whether a kernel's in-engine time comes from its arguments or from its surroundings.
+  with q copied out of the QKV projection's rows; as a CUDA graph replay; and, for FLASH_ATTN,
+  the bench's ``vllm_kernels.fa3_call`` on the same cache and metadata. It tells whether a
+  kernel's in-engine time comes from its arguments or from its surroundings. The last step must
+  hold the whole batch: with chunked prompts (``--max-num-batched-tokens`` under B x L) the
+  first chunks' sequences finish first and the last steps hold fewer.
 * traffic (``--traffic N``): N requests of unequal lengths (prompts 64-4096, outputs 16-512, the
   runner's distribution, its own seed), once unprofiled for the wall time, then profiled: per
   kernel GPU time, the kernels' busy time (union of their intervals) and the share of it in
@@ -212,6 +215,9 @@ def replay_alone(recorder, tokens: int, reps: int, tmp: str, hidden: int, interm
         engine_call()
 
     variants = {"engine call": engine_call, "after MLP-sized GEMM": after_gemm}
+    if query.dim() == 3 and not query.is_contiguous():  # the engine's q is a view into the QKV projection
+        dense = (call[0], query.contiguous()) + tuple(call[2:])
+        variants["contiguous q"] = lambda: forward(impl, *dense, **kw)
     if type(impl).__name__ == "FlashAttentionImpl" and kv_cache.shape[0] == 2:
         from pagedattn.adapters import vllm_kernels
 
