@@ -89,6 +89,14 @@ def test_bench_rejects_unknown_names(tmp_path):
         main(["--quick", "--provider", "nope", "--json", str(tmp_path / "r.json")])
 
 
+def test_under_load_needs_a_gpu(tmp_path, capsys):
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is here: --under-load runs")
+    with pytest.raises(SystemExit):
+        main(["--quick", "--under-load", "--json", str(tmp_path / "r.json")])
+    assert "--under-load" in capsys.readouterr().err
+
+
 def test_workload_counts():
     import torch
 

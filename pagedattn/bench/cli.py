@@ -60,6 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", default="bench_out/results.json", help="results file (default: %(default)s)")
     p.add_argument("--markdown", help="also write the table to this file")
     p.add_argument("--no-ceilings", action="store_true", help="skip the read and matmul ceilings")
+    p.add_argument("--under-load", action="store_true",
+                   help="time each replay right after a compute-bound GEMM burst, at the clocks an engine's "
+                        "GEMMs leave (GPU only; timing.py)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--list", action="store_true", help="list cases and providers, then exit")
     return p
@@ -80,7 +83,7 @@ def _metrics(rec: dict, ceilings: dict) -> None:
         rec["pct_of_ceiling"] = 100.0 * floor_s / t
 
 
-def run_case(case, providers, device, dtype, *, seed, ceilings, progress) -> list[dict]:
+def run_case(case, providers, device, dtype, *, seed, ceilings, progress, load=None) -> list[dict]:
     """Check and time every provider on one case; returns one record per provider."""
     from pagedattn.bench.check import compare, reference
     from pagedattn.bench.timing import bench, copies_for
@@ -122,7 +125,7 @@ def run_case(case, providers, device, dtype, *, seed, ceilings, progress) -> lis
                     rec.update(status="ok", time_us=call_us, method="interpreter, one call (not a speed)")
                 else:
                     prepared += [prov.prepare(x) for x in copies[1:]]
-                    rec.update(bench(prepared, device), status="ok", n_copies=len(prepared))
+                    rec.update(bench(prepared, device, load=load), status="ok", n_copies=len(prepared))
                     _metrics(rec, ceilings)
             except Exception as e:  # noqa: BLE001 - a broken provider is reported, the run goes on
                 rec.update(status="error", ok=False, reason=f"{type(e).__name__}: {str(e)[:300]}")
@@ -189,6 +192,8 @@ def main(argv=None) -> int:
     if on_cpu and dtype_name == "bf16":
         build_parser().error("bf16 does not run on the Triton interpreter; use --dtype fp16 or fp32")
     dtype = DTYPES[dtype_name]
+    if args.under_load and on_cpu:
+        build_parser().error("--under-load times GPU clocks under a GEMM load; there is no GPU here")
 
     workloads = _split(args.workload, SUITES[args.suite])
     unknown = [w for w in workloads if w not in ALL_WORKLOADS]
@@ -227,7 +232,7 @@ def main(argv=None) -> int:
     results = dict(
         machine=machine_info(device),
         config=dict(argv=list(sys.argv[1:] if argv is None else argv), dtype=dtype_name,
-                    quick=args.quick, suite=args.suite, workloads=workloads, seed=args.seed),
+                    quick=args.quick, under_load=args.under_load, suite=args.suite, workloads=workloads, seed=args.seed),
         ceilings=ceilings,
         providers={n: dict(available=ok, reason=why, anchor=PROVIDERS[n].anchor,
                            description=PROVIDERS[n].description)
@@ -235,10 +240,15 @@ def main(argv=None) -> int:
         records=[],
     )
     progress = Progress(len(cases) * len(providers), stream=sys.stderr)
+    load = None
+    if args.under_load:
+        from pagedattn.bench.timing import gemm_load
+
+        load = gemm_load(device)
     try:
         for case in cases:
             results["records"] += run_case(case, providers, device, dtype, seed=args.seed,
-                                           ceilings=ceilings, progress=progress)
+                                           ceilings=ceilings, progress=progress, load=load)
             write_json(results, args.json)  # partial results survive a crash or a timeout
     finally:
         progress.close()
