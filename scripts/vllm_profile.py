@@ -18,7 +18,8 @@ and engine flags of ``run_vllm_e2e.py`` (the vLLM-on-GPU runner; ``--runner``, d
   B tokens: the engine's activations, cache and metadata buffers, which then hold that step)
   runs N times alone in the engine's process, per kernel timed as above: as captured; after a
   GEMM the size of the model's MLP up-projection each time (the HBM and L2 state a layer leaves);
-  with q copied out of the QKV projection's rows; as a CUDA graph replay; and, for FLASH_ATTN,
+  with q copied out of the QKV projection's rows; as a CUDA graph replay; for CUSTOM with a new
+  cache, with each sequence's pages in order, and with the bench's plan; and, for FLASH_ATTN,
   the bench's ``vllm_kernels.fa3_call`` on the same cache and metadata. It tells whether a
   kernel's in-engine time comes from its arguments or from its surroundings. The last step must
   hold the whole batch: with chunked prompts (``--max-num-batched-tokens`` under B x L) the
@@ -195,6 +196,47 @@ def describe(md) -> dict:
     return out
 
 
+def _paged_isolation_variants(forward, impl, call, kw, res: dict) -> dict:
+    """pagedattn's captured call with one argument swapped for what ``bench kernels`` builds:
+    a new cache of the same shape, a block table of each sequence's pages in order from block 1,
+    the plan the bench's graph provider makes. Whichever swap takes the in-engine time back to
+    the bench's names the argument that costs it. Also records the table and the cache's address."""
+    import dataclasses
+
+    import torch
+
+    from pagedattn.plan import plan_for_graphs
+
+    layer, query, key, value, kv_cache, md = call[:6]
+    rest = call[6:]
+    lens = md.seq_lens.tolist()
+    table = md.block_table
+    res["block_table_rows"] = [table[i, :8].tolist() + ["..."] + table[i, max(0, -(-n // 16) - 4):-(-n // 16)].tolist()
+                               for i, n in enumerate(lens[:4])]
+    res["kv_cache_address"] = {"data_ptr_mod_2MiB": kv_cache.data_ptr() % 2**21,
+                               "storage_bytes": kv_cache.untyped_storage().nbytes(),
+                               "storage_offset": kv_cache.storage_offset()}
+    fresh = torch.randn_like(kv_cache)
+    page = kv_cache.shape[2]
+    width = table.shape[1]
+    compact = torch.zeros_like(table)
+    for i, n in enumerate(lens):
+        pages = -(-n // page)
+        compact[i, :pages] = 1 + i * pages + torch.arange(pages, device=table.device, dtype=table.dtype)
+    context = -(-(max(lens) + 65) // 256) * 256
+    plan = plan_for_graphs(max(64, len(lens)), 1, context, num_q_heads=query.shape[1], num_kv_heads=impl.num_kv_heads,
+                           head_size=impl.head_size, device=query.device, sliding_window=impl.sliding_window,
+                           dtype=query.dtype)
+    plan.update(md.query_start_loc.cpu(), md.seq_lens.cpu())
+    md_table, md_plan = dataclasses.replace(md, block_table=compact), dataclasses.replace(md, plan=plan)
+    res["compact_table_fits"] = bool(int(compact.max()) < kv_cache.shape[0]) and width * page >= max(lens)
+    variants = {"new cache": lambda: forward(impl, layer, query, key, value, fresh, md, *rest, **kw),
+                "bench's plan": lambda: forward(impl, layer, query, key, value, kv_cache, md_plan, *rest, **kw)}
+    if res["compact_table_fits"]:
+        variants["pages in order"] = lambda: forward(impl, layer, query, key, value, kv_cache, md_table, *rest, **kw)
+    return variants
+
+
 def replay_alone(recorder, tokens: int, reps: int, tmp: str, hidden: int, intermediate: int) -> dict:
     """Per-kernel µs a call of one layer's captured attention call, alone in several surroundings."""
     import torch
@@ -218,6 +260,8 @@ def replay_alone(recorder, tokens: int, reps: int, tmp: str, hidden: int, interm
     if query.dim() == 3 and not query.is_contiguous():  # the engine's q is a view into the QKV projection
         dense = (call[0], query.contiguous()) + tuple(call[2:])
         variants["contiguous q"] = lambda: forward(impl, *dense, **kw)
+    if type(impl).__name__ == "PagedAttnImpl" and getattr(md, "plan", None) is not None:
+        variants.update(_paged_isolation_variants(forward, impl, call, kw, res))
     if type(impl).__name__ == "FlashAttentionImpl" and kv_cache.shape[0] == 2:
         from pagedattn.adapters import vllm_kernels
 
