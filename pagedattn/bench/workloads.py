@@ -62,9 +62,10 @@ MAX_DECODE_TOKENS = 4 * 1024 * 1024  # skip decode cases with B * L above this
 # ``[2, num_blocks, block_size, num_kv_heads, head_size]`` (vLLM's FLASH_ATTN cache);
 # "engine-interleaved": K and V side by side in each head's row,
 # ``[num_blocks, block_size, num_kv_heads, 2 * head_size]`` (its cache for pagedattn's backend).
-# Inside vLLM on the H200 FA3's decode ran 12% faster than in the shuffled bench cache
-# (docs/vllm.md, "Where the time goes, per kernel"); these cases time both kernels in the
-# engine's layouts alone, at the first decode step's context.
+# Inside vLLM on the H200 pagedattn's decode kernel ran 22% slower than in the shuffled bench
+# cache and FA3's did not (docs/vllm.md, "Where the time goes, per kernel"); these cases time
+# both kernels in the engine's layouts alone, at the first decode step's context (they did not
+# reproduce it).
 ENGINE_POOL_FACTOR = 6
 CACHE_LAYOUTS = ("shuffled", "engine", "engine-interleaved")
 
