@@ -137,7 +137,8 @@ def test_models_suite_steps_on_the_graph_plan(tmp_path):
     assert set(full) == {f"gemma3 {kind} decode B={b} L={ctx}" for kind in ("local", "global")
                          for b, ctx in ((1, 512), (16, 4096), (64, 2048))} | {
                          f"llama3 decode B={b} L={ctx}" for b, ctx in ((1, 512), (16, 4096), (64, 2048), (128, 1024))} | {
-                         f"llama3 {cache} cache decode B={b} L={ctx}" for cache in ("engine", "engine-interleaved")
+                         f"llama3 {cache} cache decode B={b} L={ctx}"
+                         for cache in ("engine", "engine-interleaved", "engine-scattered")
                          for b, ctx in ((16, 4097), (64, 2049))} | {"llama3 traffic decode B=64 L=90-4300"} | {
                          "llama3 traffic chunk step 56x1+3000+2000+3136", "llama3 traffic chunk decodes 56x1",
                          "llama3 traffic chunk prompts 3000+2000+3136"} | {
@@ -163,6 +164,7 @@ def test_models_suite_steps_on_the_graph_plan(tmp_path):
     assert {c for c, r in graph.items() if r["status"] == "ok" and r["ok"]} == {
         "gemma3 local decode B=2 L=64", "gemma3 global decode B=2 L=64", "llama3 decode B=2 L=64",
         "llama3 decode B=4 L=32", "llama3 engine cache decode B=2 L=65", "llama3 engine-interleaved cache decode B=2 L=65",
+        "llama3 engine-scattered cache decode B=2 L=65",
         "llama3 traffic decode B=6 L=8-200", "mistral decode B=2 L=40", "mistral no-window decode B=2 L=40",
         "mistral decode B=4 L=16", "mistral no-window decode B=4 L=16", "llama3 traffic chunk decodes 6x1"}
     assert graph["mixed 1x32+3x1@33"]["status"] == "skip"
@@ -207,6 +209,21 @@ def test_engine_cache_cases_lay_pages_out_as_vllm_does(cache):
     assert (x.v_cache.data_ptr() - x.k_cache.data_ptr()) // 4 == (32 if cache == "engine-interleaved" else x.k_cache.numel())
     with pytest.raises(ValueError, match="cache must be one of"):
         _case("c", "llama3", "decode", [(1, 1, 8)], LLAMA, cache="paged")
+
+
+def test_scattered_engine_cache_draws_distinct_pages_from_the_whole_pool():
+    import torch
+
+    from pagedattn.bench.workloads import ENGINE_POOL_FACTOR, LLAMA, _case, build_inputs
+
+    shape = dict(LLAMA, num_q_heads=4, num_kv_heads=2, head_size=32)
+    case = _case("c", "llama3", "decode", [(8, 1, 160)], shape, cache="engine-scattered")
+    x = build_inputs(case, torch.device("cpu"), torch.float32)
+    pages = x.block_table.flatten().tolist()
+    pool = ENGINE_POOL_FACTOR * 80 + 1
+    assert x.k_cache.shape[0] == pool and x.v_cache.data_ptr() - x.k_cache.data_ptr() == 32 * 4
+    assert len(set(pages)) == 80 and 0 not in pages and max(pages) < pool
+    assert max(pages) > 80  # beyond the first sixth, where the in-order layouts stay
 
 
 def test_a_case_is_timed_one_way():

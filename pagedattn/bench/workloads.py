@@ -61,13 +61,16 @@ MAX_DECODE_TOKENS = 4 * 1024 * 1024  # skip decode cases with B * L above this
 # engine's free-block queue hands them out. "engine": K and V in two planes of that allocation,
 # ``[2, num_blocks, block_size, num_kv_heads, head_size]`` (vLLM's FLASH_ATTN cache);
 # "engine-interleaved": K and V side by side in each head's row,
-# ``[num_blocks, block_size, num_kv_heads, 2 * head_size]`` (its cache for pagedattn's backend).
+# ``[num_blocks, block_size, num_kv_heads, 2 * head_size]`` (its cache for pagedattn's backend);
+# "engine-scattered": that interleaved cache with the batch's pages drawn at random from the
+# whole pool, as an engine's free-block queue hands them out after many requests have come and
+# gone (the reads then span the 3 GB allocation rather than its first sixth).
 # Inside vLLM on the H200 pagedattn's decode kernel ran 22% slower than in the shuffled bench
 # cache and FA3's did not (docs/vllm.md, "Where the time goes, per kernel"); these cases time
 # both kernels in the engine's layouts alone, at the first decode step's context (they did not
 # reproduce it).
 ENGINE_POOL_FACTOR = 6
-CACHE_LAYOUTS = ("shuffled", "engine", "engine-interleaved")
+CACHE_LAYOUTS = ("shuffled", "engine", "engine-interleaved", "engine-scattered")
 
 
 @dataclass(frozen=True)
@@ -364,7 +367,8 @@ class CaseInputs:
 
 def build_inputs(case: Case, device, dtype: torch.dtype, *, seed: int = 0) -> CaseInputs:
     """Random inputs for ``case``: unit-variance data, a random permutation of physical blocks
-    (or, for the engine's cache layouts, ``params["cache"]``, pages in order in a larger pool).
+    (or, for the engine's cache layouts, ``params["cache"]``, pages in order in a larger pool, or
+    drawn at random from all of it).
 
     Every sequence's K/V (its new tokens' included, as after ``write_kv``) already sits in the
     cache; no block is shared and none is left zero.
@@ -379,8 +383,11 @@ def build_inputs(case: Case, device, dtype: torch.dtype, *, seed: int = 0) -> Ca
     max_pages = max(pages_per_seq)
 
     cache = p.get("cache", "shuffled")
+    pool = ENGINE_POOL_FACTOR * num_blocks + 1  # the engine layouts' blocks, block 0 unused
     if cache == "shuffled":
         perm = torch.randperm(num_blocks, generator=gen).to(torch.int32)
+    elif cache == "engine-scattered":  # distinct pages from anywhere in the pool
+        perm = (1 + torch.randperm(pool - 1, generator=gen)[:num_blocks]).to(torch.int32)
     else:  # pages in order from block 1, in a pool ENGINE_POOL_FACTOR times the batch's blocks
         perm = torch.arange(1, num_blocks + 1, dtype=torch.int32)
     block_table = torch.zeros(len(seq_lens), max_pages, dtype=torch.int32)
@@ -408,9 +415,9 @@ def build_inputs(case: Case, device, dtype: torch.dtype, *, seed: int = 0) -> Ca
     if cache == "shuffled":
         k_cache, v_cache = randn(num_blocks, bs, hk, d), randn(num_blocks, bs, hk, d)
     elif cache == "engine":
-        k_cache, v_cache = randn(2, ENGINE_POOL_FACTOR * num_blocks + 1, bs, hk, d).unbind(0)
+        k_cache, v_cache = randn(2, pool, bs, hk, d).unbind(0)
     else:
-        kv = randn(ENGINE_POOL_FACTOR * num_blocks + 1, bs, hk, 2 * d)
+        kv = randn(pool, bs, hk, 2 * d)
         k_cache, v_cache = kv[..., :d], kv[..., d:]
     return CaseInputs(
         case=case,
