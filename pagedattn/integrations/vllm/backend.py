@@ -219,7 +219,9 @@ class PagedAttnBackend(KvCacheShape, AttentionBackend):
         # int a backend lists (else the smallest MultipleOf base) whatever the cache's block
         # size: with MultipleOf(1) alone, a model whose layers all have a window (Mistral-7B)
         # got 1-token pages, and the decode kernel read them at 107 us a layer against 79 on
-        # 16-token pages (H200, 16 x 4096).
+        # 16-token pages (H200, 16 x 4096). Under 0.26 a model mixing window and global layers
+        # then needs a cache block size that 16 divides or that divides 16 (vLLM scales the
+        # smaller page up to the larger; with 24, say, it stops at start-up).
         return [PREFERRED_PAGE, MultipleOf(1)]
 
     @classmethod
