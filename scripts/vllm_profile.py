@@ -198,8 +198,9 @@ def describe(md) -> dict:
 
 def _paged_isolation_variants(forward, impl, call, kw, res: dict) -> dict:
     """pagedattn's captured call with one argument swapped for what ``bench kernels`` builds:
-    a new cache of the same shape, a block table of each sequence's pages in order from block 1,
-    the plan the bench's graph provider makes. Whichever swap takes the in-engine time back to
+    a new cache of the same shape (random values; and the engine's values copied, which tells
+    the values from the allocation), a block table of each sequence's pages in order from block
+    1, the plan the bench's graph provider makes. Whichever swap takes the in-engine time back to
     the bench's names the argument that costs it. Also records the table and the cache's address."""
     import dataclasses
 
@@ -217,6 +218,7 @@ def _paged_isolation_variants(forward, impl, call, kw, res: dict) -> dict:
                                "storage_bytes": kv_cache.untyped_storage().nbytes(),
                                "storage_offset": kv_cache.storage_offset()}
     fresh = torch.randn_like(kv_cache)
+    copied = kv_cache.clone()  # the engine's values in a new allocation: values or placement
     page = kv_cache.shape[2]
     width = table.shape[1]
     compact = torch.zeros_like(table)
@@ -231,6 +233,7 @@ def _paged_isolation_variants(forward, impl, call, kw, res: dict) -> dict:
     md_table, md_plan = dataclasses.replace(md, block_table=compact), dataclasses.replace(md, plan=plan)
     res["compact_table_fits"] = bool(int(compact.max()) < kv_cache.shape[0]) and width * page >= max(lens)
     variants = {"new cache": lambda: forward(impl, layer, query, key, value, fresh, md, *rest, **kw),
+                "cache copied": lambda: forward(impl, layer, query, key, value, copied, md, *rest, **kw),
                 "bench's plan": lambda: forward(impl, layer, query, key, value, kv_cache, md_plan, *rest, **kw)}
     if res["compact_table_fits"]:
         variants["pages in order"] = lambda: forward(impl, layer, query, key, value, kv_cache, md_table, *rest, **kw)
