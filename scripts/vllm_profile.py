@@ -237,12 +237,70 @@ def _paged_isolation_variants(forward, impl, call, kw, res: dict) -> dict:
     md_table, md_plan = dataclasses.replace(md, block_table=compact), dataclasses.replace(md, plan=plan)
     res["compact_table_fits"] = bool(int(compact.max()) < kv_cache.shape[0]) and width * page >= max(lens)
     variants = {"bench's plan": lambda: forward(impl, layer, query, key, value, kv_cache, md_plan, *rest, **kw)}
+    fresh_q, fresh_out = torch.randn_like(query), torch.empty_like(call[6])
+    variants["new q and out"] = lambda: forward(impl, layer, fresh_q, key, value, kv_cache, md, fresh_out, *call[7:], **kw)
+    variants.update(_bench_call_variants(len(lens), max(lens), query, impl))
     if fresh is not None:
         variants["new cache"] = lambda: forward(impl, layer, query, key, value, fresh, md, *rest, **kw)
         variants["cache copied"] = lambda: forward(impl, layer, query, key, value, copied, md, *rest, **kw)
     if res["compact_table_fits"]:
         variants["pages in order"] = lambda: forward(impl, layer, query, key, value, kv_cache, md_table, *rest, **kw)
     return variants
+
+
+def _bench_call_variants(batch: int, context: int, query, impl) -> dict:
+    """``bench kernels``' own decode call (its inputs, shuffled cache, graph plan) at the engine's
+    batch and context, in the engine's process: slow here and fast in the bench's own
+    process means the process (its compiled kernels, its state), not the arguments. Also with
+    PAGEDATTN_PDL=0 (a plan of its own, so a tape of its own)."""
+    import torch
+
+    from pagedattn.bench.providers import PagedAttnProvider
+    from pagedattn.bench.workloads import _case, build_inputs
+    from pagedattn.testing import environ_set
+
+    shape = dict(num_q_heads=query.shape[1], num_kv_heads=impl.num_kv_heads, head_size=impl.head_size)
+    case = _case(f"decode B={batch} L={context}", "llama3", "decode", [(batch, 1, context)], shape)
+    try:
+        inputs = build_inputs(case, query.device, query.dtype)
+    except torch.OutOfMemoryError:  # vLLM holds most of the memory
+        return {}
+    provider = PagedAttnProvider("pagedattn-graph", path="graph")
+    run = provider.prepare(inputs)
+    with environ_set("PAGEDATTN_PDL", "0"):
+        run_no_pdl = provider.prepare(inputs)
+
+    def no_pdl():
+        with environ_set("PAGEDATTN_PDL", "0"):
+            run_no_pdl()
+
+    return {"bench call, this process": run, "bench call, PAGEDATTN_PDL=0": no_pdl}
+
+
+def kernel_builds(kernel) -> list[dict]:
+    """Each compiled variant of a Triton kernel in this process: registers, spills, warps,
+    stages, shared memory and a hash of its binary (two processes that time one call apart
+    either run the same binary or not)."""
+    import hashlib
+
+    rows = []
+    for device, caches in getattr(kernel, "device_caches", {}).items():
+        for key, k in caches[0].items():
+            md = k.metadata
+            rows.append({"device": str(device), "n_regs": getattr(k, "n_regs", None),
+                         "n_spills": getattr(k, "n_spills", None), "num_warps": md.num_warps,
+                         "num_stages": md.num_stages, "maxnreg": getattr(md, "maxnreg", None), "shared": md.shared,
+                         "binary_sha1": hashlib.sha1(k.asm.get("cubin", b"")).hexdigest()[:12], "key": str(key)[:800]})
+    return rows
+
+
+def _clock_mhz():
+    import torch
+
+    try:
+        return torch.cuda.clock_rate()
+    except Exception:  # noqa: BLE001 - pynvml missing: no clock column
+        return None
 
 
 def replay_alone(recorder, tokens: int, reps: int, tmp: str, hidden: int, intermediate: int) -> dict:
@@ -297,6 +355,11 @@ def replay_alone(recorder, tokens: int, reps: int, tmp: str, hidden: int, interm
         res["variants"][name] = {k: [round(v[0] / reps, 2), round(v[1] / reps, 2)]
                                  for k, v in sorted(table["kernels"].items(), key=lambda kv: -kv[1][0])}
         res["variants"][name]["(wall per call)"] = [round(table["wall_us"] / reps, 2), 1]
+        res["variants"][name]["(SM clock MHz after)"] = [_clock_mhz(), 0]
+    if type(impl).__name__ == "PagedAttnImpl":
+        from pagedattn.ops.persistent.kernel import persistent_attention_kernel
+
+        res["persistent_kernel_builds"] = kernel_builds(persistent_attention_kernel)
     return res
 
 
@@ -442,8 +505,11 @@ def main():
                 print(f"  replayed alone ({replay.get('impl', replay.get('error'))}), us a call, launches a call:")
                 for variant, rows in replay.get("variants", {}).items():
                     print(f"    {variant}:")
-                    for k, (us, n) in list(rows.items())[:4]:
-                        print(f"      {us:9.1f} {n:5.2f}  {k[:80]}")
+                    for k, (us, n) in list(rows.items())[:5]:
+                        print(f"      {us if us is not None else '-':>9}  {n:5.2f}  {k[:80]}")
+                for b in replay.get("persistent_kernel_builds", []):
+                    print(f"    build: regs {b['n_regs']} spills {b['n_spills']} warps {b['num_warps']} stages "
+                          f"{b['num_stages']} maxnreg {b['maxnreg']} shared {b['shared']} sha {b['binary_sha1']}")
         tr = r.get("traffic")
         if tr:
             print(f"\n{backend} traffic {tr['requests']} requests: wall {tr['wall_us'] / 1e6:.3f} s, busy "

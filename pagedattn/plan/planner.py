@@ -26,6 +26,7 @@ from pagedattn.plan.rule import (
 )
 from pagedattn.plan.tiles import batch_tiles, num_sms, persistent_tiles
 from pagedattn.plan.worklist import (
+    PERSISTENT_MAX_REGISTERS,
     PERSISTENT_MAX_SPLITS,
     PERSISTENT_PROGRAMS_PER_SM,
     SCHEDULES,
@@ -201,7 +202,7 @@ def _plan_persistent(qsl, lens, sizes: PlanSizes, *, tiles, num_q_heads, num_kv_
         device=device, num_splits=max_splits, **work_buffers(max_items, sizes.max_num_tokens, num_programs, device),
         num_programs=num_programs, split_programs=split_programs, resident_programs=resident,
         schedule=schedule, max_num_seqs=max_num_seqs, sliding_window=sliding_window,
-        max_registers=UNEQUAL_MAX_REGISTERS if capped else None,
+        max_registers=UNEQUAL_MAX_REGISTERS if capped else tiles.max_registers or PERSISTENT_MAX_REGISTERS,
     )
     if fit_splits:  # the list above, cut under the splits it uses, is the one update() would make
         plan._load(qsl, lens, *listed)

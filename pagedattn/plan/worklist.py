@@ -36,8 +36,16 @@ UNEQUAL_WAVES = 3  # an unequal batch's list is cut for this many waves (rule.UN
 # A plan made for one unequal batch caps the persistent kernel at 168 registers per thread, so
 # that 3 of its 4-warp programs fit an SM's 64K registers (uncapped: 194, 2 per SM; no spills at
 # 168). H200: 2 x 16384 + 126 x 512 119 -> 113 us, 1 x 65536 + 255 x 128 143 -> 128. Plans for
-# CUDA graphs keep the compiler's choice: uniform 32 x 4096 lost 135 -> 149 us with the cap.
+# CUDA graphs keep 2 per SM: uniform 32 x 4096 lost 135 -> 149 us with the cap.
 UNEQUAL_MAX_REGISTERS = 168
+# Every other persistent plan states the ISA's limit (unless the target's decode tiles carry a
+# budget of their own): ptxas must not pick its own. ptxas 13.0 (the one torch ships, which
+# torch's inductor puts in TRITON_PTXAS_PATH when it first compiles a kernel in the process, as
+# vLLM's torch.compile does) left to itself holds the kernel at 168 registers with 2 spilled;
+# given this limit it takes 180-200 and spills nothing, as Triton's bundled ptxas 12.8 does
+# either way. H200, graph plans, 64 x 2048: 159.7 against 134.5 us (16 x 4096: 80.5 against
+# 76.3); the kernel ran that much slower inside vLLM than in the bench.
+PERSISTENT_MAX_REGISTERS = 255
 SCHEDULES = ("auto", "static", "atomic")
 # "auto": the atomic counter when the work list has at least this many items per program.
 # On the H200 with the one-wave grid, static striding beat the counter at 0.08, 0.97 and 1.29

@@ -103,9 +103,10 @@ def test_decodes_of_unequal_lengths_are_listed_longest_first(monkeypatch):
 
 
 def test_graph_plan_cuts_uniform_batches_for_its_residency():
-    """A graph plan's kernel (no register cap) holds 2 programs per SM, not the 2D kernel's 3: a
-    uniform batch's split items fill one wave of those, and the result is right."""
-    from pagedattn.plan import PERSISTENT_UNCAPPED_PROGRAMS_PER_SM, num_sms
+    """A graph plan's kernel (the ISA's register limit, not the 168 cap) holds 2 programs per
+    SM, not the 2D kernel's 3: a uniform batch's split items fill one wave of those, and the
+    result is right."""
+    from pagedattn.plan import PERSISTENT_MAX_REGISTERS, PERSISTENT_UNCAPPED_PROGRAMS_PER_SM, num_sms
 
     g = torch.Generator().manual_seed(4)
     # enough sequences that a wave's share stays under FILL_MAX_SPLITS a sequence: 2 on the
@@ -115,7 +116,7 @@ def test_graph_plan_cuts_uniform_batches_for_its_residency():
     plan = plan_attention(batch.query_start_loc, batch.seq_lens, num_q_heads=4, num_kv_heads=2, head_size=32,
                           device=DEVICE, path="persistent", max_num_tokens=max(8, num_seqs), max_context_len=2048)
     resident = PERSISTENT_UNCAPPED_PROGRAMS_PER_SM * num_sms(DEVICE)
-    assert plan.max_registers is None and plan.resident_programs == resident < plan.split_programs
+    assert plan.max_registers == PERSISTENT_MAX_REGISTERS and plan.resident_programs == resident < plan.split_programs
     items = int(plan.work_counts[0])
     assert resident // 2 < items <= resident  # split, into at most one wave
     plan.partial_out.fill_(float("nan"))

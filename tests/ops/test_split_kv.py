@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from pagedattn import paged_attention, plan_attention
-from pagedattn.plan import choose_num_splits, persistent_takes_fewer_waves
+from pagedattn.plan import PERSISTENT_MAX_REGISTERS, choose_num_splits, persistent_takes_fewer_waves
 from pagedattn.reference import paged_attention_ref
 from pagedattn.testing import BATCHES, FEATURES, assert_matches_reference, feature_kwargs, make_paged_batch
 from tests.conftest import DEVICE
@@ -115,7 +115,7 @@ def test_auto_rule():
     # 32 items, without the register cap; a window keeps the programs short
     long_wide = plan_attention(list(range(0, 4 * sms + 1)), [5000] * (4 * sms), num_q_heads=4, num_kv_heads=2,
                                head_size=32, device=DEVICE)
-    assert long_wide.path == "persistent" and long_wide.max_registers is None and long_wide.num_splits == 1
+    assert long_wide.path == "persistent" and long_wide.max_registers == PERSISTENT_MAX_REGISTERS and long_wide.num_splits == 1
     assert int(long_wide.work_counts[0]) == 4 * sms * 2
     # 3 programs an SM: one wave of 3 per SM, two of 2 per SM: the 2D kernel stays
     seqs = 3 * sms // 2
