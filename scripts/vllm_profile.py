@@ -19,9 +19,13 @@ and engine flags of ``run_vllm_e2e.py`` (the vLLM-on-GPU runner; ``--runner``, d
   runs N times alone in the engine's process, per kernel timed as above: as captured; after a
   GEMM the size of the model's MLP up-projection each time (the HBM and L2 state a layer leaves);
   with q copied out of the QKV projection's rows; as a CUDA graph replay; for CUSTOM with a new
-  cache, with each sequence's pages in order, and with the bench's plan; and, for FLASH_ATTN,
-  the bench's ``vllm_kernels.fa3_call`` on the same cache and metadata. It tells whether a
-  kernel's in-engine time comes from its arguments or from its surroundings. The last step must
+  cache (random, and the engine's copied), with each sequence's pages in order, with the bench's
+  plan, with a new q and output, and the bench's own call (its inputs and graph plan) in this
+  process, with and without PDL, then the registers and spills of every build of the persistent
+  kernel in the process; and, for FLASH_ATTN, the bench's ``vllm_kernels.fa3_call`` on the same
+  cache and metadata. It tells whether a kernel's in-engine time comes from its arguments, its
+  surroundings or its compiled code (inside vLLM, torch's inductor points Triton at torch's
+  ptxas: docs/vllm.md). The last step must
   hold the whole batch: with chunked prompts (``--max-num-batched-tokens`` under B x L) the
   first chunks' sequences finish first and the last steps hold fewer.
 * traffic (``--traffic N``): N requests of unequal lengths (prompts 64-4096, outputs 16-512, the
@@ -360,6 +364,7 @@ def replay_alone(recorder, tokens: int, reps: int, tmp: str, hidden: int, interm
         from pagedattn.ops.persistent.kernel import persistent_attention_kernel
 
         res["persistent_kernel_builds"] = kernel_builds(persistent_attention_kernel)
+        res["triton_ptxas_path"] = os.environ.get("TRITON_PTXAS_PATH")  # inductor sets it to torch's ptxas
     return res
 
 

@@ -355,3 +355,39 @@ def test_long_uniform_decode_plan_runs_one_launch(monkeypatch):
     plan.update(smaller.query_start_loc, smaller.seq_lens)
     check(smaller, plan, {})
     assert len(launched) == 2
+
+
+def test_graph_plans_state_the_register_limit_on_nvidia(monkeypatch):
+    """Planned for the H200, a graph plan's persistent launch names its register budget (ptxas
+    left to pick one may spill: ptxas 13.0 held the kernel at 168 registers), the automatic
+    rule's plan for an unequal batch the 168 cap; AMD targets get no NVIDIA option."""
+    from pagedattn.ops.common.launching import capturing
+    from pagedattn.ops.common.target import props_for, targeting
+    from pagedattn.ops.persistent.kernel import persistent_attention_kernel
+    from pagedattn.plan import PERSISTENT_MAX_REGISTERS, UNEQUAL_MAX_REGISTERS, plan_for_graphs
+
+    monkeypatch.setenv("TRITON_INTERPRET", "0")  # the GPU's tiles and launch options, not the interpreter's
+    shape = dict(num_q_heads=32, num_kv_heads=8, head_size=128, device="cpu", dtype=torch.bfloat16)
+
+    def budget(target, lens, graph):
+        qsl, seq_lens = torch.arange(len(lens) + 1, dtype=torch.int32), torch.tensor(lens, dtype=torch.int32)
+        pages = -(-max(lens) // 16)
+        q = torch.empty(len(lens), 32, 128, dtype=torch.bfloat16)
+        cache = torch.empty(len(lens) * pages, 16, 8, 128, dtype=torch.bfloat16)
+        table = torch.arange(cache.shape[0], dtype=torch.int32).reshape(len(lens), pages)
+        with targeting(props_for(target)):
+            if graph:
+                plan = plan_for_graphs(128, 1, 16640, **shape)
+                plan.update(qsl, seq_lens)
+            else:
+                plan = plan_attention(qsl, seq_lens, **shape)
+            with capturing() as launched:
+                paged_attention(q, cache, cache, table, seq_lens, qsl, plan=plan)
+        (kwargs,) = [kw for kernel, _, kw in launched if kernel is persistent_attention_kernel]
+        return kwargs.get("maxnreg")
+
+    unequal = [16384] * 2 + [512] * 126
+    assert budget("sm90", [2049] * 64, graph=True) == PERSISTENT_MAX_REGISTERS
+    assert budget("sm90", unequal, graph=True) == PERSISTENT_MAX_REGISTERS
+    assert budget("sm90", unequal, graph=False) == UNEQUAL_MAX_REGISTERS
+    assert budget("gfx942", [2049] * 64, graph=True) is None
