@@ -56,7 +56,7 @@ class AttentionPlan:
     # the programs the kernel holds at once, when fewer than split_programs (0: as many): a
     # uniform batch's split items fill one wave of them
     resident_programs: int = 0
-    max_registers: int | None = None  # the persistent kernel's register cap (None: the compiler's choice)
+    max_registers: int | None = None  # the persistent kernel's register limit (persistent plans always state one)
     schedule: str = "auto"
     max_num_seqs: int = 0
     sliding_window: int | None = None

@@ -19,7 +19,8 @@ def launch_persistent(out: torch.Tensor, lse: torch.Tensor | None, a: AttentionA
     shared = dict(work=WorkList(plan.work_items, plan.work_counts, plan.work_counter, plan.reduce_rows),
                   dst=output_rows(out, lse), part=partial_rows(plan.partial_out, plan.partial_lse), max_splits=max_splits, USE_PDL=pdl)
     args = kernel_args(a, plan.tiles)
-    # the plan's cap (unequal batches) over the tiles' budget; maxnreg is a ptxas option: NVIDIA
+    # the plan's register limit (the 168 cap of unequal batches, else the tiles' budget or the
+    # ISA's limit: plan.worklist) over the tiles' budget; maxnreg is a ptxas option: NVIDIA
     # targets only (the ROCm build of torch also says "cuda")
     if plan.max_registers and target_props(a.q.device).is_cuda:
         args["maxnreg"] = plan.max_registers
