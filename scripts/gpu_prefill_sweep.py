@@ -16,6 +16,7 @@ import torch
 import triton.testing
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from pagedattn.bench.report import compiled_kernels
 from pagedattn.ops.prefill.kernel import prefill_attention_kernel
 from pagedattn.ops.prefill.launch import launch_prefill
 from pagedattn.ops.unified.launch import AttentionArgs
@@ -38,22 +39,18 @@ def parse_configs(text):
 
 def new_kernels(seen: set, tag: str, dump_dir) -> list[dict]:
     """Compiled variants of the prefill kernel not seen before: registers, spills, pipelining ops."""
-    fn = prefill_attention_kernel
-    while not hasattr(fn, "device_caches"):
-        fn = fn.fn
     info = []
-    for cache, *_ in fn.device_caches.values():
-        for key, k in cache.items():
-            if id(k) in seen:
-                continue
-            seen.add(id(k))
-            ttgir = k.asm.get("ttgir", "")
-            info.append(dict(tag=tag, n_regs=k.n_regs, n_spills=k.n_spills, shared=k.metadata.shared,
-                             async_copies=ttgir.count("async_copy_global_to_local"),
-                             wgmma=ttgir.count("warp_group_dot"), dots=ttgir.count("tt.dot")))
-            if dump_dir:
-                with open(f"{dump_dir}/{tag.replace(' ', '_')}_{len(seen)}.ttgir", "w") as f:
-                    f.write(ttgir)
+    for _, _, k in compiled_kernels(prefill_attention_kernel):
+        if id(k) in seen:
+            continue
+        seen.add(id(k))
+        ttgir = k.asm.get("ttgir", "")
+        info.append(dict(tag=tag, n_regs=k.n_regs, n_spills=k.n_spills, shared=k.metadata.shared,
+                         async_copies=ttgir.count("async_copy_global_to_local"),
+                         wgmma=ttgir.count("warp_group_dot"), dots=ttgir.count("tt.dot")))
+        if dump_dir:
+            with open(f"{dump_dir}/{tag.replace(' ', '_')}_{len(seen)}.ttgir", "w") as f:
+                f.write(ttgir)
     return info
 
 

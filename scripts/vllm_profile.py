@@ -287,14 +287,15 @@ def kernel_builds(kernel) -> list[dict]:
     either run the same binary or not)."""
     import hashlib
 
+    from pagedattn.bench.report import compiled_kernels
+
     rows = []
-    for device, caches in getattr(kernel, "device_caches", {}).items():
-        for key, k in caches[0].items():
-            md = k.metadata
-            rows.append({"device": str(device), "n_regs": getattr(k, "n_regs", None),
-                         "n_spills": getattr(k, "n_spills", None), "num_warps": md.num_warps,
-                         "num_stages": md.num_stages, "maxnreg": getattr(md, "maxnreg", None), "shared": md.shared,
-                         "binary_sha1": hashlib.sha1(k.asm.get("cubin", b"")).hexdigest()[:12], "key": str(key)[:800]})
+    for device, key, k in compiled_kernels(kernel):
+        md = k.metadata
+        rows.append({"device": str(device), "n_regs": getattr(k, "n_regs", None),
+                     "n_spills": getattr(k, "n_spills", None), "num_warps": md.num_warps,
+                     "num_stages": md.num_stages, "maxnreg": getattr(md, "maxnreg", None), "shared": md.shared,
+                     "binary_sha1": hashlib.sha1(k.asm.get("cubin", b"")).hexdigest()[:12], "key": str(key)[:800]})
     return rows
 
 

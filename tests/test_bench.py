@@ -341,3 +341,20 @@ def test_gluon_providers_only_when_named(capsys):
         assert f"provider {n} (only when named):" in listed
         if not torch.cuda.is_available():
             assert "compute capability 9.x only" in listed
+
+
+def test_compiled_kernels_unwraps_and_lists_every_build():
+    """Each compiled build of a JIT function, through its wrappers, on every device; nothing for
+    an interpreted kernel (no compile cache)."""
+    from types import SimpleNamespace
+
+    from pagedattn.bench.report import compiled_kernels
+    from pagedattn.ops.persistent.kernel import persistent_attention_kernel
+
+    a, b, c = object(), object(), object()
+    jit = SimpleNamespace(device_caches={0: ({"k1": a, "k2": b}, None), 1: ({"k1": c}, None)})
+    wrapped = SimpleNamespace(fn=SimpleNamespace(fn=jit))
+    assert compiled_kernels(wrapped) == [(0, "k1", a), (0, "k2", b), (1, "k1", c)]
+    assert compiled_kernels(SimpleNamespace(fn=lambda: None)) == []
+    if not hasattr(persistent_attention_kernel, "device_caches"):  # decorated under TRITON_INTERPRET=1
+        assert compiled_kernels(persistent_attention_kernel) == []

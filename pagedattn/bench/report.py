@@ -33,6 +33,18 @@ def machine_info(device: torch.device) -> dict:
     return info
 
 
+def compiled_kernels(kernel) -> list[tuple]:
+    """``(device, key, compiled)`` for each kernel this process compiled from a Triton JIT
+    function (wrappers such as heuristics unwrapped): its registers (``n_regs``), spills
+    (``n_spills``), ``metadata`` and code (``asm``). None on the interpreter, which compiles nothing."""
+    fn = kernel
+    while not hasattr(fn, "device_caches"):
+        fn = getattr(fn, "fn", None)
+        if fn is None:
+            return []
+    return [(device, key, k) for device, (cache, *_) in fn.device_caches.items() for key, k in cache.items()]
+
+
 def _clean(x):
     """JSON without NaN/inf (strict parsers reject them): non-finite floats become null."""
     if isinstance(x, float) and not math.isfinite(x):
