@@ -16,8 +16,9 @@ Q tile of every head and sequence first). Two partitions (``gl.warp_specialize``
   in registers, ``P`` converted in registers to the A operand of ``O += P V`` (wgmma, V from
   shared memory, O in registers); PIPELINED issues the next tile's ``S`` before this tile's
   softmax, OVERLAP also keeps this tile's ``P V`` running during the next tile's softmax. Tiles
-  that every row sees in full (below the causal diagonal) run without a mask; the diagonal tiles
-  mask ``k_pos > q_pos``. At the end it normalizes and stores out (q's dtype) and lse;
+  that every row sees in full (below the causal diagonal) run without a mask, with PAIRED two at
+  a time (one softmax step and one rescale of O for both); the diagonal tiles mask
+  ``k_pos > q_pos``. At the end it normalizes and stores out (q's dtype) and lse;
 * the producer, PRODUCER_WARPS warps with few registers: for each key tile, the block ids of its
   keys through the table, then one cp.async per 16 bytes of K and of V into ring slot
   ``i % NUM_STAGES``.
@@ -120,27 +121,15 @@ def _producer(k_cache_ptr, v_cache_ptr, bt_row_ptr, k_bufs, v_bufs, k_ready, v_r
 
 
 @gluon.jit
-def _probabilities(qk, i, m_i, l_i, q_pos, qk_scale, mods, DTYPE: gl.constexpr, HEAD: gl.constexpr,
-                   BLOCK_N: gl.constexpr, NUM_WARPS: gl.constexpr, MASKED: gl.constexpr, FEATURES: gl.constexpr):
-    """One key tile's step of the online softmax: from the scores ``qk`` of tile i, P as the
-    register A operand of ``O += P V``, the new row maxima and sums, and the factor ``alpha``
-    (in the accumulator's row layout) that rescales O before this tile's P V adds to it.
-
-    ``mods`` = (scale, softcap, ALiBi slope, sliding window, the sequence's prefix ranges, their
-    count, their stride) of this head; ``FEATURES`` = (USE_SOFTCAP, ALIBI_MODE, USE_WINDOW,
-    HAS_PREFIX), the kernel's. A softcap or ALiBi (``ops.common.attention_math.
-    softcap_and_alibi``'s formulas) forms the natural-log scores first; MASKED applies the causal
-    rule, with USE_WINDOW the window's, and with HAS_PREFIX makes a query and a key of one
-    prefix range visible to each other whatever those rules say."""
+def _base2_scores(qk, i, q_pos, qk_scale, mods, BLOCK_N: gl.constexpr, NUM_WARPS: gl.constexpr,
+                  FEATURES: gl.constexpr):
+    """The scores ``qk`` of key tile i with the softcap and ALiBi of ``mods`` applied (``mods``,
+    ``FEATURES``: ``_probabilities``'): ``(x, c, k_pos)``, where ``x * c`` are the base-2 scores
+    and ``k_pos`` the tile's key positions. A non-finite dot product becomes NaN."""
     USE_SOFTCAP: gl.constexpr = FEATURES[0]
     ALIBI_MODE: gl.constexpr = FEATURES[1]
-    USE_WINDOW: gl.constexpr = FEATURES[2]
-    HAS_PREFIX: gl.constexpr = FEATURES[3]
     s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
                                                   instr_shape=[16, BLOCK_N, 16])
-    o_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
-                                                  instr_shape=[16, HEAD, 16])
-    p_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_l, k_width=2)
     scale, softcap, slope, sliding_window, pr_row, num_prefix_ranges, stride_pr_r = mods
     x = qk + qk * 0.0  # an inf dot product becomes NaN (never read as a masked key)
     k_pos = i * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_l))
@@ -155,6 +144,29 @@ def _probabilities(qk, i, m_i, l_i, q_pos, qk_scale, mods, DTYPE: gl.constexpr, 
             x = x - slope * gl.sqrt(gl.maximum(q_pos[:, None] - k_pos[None, :], 0).to(gl.float32))
         x = x * LOG2E
         c = 1.0
+    return x, c, k_pos
+
+
+@gluon.jit
+def _probabilities(qk, i, m_i, l_i, q_pos, qk_scale, mods, DTYPE: gl.constexpr, HEAD: gl.constexpr,
+                   BLOCK_N: gl.constexpr, NUM_WARPS: gl.constexpr, MASKED: gl.constexpr, FEATURES: gl.constexpr):
+    """One key tile's step of the online softmax: from the scores ``qk`` of tile i, P as the
+    register A operand of ``O += P V``, the new row maxima and sums, and the factor ``alpha``
+    (in the accumulator's row layout) that rescales O before this tile's P V adds to it.
+
+    ``mods`` = (scale, softcap, ALiBi slope, sliding window, the sequence's prefix ranges, their
+    count, their stride) of this head; ``FEATURES`` = (USE_SOFTCAP, ALIBI_MODE, USE_WINDOW,
+    HAS_PREFIX), the kernel's. A softcap or ALiBi (``ops.common.attention_math.
+    softcap_and_alibi``'s formulas) forms the natural-log scores first; MASKED applies the causal
+    rule, with USE_WINDOW the window's, and with HAS_PREFIX makes a query and a key of one
+    prefix range visible to each other whatever those rules say."""
+    USE_WINDOW: gl.constexpr = FEATURES[2]
+    HAS_PREFIX: gl.constexpr = FEATURES[3]
+    o_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
+                                                  instr_shape=[16, HEAD, 16])
+    p_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_l, k_width=2)
+    scale, softcap, slope, sliding_window, pr_row, num_prefix_ranges, stride_pr_r = mods
+    x, c, k_pos = _base2_scores(qk, i, q_pos, qk_scale, mods, BLOCK_N, NUM_WARPS, FEATURES)
     if MASKED:
         vis = k_pos[None, :] <= q_pos[:, None]
         if USE_WINDOW:
@@ -180,6 +192,26 @@ def _probabilities(qk, i, m_i, l_i, q_pos, qk_scale, mods, DTYPE: gl.constexpr, 
 
 
 @gluon.jit
+def _pair_probabilities(qa, qb, i, m_i, l_i, q_pos, qk_scale, mods, DTYPE: gl.constexpr, HEAD: gl.constexpr,
+                        BLOCK_N: gl.constexpr, NUM_WARPS: gl.constexpr, FEATURES: gl.constexpr):
+    """``_probabilities`` of two mask-free key tiles i and i + 1 as one step: one new row maximum
+    over both, one ``alpha`` (O is rescaled once for 2 * BLOCK_N keys), P of each tile."""
+    o_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
+                                                  instr_shape=[16, HEAD, 16])
+    p_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_l, k_width=2)
+    xa, c, _ = _base2_scores(qa, i, q_pos, qk_scale, mods, BLOCK_N, NUM_WARPS, FEATURES)
+    xb, c, _ = _base2_scores(qb, i + 1, q_pos, qk_scale, mods, BLOCK_N, NUM_WARPS, FEATURES)
+    m_new = gl.maximum(m_i, gl.maximum(gl.reduce(xa, 1, max_combine), gl.reduce(xb, 1, max_combine)) * c)
+    pa = gl.exp2(xa * c - m_new[:, None])
+    pb = gl.exp2(xb * c - m_new[:, None])
+    alpha = gl.exp2(m_i - m_new)
+    l_i = l_i * alpha + (gl.reduce(pa, 1, sum_combine) + gl.reduce(pb, 1, sum_combine))
+    pa_op = gl.convert_layout(pa.to(DTYPE), p_l)
+    pb_op = gl.convert_layout(pb.to(DTYPE), p_l)
+    return pa_op, pb_op, m_new, l_i, gl.convert_layout(alpha, gl.SliceLayout(1, o_l))
+
+
+@gluon.jit
 def _issue_scores(q_op, k_bufs, k_ready, j, s_zero, NUM_STAGES: gl.constexpr):
     """Wait for the key tile at ring position j and issue ``S = Q K^T`` (async): (S, the K tile).
     ``q_op``: the Q tile in shared memory, or in registers as the wgmma's A operand."""
@@ -198,6 +230,53 @@ def _issue_values(p_op, v_bufs, v_ready, j, acc, NUM_STAGES: gl.constexpr):
     mbarrier.wait(v_ready.index(slot), (j // NUM_STAGES) & 1)
     fence_async_shared()
     return warpgroup_mma(p_op, v_tile, acc, is_async=True), v_tile
+
+
+@gluon.jit
+def _attend_pairs(i_lo, i_hi, t_base, q_op, k_bufs, v_bufs, k_ready, v_ready, kv_empty, m_i, l_i, acc, q_pos,
+                  qk_scale, mods, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
+                  NUM_WARPS: gl.constexpr, FEATURES: gl.constexpr):
+    """The mask-free key tiles i_lo .. i_hi - 1 (an even count) two at a time: each pair's two
+    ``S = Q K^T`` are waited for together and take one softmax step (``_pair_probabilities``), so
+    O's rescale, the row maxima and the waits come once for 2 * BLOCK_N keys. Overlapped as
+    ``_attend_tiles``' OVERLAP: pair j + 1's scores are issued with pair j's ``P V`` and its
+    softmax runs while they finish. Four ring slots are held at once (a pair's P V and the next
+    pair's scores): NUM_STAGES >= 5 keeps one slot filling."""
+    HEAD: gl.constexpr = acc.shape[1]
+    DTYPE: gl.constexpr = q_op.dtype
+    gl.static_assert(NUM_STAGES >= 5, "pairs hold four ring slots at once")
+    s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
+                                                  instr_shape=[16, BLOCK_N, 16])
+    s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_l)
+    if i_lo < i_hi:
+        qa, ka = _issue_scores(q_op, k_bufs, k_ready, i_lo - t_base, s_zero, NUM_STAGES)
+        qb, kb = _issue_scores(q_op, k_bufs, k_ready, i_lo + 1 - t_base, s_zero, NUM_STAGES)
+        qa, qb, _, _ = warpgroup_mma_wait(num_outstanding=0, deps=(qa, qb, ka, kb))
+        pa, pb, m_i, l_i, alpha = _pair_probabilities(qa, qb, i_lo, m_i, l_i, q_pos, qk_scale, mods, DTYPE, HEAD,
+                                                      BLOCK_N, NUM_WARPS, FEATURES)
+        acc = acc * alpha[:, None]
+        for i in range(i_lo, i_hi - 2, 2):
+            qa, ka = _issue_scores(q_op, k_bufs, k_ready, i + 2 - t_base, s_zero, NUM_STAGES)
+            qb, kb = _issue_scores(q_op, k_bufs, k_ready, i + 3 - t_base, s_zero, NUM_STAGES)
+            acc, va = _issue_values(pa, v_bufs, v_ready, i - t_base, acc, NUM_STAGES)
+            acc, vb = _issue_values(pb, v_bufs, v_ready, i + 1 - t_base, acc, NUM_STAGES)
+            qa, qb, _, _ = warpgroup_mma_wait(num_outstanding=2, deps=(qa, qb, ka, kb))  # issued first: done first
+            pa_next, pb_next, m_i, l_i, alpha = _pair_probabilities(qa, qb, i + 2, m_i, l_i, q_pos, qk_scale, mods,
+                                                                    DTYPE, HEAD, BLOCK_N, NUM_WARPS, FEATURES)
+            acc, _, _, _, _ = warpgroup_mma_wait(num_outstanding=0, deps=(acc, pa, pb, va, vb))
+            # slots i and i + 1 free: their wgmma are done
+            mbarrier.arrive(kv_empty.index((i - t_base) % NUM_STAGES), count=1)
+            mbarrier.arrive(kv_empty.index((i + 1 - t_base) % NUM_STAGES), count=1)
+            acc = acc * alpha[:, None]
+            pa = pa_next
+            pb = pb_next
+        last = i_hi - 2
+        acc, va = _issue_values(pa, v_bufs, v_ready, last - t_base, acc, NUM_STAGES)
+        acc, vb = _issue_values(pb, v_bufs, v_ready, last + 1 - t_base, acc, NUM_STAGES)
+        acc, _, _, _, _ = warpgroup_mma_wait(num_outstanding=0, deps=(acc, pa, pb, va, vb))
+        mbarrier.arrive(kv_empty.index((last - t_base) % NUM_STAGES), count=1)
+        mbarrier.arrive(kv_empty.index((last + 1 - t_base) % NUM_STAGES), count=1)
+    return m_i, l_i, acc
 
 
 @gluon.jit
@@ -276,7 +355,7 @@ def _consumer(q_smem, k_bufs, v_bufs, k_ready, v_ready, kv_empty, out_ptr, lse_p
               stride_lse_t, stride_lse_h, head, q_start, q_len, row_lo, context_len, num_tokens, t_lo, t_mid_lo,
               t_mid_hi, n_tiles, scale, mods, sink_log2, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
               NUM_STAGES: gl.constexpr, NUM_WARPS: gl.constexpr, PIPELINED: gl.constexpr, OVERLAP: gl.constexpr,
-              Q_IN_REGS: gl.constexpr, FEATURES: gl.constexpr):
+              PAIRED: gl.constexpr, Q_IN_REGS: gl.constexpr, FEATURES: gl.constexpr):
     """Attend over the key tiles and store out and lse: tiles t_lo .. t_mid_lo - 1 (the window's
     edge, with a window only) and t_mid_hi .. n_tiles - 1 (the diagonal) masked, the ones between
     without a mask. ``sink_log2``: the head's sink logit in base 2 (-inf: none), a key of weight
@@ -301,7 +380,13 @@ def _consumer(q_smem, k_bufs, v_bufs, k_ready, v_ready, kv_empty, out_ptr, lse_p
         m_i, l_i, acc = _attend_tiles(t_lo, t_mid_lo, t_lo, q_op, k_bufs, v_bufs, k_ready, v_ready, kv_empty, m_i,
                                       l_i, acc, q_pos, qk_scale, mods, BLOCK_M, BLOCK_N, NUM_STAGES, NUM_WARPS,
                                       True, PIPELINED, OVERLAP, FEATURES)
-    m_i, l_i, acc = _attend_tiles(t_mid_lo, t_mid_hi, t_lo, q_op, k_bufs, v_bufs, k_ready, v_ready, kv_empty, m_i,
+    t_pairs = t_mid_lo
+    if PAIRED:  # the mask-free tiles two at a time, an odd one left for _attend_tiles
+        t_pairs = t_mid_lo + (t_mid_hi - t_mid_lo) // 2 * 2
+        m_i, l_i, acc = _attend_pairs(t_mid_lo, t_pairs, t_lo, q_op, k_bufs, v_bufs, k_ready, v_ready, kv_empty, m_i,
+                                      l_i, acc, q_pos, qk_scale, mods, BLOCK_M, BLOCK_N, NUM_STAGES, NUM_WARPS,
+                                      FEATURES)
+    m_i, l_i, acc = _attend_tiles(t_pairs, t_mid_hi, t_lo, q_op, k_bufs, v_bufs, k_ready, v_ready, kv_empty, m_i,
                                   l_i, acc, q_pos, qk_scale, mods, BLOCK_M, BLOCK_N, NUM_STAGES, NUM_WARPS, False,
                                   PIPELINED, OVERLAP, FEATURES)
     m_i, l_i, acc = _attend_tiles(t_mid_hi, n_tiles, t_lo, q_op, k_bufs, v_bufs, k_ready, v_ready, kv_empty, m_i,
@@ -423,7 +508,7 @@ def prefill_gluon_kernel(
     NUM_QUERIES_PER_KV: gl.constexpr, HEAD: gl.constexpr, PAGE_SIZE: gl.constexpr, BLOCK_N: gl.constexpr,
     NUM_STAGES: gl.constexpr, PRODUCER_WARPS: gl.constexpr, PRODUCER_REGS: gl.constexpr, PIPELINED: gl.constexpr,
     OVERLAP: gl.constexpr, NUM_CONSUMERS: gl.constexpr, CONSUMER_REGS: gl.constexpr, GROUP_SIGNAL: gl.constexpr,
-    Q_IN_REGS: gl.constexpr,
+    Q_IN_REGS: gl.constexpr, PAIRED: gl.constexpr,
     USE_SOFTCAP: gl.constexpr, ALIBI_MODE: gl.constexpr, USE_WINDOW: gl.constexpr, HAS_PREFIX: gl.constexpr,
 ):
     """out = softmax(scale * q k^T + causal mask) v for one Q tile of one head (see the module docstring),
@@ -489,7 +574,7 @@ def prefill_gluon_kernel(
             (_consumer, (q_smem, k_bufs, v_bufs, k_ready, v_ready, kv_empty, out_ptr, lse_ptr, stride_o_t, stride_o_h,
                          stride_lse_t, stride_lse_h, head, q_start, q_len, row_lo, context_len, num_tokens, t_lo,
                          t_mid_lo, t_mid_hi, n_tiles, scale, mods, sink_log2, WG_ROWS, BLOCK_N, NUM_STAGES, NUM_WARPS,
-                         PIPELINED, OVERLAP, Q_IN_REGS, FEATURES)),
+                         PIPELINED, OVERLAP, PAIRED, Q_IN_REGS, FEATURES)),
             (_producer, (k_cache_ptr, v_cache_ptr, bt_row_ptr, k_bufs, v_bufs, k_ready, v_ready, kv_empty, kv_head,
                          t_lo, n_tiles, kv_hi, num_blocks, max_blocks_per_seq, stride_c_b, stride_c_s, stride_c_h,
                          HEAD, PAGE_SIZE, BLOCK_N, NUM_STAGES, PRODUCER_WARPS, GROUP_SIGNAL)),
@@ -501,14 +586,14 @@ def prefill_gluon_kernel(
             (_consumer, (q_smem.slice(0, WG_ROWS), k_bufs, v_bufs, k_ready, v_ready, kv_empty, out_ptr, lse_ptr,
                          stride_o_t, stride_o_h, stride_lse_t, stride_lse_h, head, q_start, q_len, row_lo,
                          context_len, num_tokens, t_lo, t_mid_lo, t_mid_hi, n_tiles, scale, mods, sink_log2, WG_ROWS,
-                         BLOCK_N, NUM_STAGES, NUM_WARPS, PIPELINED, OVERLAP, Q_IN_REGS, FEATURES)),
+                         BLOCK_N, NUM_STAGES, NUM_WARPS, PIPELINED, OVERLAP, PAIRED, Q_IN_REGS, FEATURES)),
             (_producer, (k_cache_ptr, v_cache_ptr, bt_row_ptr, k_bufs, v_bufs, k_ready, v_ready, kv_empty, kv_head,
                          t_lo, n_tiles, kv_hi, num_blocks, max_blocks_per_seq, stride_c_b, stride_c_s, stride_c_h,
                          HEAD, PAGE_SIZE, BLOCK_N, NUM_STAGES, PRODUCER_WARPS, GROUP_SIGNAL)),
             (_consumer, (q_smem.slice(WG_ROWS, WG_ROWS), k_bufs, v_bufs, k_ready, v_ready, kv_empty, out_ptr,
                          lse_ptr, stride_o_t, stride_o_h, stride_lse_t, stride_lse_h, head, q_start, q_len,
                          row_lo + WG_ROWS, context_len, num_tokens, t_lo, t_mid_lo, t_mid_hi, n_tiles, scale, mods,
-                         sink_log2, WG_ROWS, BLOCK_N, NUM_STAGES, NUM_WARPS, PIPELINED, OVERLAP, Q_IN_REGS,
+                         sink_log2, WG_ROWS, BLOCK_N, NUM_STAGES, NUM_WARPS, PIPELINED, OVERLAP, PAIRED, Q_IN_REGS,
                          FEATURES)),
         ], [PRODUCER_WARPS, NUM_WARPS], [PRODUCER_REGS, CONSUMER_REGS])
 

@@ -67,6 +67,7 @@ class GluonPrefillConfig:
     consumer_regs: int = 208  # the second consumer partition's register cap (split_consumers)
     group_signal: bool = False  # tiles' copies completed through commit groups (for ConSan)
     q_in_regs: bool = False  # Q as the register A operand of S = Q K^T (heads up to 128)
+    paired: bool = False  # mask-free key tiles two at a time: one softmax step and O rescale a pair (overlap)
 
     def for_head(self, head_size: int) -> "GluonPrefillConfig":
         """This config at ``head_size``: past head 128 the key tile is 32 keys. At head 256 and 64
@@ -76,8 +77,9 @@ class GluonPrefillConfig:
         4-8 B (207 / 206 / 56 registers; with the second consumer at 224 and the producer at 56
         still 4-8 B: not register pressure). Q stays in shared memory past head 128 (in
         registers it would take 64 more a thread)."""
-        if head_size > 128 and (self.block_n > 32 or self.q_in_regs):
-            return dataclasses.replace(self, block_n=min(self.block_n, 32), q_in_regs=False)
+        if head_size > 128 and (self.block_n > 32 or self.q_in_regs or self.paired):
+            return dataclasses.replace(self, block_n=min(self.block_n, 32), q_in_regs=False, paired=False,
+                                       num_stages=min(self.num_stages, 3))
         return self
 
     @property
@@ -105,6 +107,15 @@ GLUON_PREFILL_CONFIGS = {"1": GLUON_PREFILL_CONFIG, "split": GluonPrefillConfig(
                          "groups": dataclasses.replace(GLUON_PREFILL_CONFIG, group_signal=True),
                          # the default with Q read from shared memory by every S = Q K^T
                          "smemq": dataclasses.replace(GLUON_PREFILL_CONFIG, q_in_regs=False),
+                         # the default with the mask-free tiles taken in pairs (128 keys a softmax step
+                         # from a ring of six 64-key slots); compiled for sm90, not yet timed. With Q in
+                         # registers ptxas spills 32 B at head 128 (the second consumer at 216 registers:
+                         # one Q fragment, reloaded before each S = Q K^T); "pairs-smemq" reads Q from
+                         # shared memory and spills nothing
+                         "pairs": dataclasses.replace(GLUON_PREFILL_CONFIG, paired=True, num_stages=6,
+                                                      consumer_regs=216),
+                         "pairs-smemq": dataclasses.replace(GLUON_PREFILL_CONFIG, paired=True, num_stages=6,
+                                                            q_in_regs=False),
                          "0": GLUON_OFF}
 # the automatic rule's floor: below it the tl kernel was as fast on the H200 (a 512-token prefill:
 # 16.8 against 16.6 us), above it the Gluon kernel was faster (2048: 99.6 against 103.9 us; 4 x 512
@@ -243,7 +254,8 @@ def launch_prefill_gluon(
            BLOCK_N=config.block_n, NUM_STAGES=config.num_stages, PRODUCER_WARPS=config.producer_warps,
            PRODUCER_REGS=config.producer_regs, PIPELINED=config.pipelined, OVERLAP=config.overlap,
            NUM_CONSUMERS=config.num_consumers, CONSUMER_REGS=config.consumer_regs,
-           GROUP_SIGNAL=config.group_signal, Q_IN_REGS=config.q_in_regs, USE_SOFTCAP=bool(a.softcap),
+           GROUP_SIGNAL=config.group_signal, Q_IN_REGS=config.q_in_regs, PAIRED=config.paired and config.overlap,
+           USE_SOFTCAP=bool(a.softcap),
            ALIBI_MODE=int(a.alibi_mode),
            USE_WINDOW=bool(a.sliding_window and a.sliding_window > 0), HAS_PREFIX=pr is not None,
            num_warps=config.num_warps)
