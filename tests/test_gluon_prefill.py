@@ -68,6 +68,9 @@ PAIRS_SMEMQ = GLUON_PREFILL_CONFIGS["pairs-smemq"]  # and Q read from shared mem
         pytest.param(16, torch.bfloat16, True, SPLIT, 128, False, id="page16-bf16-lse-split"),
         pytest.param(64, torch.float16, False, SPLIT, 64, False, id="page64-fp16-head64-split"),
         pytest.param(16, torch.bfloat16, True, GLUON_PREFILL_CONFIGS["groups"], 128, True, id="page16-bf16-lse-groups"),
+        pytest.param(64, torch.bfloat16, True, GLUON_PREFILL_CONFIGS["lagged"], 128, True, id="page64-bf16-lse-lagged"),
+        pytest.param(16, torch.float16, False, GLUON_PREFILL_CONFIGS["lagged"], 64, False,
+                     id="page16-fp16-head64-lagged"),
         pytest.param(16, torch.bfloat16, True, GLUON_PREFILL_CONFIG, 128, True, id="page16-bf16-lse-modifiers"),
         pytest.param(16, torch.bfloat16, True, SMEMQ, 128, True, id="page16-bf16-lse-smemq-modifiers"),
         pytest.param(64, torch.float16, False, SMEMQ, 64, False, id="page64-fp16-head64-smemq"),
@@ -114,15 +117,16 @@ def _args(dtype=torch.bfloat16, cache_dtype=None, head_size=128, page_size=16, n
 
 
 def test_gluon_prefill_variable_picks_the_config(monkeypatch):
-    """PAGEDATTN_PREFILL_GLUON: 1 the default config, split / pipelined / serial / groups / smemq /
-    pairs / pairs-smemq the kept variants, 0 off, anything else (or unset) the automatic rule;
-    read at each call."""
+    """PAGEDATTN_PREFILL_GLUON: 1 the default config, split / pipelined / serial / groups / lagged /
+    smemq / pairs / pairs-smemq the kept variants, 0 off, anything else (or unset) the automatic
+    rule; read at each call."""
     monkeypatch.delenv(GLUON_PREFILL_ENV, raising=False)
     assert gluon_prefill_requested() is None
     default = dataclasses.replace(OVERLAP, q_in_regs=True)
     assert GLUON_PREFILL_CONFIG == default
     for value, config in (("1", default), ("serial", SERIAL), ("split", SPLIT), ("pipelined", PIPELINED),
                           ("groups", dataclasses.replace(default, group_signal=True)),
+                          ("lagged", dataclasses.replace(default, group_signal=True, lagged_signal=True)),
                           ("smemq", OVERLAP),
                           ("pairs", dataclasses.replace(default, paired=True, num_stages=6, consumer_regs=216)),
                           ("pairs-smemq", dataclasses.replace(OVERLAP, paired=True, num_stages=6)),
@@ -375,13 +379,14 @@ def test_gluon_prefill_single_sequence_gpu(calls, seq_len, heads, block_size, dt
 @pytest.mark.gpu
 @needs_gluon
 @needs_sm90
-@pytest.mark.parametrize("variant", ["1", "split", "pipelined", "m64", "serial", "groups", "smemq", "pairs",
-                                     "pairs-smemq"])
+@pytest.mark.parametrize("variant", ["1", "split", "pipelined", "m64", "serial", "groups", "lagged", "smemq",
+                                     "pairs", "pairs-smemq"])
 @pytest.mark.parametrize("block_size", [16, 64, 256], ids=lambda n: f"page{n}")
 def test_gluon_prefill_extend_gpu(calls, block_size, variant):
     """Extends: 128 and 300 queries over 2000 keys, queries that start mid-page, a Q tile that
     ends mid-tile; 64- and 128-row tiles, the serial loop, the pipelined one and the overlapped
-    one, one consumer partition and two, the producer signalling through commit groups, Q in
+    one, one consumer partition and two, the producer signalling through commit groups (at once
+    and one tile late), Q in
     registers (the default) and read from shared memory, the mask-free tiles singly and in pairs
     (odd and even counts of them)."""
     if variant != "m64":
@@ -500,7 +505,7 @@ MODIFIER_CASES = {
 @pytest.mark.gpu
 @needs_gluon
 @needs_sm90
-@pytest.mark.parametrize("variant", ["1", "serial", "smemq", "pairs"])
+@pytest.mark.parametrize("variant", ["1", "serial", "smemq", "pairs", "lagged"])
 @pytest.mark.parametrize("case", list(MODIFIER_CASES))
 def test_gluon_prefill_score_modifiers_gpu(calls, case, variant):
     """The score modifiers the kernel computes, asked for with PAGEDATTN_PREFILL_GLUON: a prompt
@@ -554,14 +559,16 @@ assert len(launches) == 2, launches
 @pytest.mark.gpu
 @needs_gluon
 @needs_sm90
-def test_gluon_prefill_ring_protocol_under_consan_gpu(tmp_path):
+@pytest.mark.parametrize("variant", ["groups", "lagged"])
+def test_gluon_prefill_ring_protocol_under_consan_gpu(tmp_path, variant):
     """Triton's concurrency sanitizer over the Gluon prefill's ring (an extend at page 16, every
     score modifier at page 64), in a fresh process with its own kernel cache: no race between
     the producer's copies and the consumers' wgmma reads, both ways, and the reference's
     result. The ``groups`` variant: ConSan in triton 3.6 follows cp.async completion through
     commit groups only, not through the default's ``cp.async.mbarrier.arrive.noinc`` (it flags
-    every read of a ring slot there); the two differ in that signal alone."""
-    problem = runs_under_consan(CONSAN_CHECK, tmp_path, env={GLUON_PREFILL_ENV: "groups"})
+    every read of a ring slot there); the two differ in that signal alone. ``lagged`` signals a
+    tile one tile later, two tiles' groups in flight, and its consumers do not fence."""
+    problem = runs_under_consan(CONSAN_CHECK, tmp_path, env={GLUON_PREFILL_ENV: variant})
     assert problem is None, f"under ConSan: {problem}"
 
 

@@ -508,6 +508,8 @@ PROVIDERS: dict[str, Provider] = {
                           description="automatic path, Gluon sm90 prefill kernel, serial loop"),
         PagedAttnProvider("pagedattn-gluon-smemq", gluon="smemq", by_default=False,
                           description="automatic path, Gluon sm90 prefill kernel, Q read from shared memory by each wgmma"),
+        PagedAttnProvider("pagedattn-gluon-lagged", gluon="lagged", by_default=False,
+                          description="automatic path, Gluon sm90 prefill kernel, copies signalled a tile late"),
         PagedAttnProvider("pagedattn-gluon-pairs", gluon="pairs", by_default=False,
                           description="automatic path, Gluon sm90 prefill kernel, mask-free key tiles in pairs"),
         PagedAttnProvider("pagedattn-gluon-pairs-smemq", gluon="pairs-smemq", by_default=False,

@@ -74,8 +74,10 @@ def _producer(k_cache_ptr, v_cache_ptr, bt_row_ptr, k_bufs, v_bufs, k_ready, v_r
               HEAD: gl.constexpr, PAGE_SIZE: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
               PRODUCER_WARPS: gl.constexpr, GROUP_SIGNAL: gl.constexpr):
     """Gather K and V tiles [BLOCK_N, HEAD] page by page into the ring (see the module docstring).
-    GROUP_SIGNAL: each tile's copies are waited for (``wait_group``) and fenced, then one arrive of
-    the partition (ConSan's form; one tile in flight)."""
+    GROUP_SIGNAL 1: each tile's copies are waited for (``wait_group``) and fenced, then one arrive
+    of the partition (ConSan's form; one tile in flight). GROUP_SIGNAL 2: the same one tile late,
+    so two tiles' copies are in flight: tile j - 1 is waited for, fenced and signalled after tile
+    j's copies are issued (the last tile after the loop); the consumers then need no fence."""
     # 16 bytes a thread, HEAD // 8 threads across a row
     COL_THREADS: gl.constexpr = HEAD // 8
     cp_l: gl.constexpr = gl.BlockedLayout([1, 8], [32 // COL_THREADS, COL_THREADS], [PRODUCER_WARPS, 1], [1, 0])
@@ -108,7 +110,7 @@ def _producer(k_cache_ptr, v_cache_ptr, bt_row_ptr, k_bufs, v_bufs, k_ready, v_r
         else:
             cp.mbarrier_arrive(k_ready.index(slot), increment_count=False)
         cp.async_copy_global_to_shared(v_bufs.index(slot), v_cache_ptr + offs, mask=ok[:, None])
-        if GROUP_SIGNAL:
+        if GROUP_SIGNAL == 1:
             cp.commit_group()
             cp.wait_group(1)  # K landed (this thread's copies)
             fence_async_shared()
@@ -116,8 +118,28 @@ def _producer(k_cache_ptr, v_cache_ptr, bt_row_ptr, k_bufs, v_bufs, k_ready, v_r
             cp.wait_group(0)
             fence_async_shared()
             mbarrier.arrive(v_ready.index(slot), count=1)
+        elif GROUP_SIGNAL == 2:
+            cp.commit_group()
+            if j > 0:  # the groups in flight: tile j - 1's K and V, then tile j's
+                _signal_landed(k_ready, v_ready, (j - 1) % NUM_STAGES, 2)
         else:
             cp.mbarrier_arrive(v_ready.index(slot), increment_count=False)
+    if GROUP_SIGNAL == 2:
+        if n_tiles > t_lo:
+            _signal_landed(k_ready, v_ready, (n_tiles - 1 - t_lo) % NUM_STAGES, 0)
+
+
+@gluon.jit
+def _signal_landed(k_ready, v_ready, slot, NEWER_GROUPS: gl.constexpr):
+    """Wait for the K and V commit groups of ring slot ``slot`` (NEWER_GROUPS committed after
+    them), fence them for the async proxy and arrive on the slot's ready barriers (one arrive
+    of the partition each)."""
+    cp.wait_group(NEWER_GROUPS + 1)  # K landed (this thread's copies)
+    fence_async_shared()
+    mbarrier.arrive(k_ready.index(slot), count=1)
+    cp.wait_group(NEWER_GROUPS)
+    fence_async_shared()
+    mbarrier.arrive(v_ready.index(slot), count=1)
 
 
 @gluon.jit
@@ -212,30 +234,33 @@ def _pair_probabilities(qa, qb, i, m_i, l_i, q_pos, qk_scale, mods, DTYPE: gl.co
 
 
 @gluon.jit
-def _issue_scores(q_op, k_bufs, k_ready, j, s_zero, NUM_STAGES: gl.constexpr):
+def _issue_scores(q_op, k_bufs, k_ready, j, s_zero, NUM_STAGES: gl.constexpr, FENCE: gl.constexpr):
     """Wait for the key tile at ring position j and issue ``S = Q K^T`` (async): (S, the K tile).
-    ``q_op``: the Q tile in shared memory, or in registers as the wgmma's A operand."""
+    ``q_op``: the Q tile in shared memory, or in registers as the wgmma's A operand. FENCE: the
+    producer signalled the copies without a proxy fence (``cp.async.mbarrier.arrive.noinc``)."""
     slot = j % NUM_STAGES
     k_tile = k_bufs.index(slot)  # [BLOCK_N, HEAD]
     mbarrier.wait(k_ready.index(slot), (j // NUM_STAGES) & 1)
-    fence_async_shared()  # cp.async wrote through the generic proxy; wgmma reads through the async one
+    if FENCE:
+        fence_async_shared()  # cp.async wrote through the generic proxy; wgmma reads through the async one
     return warpgroup_mma(q_op, k_tile.permute((1, 0)), s_zero, use_acc=False, is_async=True), k_tile
 
 
 @gluon.jit
-def _issue_values(p_op, v_bufs, v_ready, j, acc, NUM_STAGES: gl.constexpr):
+def _issue_values(p_op, v_bufs, v_ready, j, acc, NUM_STAGES: gl.constexpr, FENCE: gl.constexpr):
     """Wait for the value tile at ring position j and issue ``O += P V`` (async): (O, the V tile)."""
     slot = j % NUM_STAGES
     v_tile = v_bufs.index(slot)
     mbarrier.wait(v_ready.index(slot), (j // NUM_STAGES) & 1)
-    fence_async_shared()
+    if FENCE:
+        fence_async_shared()
     return warpgroup_mma(p_op, v_tile, acc, is_async=True), v_tile
 
 
 @gluon.jit
 def _attend_pairs(i_lo, i_hi, t_base, q_op, k_bufs, v_bufs, k_ready, v_ready, kv_empty, m_i, l_i, acc, q_pos,
                   qk_scale, mods, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
-                  NUM_WARPS: gl.constexpr, FEATURES: gl.constexpr):
+                  NUM_WARPS: gl.constexpr, FEATURES: gl.constexpr, FENCE: gl.constexpr):
     """The mask-free key tiles i_lo .. i_hi - 1 (an even count) two at a time: each pair's two
     ``S = Q K^T`` are waited for together and take one softmax step (``_pair_probabilities``), so
     O's rescale, the row maxima and the waits come once for 2 * BLOCK_N keys. Overlapped as
@@ -249,17 +274,17 @@ def _attend_pairs(i_lo, i_hi, t_base, q_op, k_bufs, v_bufs, k_ready, v_ready, kv
                                                   instr_shape=[16, BLOCK_N, 16])
     s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_l)
     if i_lo < i_hi:
-        qa, ka = _issue_scores(q_op, k_bufs, k_ready, i_lo - t_base, s_zero, NUM_STAGES)
-        qb, kb = _issue_scores(q_op, k_bufs, k_ready, i_lo + 1 - t_base, s_zero, NUM_STAGES)
+        qa, ka = _issue_scores(q_op, k_bufs, k_ready, i_lo - t_base, s_zero, NUM_STAGES, FENCE)
+        qb, kb = _issue_scores(q_op, k_bufs, k_ready, i_lo + 1 - t_base, s_zero, NUM_STAGES, FENCE)
         qa, qb, _, _ = warpgroup_mma_wait(num_outstanding=0, deps=(qa, qb, ka, kb))
         pa, pb, m_i, l_i, alpha = _pair_probabilities(qa, qb, i_lo, m_i, l_i, q_pos, qk_scale, mods, DTYPE, HEAD,
                                                       BLOCK_N, NUM_WARPS, FEATURES)
         acc = acc * alpha[:, None]
         for i in range(i_lo, i_hi - 2, 2):
-            qa, ka = _issue_scores(q_op, k_bufs, k_ready, i + 2 - t_base, s_zero, NUM_STAGES)
-            qb, kb = _issue_scores(q_op, k_bufs, k_ready, i + 3 - t_base, s_zero, NUM_STAGES)
-            acc, va = _issue_values(pa, v_bufs, v_ready, i - t_base, acc, NUM_STAGES)
-            acc, vb = _issue_values(pb, v_bufs, v_ready, i + 1 - t_base, acc, NUM_STAGES)
+            qa, ka = _issue_scores(q_op, k_bufs, k_ready, i + 2 - t_base, s_zero, NUM_STAGES, FENCE)
+            qb, kb = _issue_scores(q_op, k_bufs, k_ready, i + 3 - t_base, s_zero, NUM_STAGES, FENCE)
+            acc, va = _issue_values(pa, v_bufs, v_ready, i - t_base, acc, NUM_STAGES, FENCE)
+            acc, vb = _issue_values(pb, v_bufs, v_ready, i + 1 - t_base, acc, NUM_STAGES, FENCE)
             qa, qb, _, _ = warpgroup_mma_wait(num_outstanding=2, deps=(qa, qb, ka, kb))  # issued first: done first
             pa_next, pb_next, m_i, l_i, alpha = _pair_probabilities(qa, qb, i + 2, m_i, l_i, q_pos, qk_scale, mods,
                                                                     DTYPE, HEAD, BLOCK_N, NUM_WARPS, FEATURES)
@@ -271,8 +296,8 @@ def _attend_pairs(i_lo, i_hi, t_base, q_op, k_bufs, v_bufs, k_ready, v_ready, kv
             pa = pa_next
             pb = pb_next
         last = i_hi - 2
-        acc, va = _issue_values(pa, v_bufs, v_ready, last - t_base, acc, NUM_STAGES)
-        acc, vb = _issue_values(pb, v_bufs, v_ready, last + 1 - t_base, acc, NUM_STAGES)
+        acc, va = _issue_values(pa, v_bufs, v_ready, last - t_base, acc, NUM_STAGES, FENCE)
+        acc, vb = _issue_values(pb, v_bufs, v_ready, last + 1 - t_base, acc, NUM_STAGES, FENCE)
         acc, _, _, _, _ = warpgroup_mma_wait(num_outstanding=0, deps=(acc, pa, pb, va, vb))
         mbarrier.arrive(kv_empty.index((last - t_base) % NUM_STAGES), count=1)
         mbarrier.arrive(kv_empty.index((last + 1 - t_base) % NUM_STAGES), count=1)
@@ -283,7 +308,7 @@ def _attend_pairs(i_lo, i_hi, t_base, q_op, k_bufs, v_bufs, k_ready, v_ready, kv
 def _attend_tiles(i_lo, i_hi, t_base, q_op, k_bufs, v_bufs, k_ready, v_ready, kv_empty, m_i, l_i, acc, q_pos,
                   qk_scale, mods, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
                   NUM_WARPS: gl.constexpr, MASKED: gl.constexpr, PIPELINED: gl.constexpr, OVERLAP: gl.constexpr,
-                  FEATURES: gl.constexpr):
+                  FEATURES: gl.constexpr, FENCE: gl.constexpr):
     """Online softmax over key tiles i_lo .. i_hi - 1 (MASKED: the causal rule k_pos <= q_pos and
     the window's; else every key is visible to every row). Tile i sits at ring position
     ``i - t_base`` (t_base: the first tile the producer loads); ``mods``, ``FEATURES``:
@@ -303,25 +328,25 @@ def _attend_tiles(i_lo, i_hi, t_base, q_op, k_bufs, v_bufs, k_ready, v_ready, kv
     s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_l)
     if not PIPELINED:
         for i in range(i_lo, i_hi):
-            qk, k_tile = _issue_scores(q_op, k_bufs, k_ready, i - t_base, s_zero, NUM_STAGES)
+            qk, k_tile = _issue_scores(q_op, k_bufs, k_ready, i - t_base, s_zero, NUM_STAGES, FENCE)
             qk, _ = warpgroup_mma_wait(num_outstanding=0, deps=(qk, k_tile))  # [BLOCK_M, BLOCK_N] fp32
             p_op, m_i, l_i, alpha = _probabilities(qk, i, m_i, l_i, q_pos, qk_scale, mods, DTYPE, HEAD,
                                                    BLOCK_N, NUM_WARPS, MASKED, FEATURES)
             acc = acc * alpha[:, None]
-            acc, v_tile = _issue_values(p_op, v_bufs, v_ready, i - t_base, acc, NUM_STAGES)
+            acc, v_tile = _issue_values(p_op, v_bufs, v_ready, i - t_base, acc, NUM_STAGES, FENCE)
             acc, _, _ = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_op, v_tile))  # [BLOCK_M, HEAD] fp32
             # slot free: both wgmma of the tile are done
             mbarrier.arrive(kv_empty.index((i - t_base) % NUM_STAGES), count=1)
     elif i_lo < i_hi:
-        qk, k_tile = _issue_scores(q_op, k_bufs, k_ready, i_lo - t_base, s_zero, NUM_STAGES)
+        qk, k_tile = _issue_scores(q_op, k_bufs, k_ready, i_lo - t_base, s_zero, NUM_STAGES, FENCE)
         qk, _ = warpgroup_mma_wait(num_outstanding=0, deps=(qk, k_tile))
         if OVERLAP:
             p_op, m_i, l_i, alpha = _probabilities(qk, i_lo, m_i, l_i, q_pos, qk_scale, mods, DTYPE, HEAD,
                                                    BLOCK_N, NUM_WARPS, MASKED, FEATURES)
             acc = acc * alpha[:, None]
             for i in range(i_lo, i_hi - 1):
-                qk_next, k_next = _issue_scores(q_op, k_bufs, k_ready, i + 1 - t_base, s_zero, NUM_STAGES)
-                acc, v_tile = _issue_values(p_op, v_bufs, v_ready, i - t_base, acc, NUM_STAGES)
+                qk_next, k_next = _issue_scores(q_op, k_bufs, k_ready, i + 1 - t_base, s_zero, NUM_STAGES, FENCE)
+                acc, v_tile = _issue_values(p_op, v_bufs, v_ready, i - t_base, acc, NUM_STAGES, FENCE)
                 qk, _ = warpgroup_mma_wait(num_outstanding=1, deps=(qk_next, k_next))  # issued first: done first
                 p_next, m_i, l_i, alpha = _probabilities(qk, i + 1, m_i, l_i, q_pos, qk_scale, mods, DTYPE, HEAD,
                                                          BLOCK_N, NUM_WARPS, MASKED, FEATURES)
@@ -332,11 +357,11 @@ def _attend_tiles(i_lo, i_hi, t_base, q_op, k_bufs, v_bufs, k_ready, v_ready, kv
                 p_op = p_next
         else:
             for i in range(i_lo, i_hi - 1):
-                qk_next, k_next = _issue_scores(q_op, k_bufs, k_ready, i + 1 - t_base, s_zero, NUM_STAGES)
+                qk_next, k_next = _issue_scores(q_op, k_bufs, k_ready, i + 1 - t_base, s_zero, NUM_STAGES, FENCE)
                 p_op, m_i, l_i, alpha = _probabilities(qk, i, m_i, l_i, q_pos, qk_scale, mods, DTYPE, HEAD,
                                                        BLOCK_N, NUM_WARPS, MASKED, FEATURES)
                 acc = acc * alpha[:, None]
-                acc, v_tile = _issue_values(p_op, v_bufs, v_ready, i - t_base, acc, NUM_STAGES)
+                acc, v_tile = _issue_values(p_op, v_bufs, v_ready, i - t_base, acc, NUM_STAGES, FENCE)
                 qk, acc, _, _, _ = warpgroup_mma_wait(num_outstanding=0, deps=(qk_next, acc, p_op, v_tile, k_next))
                 # slot i free: both its wgmma are done
                 mbarrier.arrive(kv_empty.index((i - t_base) % NUM_STAGES), count=1)
@@ -344,7 +369,7 @@ def _attend_tiles(i_lo, i_hi, t_base, q_op, k_bufs, v_bufs, k_ready, v_ready, kv
                                                    BLOCK_N, NUM_WARPS, MASKED, FEATURES)
             acc = acc * alpha[:, None]
         last = i_hi - 1
-        acc, v_tile = _issue_values(p_op, v_bufs, v_ready, last - t_base, acc, NUM_STAGES)
+        acc, v_tile = _issue_values(p_op, v_bufs, v_ready, last - t_base, acc, NUM_STAGES, FENCE)
         acc, _, _ = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_op, v_tile))
         mbarrier.arrive(kv_empty.index((last - t_base) % NUM_STAGES), count=1)
     return m_i, l_i, acc
@@ -355,7 +380,7 @@ def _consumer(q_smem, k_bufs, v_bufs, k_ready, v_ready, kv_empty, out_ptr, lse_p
               stride_lse_t, stride_lse_h, head, q_start, q_len, row_lo, context_len, num_tokens, t_lo, t_mid_lo,
               t_mid_hi, n_tiles, scale, mods, sink_log2, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
               NUM_STAGES: gl.constexpr, NUM_WARPS: gl.constexpr, PIPELINED: gl.constexpr, OVERLAP: gl.constexpr,
-              PAIRED: gl.constexpr, Q_IN_REGS: gl.constexpr, FEATURES: gl.constexpr):
+              PAIRED: gl.constexpr, Q_IN_REGS: gl.constexpr, FEATURES: gl.constexpr, FENCE: gl.constexpr):
     """Attend over the key tiles and store out and lse: tiles t_lo .. t_mid_lo - 1 (the window's
     edge, with a window only) and t_mid_hi .. n_tiles - 1 (the diagonal) masked, the ones between
     without a mask. ``sink_log2``: the head's sink logit in base 2 (-inf: none), a key of weight
@@ -379,19 +404,19 @@ def _consumer(q_smem, k_bufs, v_bufs, k_ready, v_ready, kv_empty, out_ptr, lse_p
     if USE_WINDOW:
         m_i, l_i, acc = _attend_tiles(t_lo, t_mid_lo, t_lo, q_op, k_bufs, v_bufs, k_ready, v_ready, kv_empty, m_i,
                                       l_i, acc, q_pos, qk_scale, mods, BLOCK_M, BLOCK_N, NUM_STAGES, NUM_WARPS,
-                                      True, PIPELINED, OVERLAP, FEATURES)
+                                      True, PIPELINED, OVERLAP, FEATURES, FENCE)
     t_pairs = t_mid_lo
     if PAIRED:  # the mask-free tiles two at a time, an odd one left for _attend_tiles
         t_pairs = t_mid_lo + (t_mid_hi - t_mid_lo) // 2 * 2
         m_i, l_i, acc = _attend_pairs(t_mid_lo, t_pairs, t_lo, q_op, k_bufs, v_bufs, k_ready, v_ready, kv_empty, m_i,
                                       l_i, acc, q_pos, qk_scale, mods, BLOCK_M, BLOCK_N, NUM_STAGES, NUM_WARPS,
-                                      FEATURES)
+                                      FEATURES, FENCE)
     m_i, l_i, acc = _attend_tiles(t_pairs, t_mid_hi, t_lo, q_op, k_bufs, v_bufs, k_ready, v_ready, kv_empty, m_i,
                                   l_i, acc, q_pos, qk_scale, mods, BLOCK_M, BLOCK_N, NUM_STAGES, NUM_WARPS, False,
-                                  PIPELINED, OVERLAP, FEATURES)
+                                  PIPELINED, OVERLAP, FEATURES, FENCE)
     m_i, l_i, acc = _attend_tiles(t_mid_hi, n_tiles, t_lo, q_op, k_bufs, v_bufs, k_ready, v_ready, kv_empty, m_i,
                                   l_i, acc, q_pos, qk_scale, mods, BLOCK_M, BLOCK_N, NUM_STAGES, NUM_WARPS, True,
-                                  PIPELINED, OVERLAP, FEATURES)
+                                  PIPELINED, OVERLAP, FEATURES, FENCE)
 
     out, lse = finalize_rows(acc, m_i, l_i, s_l, o_l)
 
@@ -563,6 +588,9 @@ def prefill_gluon_kernel(
     v_bufs = gl.allocate_shared_memory(dtype, [NUM_STAGES, BLOCK_N, HEAD], kv_layout)
     # a noinc arrive per producer thread, or the partition's one arrive (GROUP_SIGNAL)
     READY_ARRIVALS: gl.constexpr = 1 if GROUP_SIGNAL else 32 * PRODUCER_WARPS
+    # the consumers fence the async proxy after each ring wait unless the producer fenced its
+    # copies before signalling them (GROUP_SIGNAL 2; 1 keeps both fences, the form ConSan ran)
+    CONSUMER_FENCE: gl.constexpr = GROUP_SIGNAL != 2
     k_ready, v_ready, kv_empty = _ring_barriers(NUM_STAGES, READY_ARRIVALS, NUM_CONSUMERS)
     fence_async_shared()  # the queries and the barriers' initialization, before any async-proxy use
 
@@ -574,7 +602,7 @@ def prefill_gluon_kernel(
             (_consumer, (q_smem, k_bufs, v_bufs, k_ready, v_ready, kv_empty, out_ptr, lse_ptr, stride_o_t, stride_o_h,
                          stride_lse_t, stride_lse_h, head, q_start, q_len, row_lo, context_len, num_tokens, t_lo,
                          t_mid_lo, t_mid_hi, n_tiles, scale, mods, sink_log2, WG_ROWS, BLOCK_N, NUM_STAGES, NUM_WARPS,
-                         PIPELINED, OVERLAP, PAIRED, Q_IN_REGS, FEATURES)),
+                         PIPELINED, OVERLAP, PAIRED, Q_IN_REGS, FEATURES, CONSUMER_FENCE)),
             (_producer, (k_cache_ptr, v_cache_ptr, bt_row_ptr, k_bufs, v_bufs, k_ready, v_ready, kv_empty, kv_head,
                          t_lo, n_tiles, kv_hi, num_blocks, max_blocks_per_seq, stride_c_b, stride_c_s, stride_c_h,
                          HEAD, PAGE_SIZE, BLOCK_N, NUM_STAGES, PRODUCER_WARPS, GROUP_SIGNAL)),
@@ -586,7 +614,8 @@ def prefill_gluon_kernel(
             (_consumer, (q_smem.slice(0, WG_ROWS), k_bufs, v_bufs, k_ready, v_ready, kv_empty, out_ptr, lse_ptr,
                          stride_o_t, stride_o_h, stride_lse_t, stride_lse_h, head, q_start, q_len, row_lo,
                          context_len, num_tokens, t_lo, t_mid_lo, t_mid_hi, n_tiles, scale, mods, sink_log2, WG_ROWS,
-                         BLOCK_N, NUM_STAGES, NUM_WARPS, PIPELINED, OVERLAP, PAIRED, Q_IN_REGS, FEATURES)),
+                         BLOCK_N, NUM_STAGES, NUM_WARPS, PIPELINED, OVERLAP, PAIRED, Q_IN_REGS, FEATURES,
+                         CONSUMER_FENCE)),
             (_producer, (k_cache_ptr, v_cache_ptr, bt_row_ptr, k_bufs, v_bufs, k_ready, v_ready, kv_empty, kv_head,
                          t_lo, n_tiles, kv_hi, num_blocks, max_blocks_per_seq, stride_c_b, stride_c_s, stride_c_h,
                          HEAD, PAGE_SIZE, BLOCK_N, NUM_STAGES, PRODUCER_WARPS, GROUP_SIGNAL)),
@@ -594,7 +623,7 @@ def prefill_gluon_kernel(
                          lse_ptr, stride_o_t, stride_o_h, stride_lse_t, stride_lse_h, head, q_start, q_len,
                          row_lo + WG_ROWS, context_len, num_tokens, t_lo, t_mid_lo, t_mid_hi, n_tiles, scale, mods,
                          sink_log2, WG_ROWS, BLOCK_N, NUM_STAGES, NUM_WARPS, PIPELINED, OVERLAP, PAIRED, Q_IN_REGS,
-                         FEATURES)),
+                         FEATURES, CONSUMER_FENCE)),
         ], [PRODUCER_WARPS, NUM_WARPS], [PRODUCER_REGS, CONSUMER_REGS])
 
     _invalidate_ring(k_ready, v_ready, kv_empty, NUM_STAGES)

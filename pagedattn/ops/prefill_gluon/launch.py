@@ -66,6 +66,7 @@ class GluonPrefillConfig:
     split_consumers: bool = False  # the two 64-row halves in two partitions (block_m 128 only)
     consumer_regs: int = 208  # the second consumer partition's register cap (split_consumers)
     group_signal: bool = False  # tiles' copies completed through commit groups (for ConSan)
+    lagged_signal: bool = False  # with group_signal: two tiles in flight; the producer fences, not the consumers
     q_in_regs: bool = False  # Q as the register A operand of S = Q K^T (heads up to 128)
     paired: bool = False  # mask-free key tiles two at a time: one softmax step and O rescale a pair (overlap)
 
@@ -105,6 +106,11 @@ GLUON_PREFILL_CONFIGS = {"1": GLUON_PREFILL_CONFIG, "split": GluonPrefillConfig(
                          "pipelined": GluonPrefillConfig(), "serial": GluonPrefillConfig(pipelined=False),
                          # the default with the ready barriers signalled in the form ConSan follows
                          "groups": dataclasses.replace(GLUON_PREFILL_CONFIG, group_signal=True),
+                         # the same one tile late, two tiles' copies in flight: the producer waits for and
+                         # fences tile j - 1 after issuing tile j, and the consumers drop the proxy fence
+                         # (a MEMBAR.ALL.CTA and FENCE.VIEW.ASYNC.S) after each of their two ring waits a
+                         # tile; compiled for sm90, not yet run on a GPU
+                         "lagged": dataclasses.replace(GLUON_PREFILL_CONFIG, group_signal=True, lagged_signal=True),
                          # the default with Q read from shared memory by every S = Q K^T
                          "smemq": dataclasses.replace(GLUON_PREFILL_CONFIG, q_in_regs=False),
                          # the default with the mask-free tiles taken in pairs (128 keys a softmax step
@@ -254,7 +260,8 @@ def launch_prefill_gluon(
            BLOCK_N=config.block_n, NUM_STAGES=config.num_stages, PRODUCER_WARPS=config.producer_warps,
            PRODUCER_REGS=config.producer_regs, PIPELINED=config.pipelined, OVERLAP=config.overlap,
            NUM_CONSUMERS=config.num_consumers, CONSUMER_REGS=config.consumer_regs,
-           GROUP_SIGNAL=config.group_signal, Q_IN_REGS=config.q_in_regs, PAIRED=config.paired and config.overlap,
+           GROUP_SIGNAL=(2 if config.lagged_signal else 1) if config.group_signal else 0, Q_IN_REGS=config.q_in_regs,
+           PAIRED=config.paired and config.overlap,
            USE_SOFTCAP=bool(a.softcap),
            ALIBI_MODE=int(a.alibi_mode),
            USE_WINDOW=bool(a.sliding_window and a.sliding_window > 0), HAS_PREFIX=pr is not None,
