@@ -483,6 +483,18 @@ def host_time_us(prepared: Prepared, calls: int = 50) -> float:
     return _host_time_us(prepared.run, calls)
 
 
+# The kept Gluon prefill variants (PAGEDATTN_PREFILL_GLUON values) timed as their own columns
+GLUON_VARIANT_COLUMNS = {
+    "split": "P V after each softmax",
+    "pipelined": "one consumer partition",
+    "serial": "serial loop",
+    "smemq": "Q read from shared memory by each wgmma",
+    "lagged": "copies signalled a tile late",
+    "pairs": "mask-free key tiles in pairs",
+    "pairs-smemq": "tiles in pairs, Q from shared memory",
+}
+
+
 # ---------------------------------------------------------------------------------------------
 # Registry (name -> provider), in report column order.
 
@@ -500,20 +512,9 @@ PROVIDERS: dict[str, Provider] = {
                           description="automatic path, portable tl kernels only (no Gluon on sm90)"),
         PagedAttnProvider("pagedattn-gluon", gluon="1", by_default=False,
                           description="automatic path, every prefill launch on the Gluon sm90 kernel (its default config)"),
-        PagedAttnProvider("pagedattn-gluon-split", gluon="split", by_default=False,
-                          description="automatic path, Gluon sm90 prefill kernel, P V after each softmax"),
-        PagedAttnProvider("pagedattn-gluon-pipelined", gluon="pipelined", by_default=False,
-                          description="automatic path, Gluon sm90 prefill kernel, one consumer partition"),
-        PagedAttnProvider("pagedattn-gluon-serial", gluon="serial", by_default=False,
-                          description="automatic path, Gluon sm90 prefill kernel, serial loop"),
-        PagedAttnProvider("pagedattn-gluon-smemq", gluon="smemq", by_default=False,
-                          description="automatic path, Gluon sm90 prefill kernel, Q read from shared memory by each wgmma"),
-        PagedAttnProvider("pagedattn-gluon-lagged", gluon="lagged", by_default=False,
-                          description="automatic path, Gluon sm90 prefill kernel, copies signalled a tile late"),
-        PagedAttnProvider("pagedattn-gluon-pairs", gluon="pairs", by_default=False,
-                          description="automatic path, Gluon sm90 prefill kernel, mask-free key tiles in pairs"),
-        PagedAttnProvider("pagedattn-gluon-pairs-smemq", gluon="pairs-smemq", by_default=False,
-                          description="automatic path, Gluon sm90 prefill kernel, tiles in pairs, Q from shared memory"),
+        *(PagedAttnProvider(f"pagedattn-gluon-{variant}", gluon=variant, by_default=False,
+                            description=f"automatic path, Gluon sm90 prefill kernel, {what}")
+          for variant, what in GLUON_VARIANT_COLUMNS.items()),
         SdpaProvider("sdpa-cudnn", anchor=True, backend="CUDNN_ATTENTION",
                      description="torch SDPA, cuDNN backend, contiguous KV"),
         SdpaProvider("sdpa-flash", anchor=True, backend="FLASH_ATTENTION",
