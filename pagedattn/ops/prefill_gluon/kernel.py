@@ -110,17 +110,11 @@ def _producer(k_cache_ptr, v_cache_ptr, bt_row_ptr, k_bufs, v_bufs, k_ready, v_r
         else:
             cp.mbarrier_arrive(k_ready.index(slot), increment_count=False)
         cp.async_copy_global_to_shared(v_bufs.index(slot), v_cache_ptr + offs, mask=ok[:, None])
-        if GROUP_SIGNAL == 1:
+        if GROUP_SIGNAL:
             cp.commit_group()
-            cp.wait_group(1)  # K landed (this thread's copies)
-            fence_async_shared()
-            mbarrier.arrive(k_ready.index(slot), count=1)  # after a partition-wide barrier
-            cp.wait_group(0)
-            fence_async_shared()
-            mbarrier.arrive(v_ready.index(slot), count=1)
-        elif GROUP_SIGNAL == 2:
-            cp.commit_group()
-            if j > 0:  # the groups in flight: tile j - 1's K and V, then tile j's
+            if GROUP_SIGNAL == 1:  # this tile's groups, the only ones in flight
+                _signal_landed(k_ready, v_ready, slot, 0)
+            elif j > 0:  # the groups in flight: tile j - 1's K and V, then tile j's
                 _signal_landed(k_ready, v_ready, (j - 1) % NUM_STAGES, 2)
         else:
             cp.mbarrier_arrive(v_ready.index(slot), increment_count=False)
@@ -136,7 +130,7 @@ def _signal_landed(k_ready, v_ready, slot, NEWER_GROUPS: gl.constexpr):
     of the partition each)."""
     cp.wait_group(NEWER_GROUPS + 1)  # K landed (this thread's copies)
     fence_async_shared()
-    mbarrier.arrive(k_ready.index(slot), count=1)
+    mbarrier.arrive(k_ready.index(slot), count=1)  # after a partition-wide barrier
     cp.wait_group(NEWER_GROUPS)
     fence_async_shared()
     mbarrier.arrive(v_ready.index(slot), count=1)

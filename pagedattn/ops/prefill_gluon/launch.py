@@ -84,6 +84,12 @@ class GluonPrefillConfig:
         return self
 
     @property
+    def ring_signal(self) -> int:
+        """The kernel's GROUP_SIGNAL: 0 ``noinc`` arrivals, 1 commit groups, 2 commit groups one
+        tile late."""
+        return (2 if self.lagged_signal else 1) if self.group_signal else 0
+
+    @property
     def num_consumers(self) -> int:
         return 2 if self.split_consumers else 1
 
@@ -260,8 +266,7 @@ def launch_prefill_gluon(
            BLOCK_N=config.block_n, NUM_STAGES=config.num_stages, PRODUCER_WARPS=config.producer_warps,
            PRODUCER_REGS=config.producer_regs, PIPELINED=config.pipelined, OVERLAP=config.overlap,
            NUM_CONSUMERS=config.num_consumers, CONSUMER_REGS=config.consumer_regs,
-           GROUP_SIGNAL=(2 if config.lagged_signal else 1) if config.group_signal else 0, Q_IN_REGS=config.q_in_regs,
-           PAIRED=config.paired and config.overlap,
+           GROUP_SIGNAL=config.ring_signal, Q_IN_REGS=config.q_in_regs, PAIRED=config.paired and config.overlap,
            USE_SOFTCAP=bool(a.softcap),
            ALIBI_MODE=int(a.alibi_mode),
            USE_WINDOW=bool(a.sliding_window and a.sliding_window > 0), HAS_PREFIX=pr is not None,
