@@ -43,8 +43,7 @@ PIPELINED = GLUON_PREFILL_CONFIGS["pipelined"]  # the two 64-row halves in one c
 SPLIT = GLUON_PREFILL_CONFIGS["split"]  # the two 64-row halves in two consumer partitions
 OVERLAP = GluonPrefillConfig(split_consumers=True, overlap=True)  # and P V beside the next softmax
 SMEMQ = GLUON_PREFILL_CONFIGS["smemq"]  # the default with Q read from shared memory by each S = Q K^T
-PAIRS = GLUON_PREFILL_CONFIGS["pairs"]  # the default with the mask-free tiles two at a time
-PAIRS_SMEMQ = GLUON_PREFILL_CONFIGS["pairs-smemq"]  # and Q read from shared memory
+PAIRS_SMEMQ = GLUON_PREFILL_CONFIGS["pairs-smemq"]  # mask-free tiles two at a time, Q read from shared memory
 
 
 # ---------------------------------------------------------------------------------------------
@@ -80,8 +79,15 @@ PAIRS_SMEMQ = GLUON_PREFILL_CONFIGS["pairs-smemq"]  # and Q read from shared mem
         pytest.param(64, torch.bfloat16, True, SERIAL, 128, True, id="page64-bf16-lse-serial-modifiers"),
         pytest.param(16, torch.bfloat16, True, PAIRS_SMEMQ, 128, True, id="page16-bf16-lse-pairs-smemq-modifiers"),
         pytest.param(64, torch.float16, False, PAIRS_SMEMQ, 128, False, id="page64-fp16-pairs-smemq"),
-        pytest.param(16, torch.bfloat16, True, PAIRS, 64, True, id="page16-bf16-lse-head64-pairs-modifiers"),
-        pytest.param(16, torch.bfloat16, True, PAIRS, 256, False, id="page16-bf16-lse-head256-pairs"),
+        pytest.param(16, torch.bfloat16, True, PAIRS_SMEMQ, 64, True,
+                     id="page16-bf16-lse-head64-pairs-smemq-modifiers"),
+        pytest.param(16, torch.bfloat16, True, PAIRS_SMEMQ, 256, False, id="page16-bf16-lse-head256-pairs-smemq"),
+        pytest.param(16, torch.bfloat16, True, GLUON_PREFILL_CONFIGS["stages4"], 128, False,
+                     id="page16-bf16-lse-stages4"),
+        pytest.param(64, torch.float16, False, GLUON_PREFILL_CONFIGS["stages5"], 128, True,
+                     id="page64-fp16-stages5-modifiers"),
+        pytest.param(16, torch.bfloat16, True, GLUON_PREFILL_CONFIGS["stages5"], 64, False,
+                     id="page16-bf16-lse-head64-stages5"),
     ],
 )
 def test_gluon_prefill_compiles_for_sm90(page_size, dtype, return_lse, config, head_size, modifiers):
@@ -118,7 +124,7 @@ def _args(dtype=torch.bfloat16, cache_dtype=None, head_size=128, page_size=16, n
 
 def test_gluon_prefill_variable_picks_the_config(monkeypatch):
     """PAGEDATTN_PREFILL_GLUON: 1 the default config, split / pipelined / serial / groups / lagged /
-    smemq / pairs / pairs-smemq the kept variants, 0 off, anything else (or unset) the automatic
+    stages4 / stages5 / smemq / pairs-smemq the kept variants, 0 off, anything else (or unset) the automatic
     rule; read at each call."""
     monkeypatch.delenv(GLUON_PREFILL_ENV, raising=False)
     assert gluon_prefill_requested() is None
@@ -126,9 +132,10 @@ def test_gluon_prefill_variable_picks_the_config(monkeypatch):
     assert GLUON_PREFILL_CONFIG == default
     for value, config in (("1", default), ("serial", SERIAL), ("split", SPLIT), ("pipelined", PIPELINED),
                           ("groups", dataclasses.replace(default, group_signal=True)),
-                          ("lagged", dataclasses.replace(default, group_signal=True, lagged_signal=True)),
+                          ("lagged", dataclasses.replace(default, group_signal=True, lagged_signal=True, num_stages=4)),
+                          ("stages4", dataclasses.replace(default, num_stages=4)),
+                          ("stages5", dataclasses.replace(default, num_stages=5)),
                           ("smemq", OVERLAP),
-                          ("pairs", dataclasses.replace(default, paired=True, num_stages=6, consumer_regs=216)),
                           ("pairs-smemq", dataclasses.replace(OVERLAP, paired=True, num_stages=6)),
                           ("0", GLUON_OFF), ("yes", None)):
         monkeypatch.setenv(GLUON_PREFILL_ENV, value)
@@ -139,7 +146,7 @@ def test_gluon_prefill_variable_picks_the_config(monkeypatch):
     assert GLUON_PREFILL_CONFIG.for_head(256) == dataclasses.replace(OVERLAP, block_n=32)
     assert SMEMQ.for_head(256) == dataclasses.replace(OVERLAP, block_n=32)
     # pairs need six 64-key slots of 64 KB: past head 128 the ring is three slots of 32 keys, singly
-    assert PAIRS.for_head(256) == dataclasses.replace(OVERLAP, block_n=32, consumer_regs=216)
+    assert GLUON_PREFILL_CONFIGS["stages5"].for_head(256) == dataclasses.replace(OVERLAP, block_n=32)
     assert PAIRS_SMEMQ.for_head(256) == dataclasses.replace(OVERLAP, block_n=32)
 
 
@@ -379,16 +386,15 @@ def test_gluon_prefill_single_sequence_gpu(calls, seq_len, heads, block_size, dt
 @pytest.mark.gpu
 @needs_gluon
 @needs_sm90
-@pytest.mark.parametrize("variant", ["1", "split", "pipelined", "m64", "serial", "groups", "lagged", "smemq",
-                                     "pairs", "pairs-smemq"])
+@pytest.mark.parametrize("variant", ["1", "split", "pipelined", "m64", "serial", "groups", "lagged", "stages4",
+                                     "stages5", "smemq", "pairs-smemq"])
 @pytest.mark.parametrize("block_size", [16, 64, 256], ids=lambda n: f"page{n}")
 def test_gluon_prefill_extend_gpu(calls, block_size, variant):
     """Extends: 128 and 300 queries over 2000 keys, queries that start mid-page, a Q tile that
     ends mid-tile; 64- and 128-row tiles, the serial loop, the pipelined one and the overlapped
     one, one consumer partition and two, the producer signalling through commit groups (at once
-    and one tile late), Q in
-    registers (the default) and read from shared memory, the mask-free tiles singly and in pairs
-    (odd and even counts of them)."""
+    and one tile late), rings of 3, 4 and 5 tiles, Q in registers (the default) and read from
+    shared memory, the mask-free tiles singly and in pairs (odd and even counts of them)."""
     if variant != "m64":
         require_first_call(variant)
     calls.config = BLOCK_M64 if variant == "m64" else GLUON_PREFILL_CONFIGS[variant]
@@ -505,7 +511,7 @@ MODIFIER_CASES = {
 @pytest.mark.gpu
 @needs_gluon
 @needs_sm90
-@pytest.mark.parametrize("variant", ["1", "serial", "smemq", "pairs", "lagged"])
+@pytest.mark.parametrize("variant", ["1", "serial", "smemq", "pairs-smemq", "lagged", "stages5"])
 @pytest.mark.parametrize("case", list(MODIFIER_CASES))
 def test_gluon_prefill_score_modifiers_gpu(calls, case, variant):
     """The score modifiers the kernel computes, asked for with PAGEDATTN_PREFILL_GLUON: a prompt

@@ -489,8 +489,9 @@ GLUON_VARIANT_COLUMNS = {
     "pipelined": "one consumer partition",
     "serial": "serial loop",
     "smemq": "Q read from shared memory by each wgmma",
-    "lagged": "copies signalled a tile late",
-    "pairs": "mask-free key tiles in pairs",
+    "lagged": "copies signalled a tile late, ring of 4",
+    "stages4": "ring of 4 tiles",
+    "stages5": "ring of 5 tiles",
     "pairs-smemq": "tiles in pairs, Q from shared memory",
 }
 

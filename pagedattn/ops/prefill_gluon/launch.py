@@ -115,17 +115,22 @@ GLUON_PREFILL_CONFIGS = {"1": GLUON_PREFILL_CONFIG, "split": GluonPrefillConfig(
                          # the same one tile late, two tiles' copies in flight: the producer waits for and
                          # fences tile j - 1 after issuing tile j, and the consumers drop the proxy fence
                          # (a MEMBAR.ALL.CTA and FENCE.VIEW.ASYNC.S) after each of their two ring waits a
-                         # tile; compiled for sm90, not yet run on a GPU
-                         "lagged": dataclasses.replace(GLUON_PREFILL_CONFIG, group_signal=True, lagged_signal=True),
+                         # tile. The tile in flight unsignalled takes a slot, so the ring has one more: at 3
+                         # stages it ran 1.09-1.16x the default's time on the H200 (the consumers waiting on
+                         # a ring one tile shallower); at 4 it keeps the default's depth ahead of them
+                         "lagged": dataclasses.replace(GLUON_PREFILL_CONFIG, group_signal=True, lagged_signal=True,
+                                                       num_stages=4),
+                         # the default with a deeper ring (4 and 5 tiles of 64 keys: 164 and 197 KB of shared
+                         # memory at head 128, no spills); compiled for sm90, not yet timed
+                         "stages4": dataclasses.replace(GLUON_PREFILL_CONFIG, num_stages=4),
+                         "stages5": dataclasses.replace(GLUON_PREFILL_CONFIG, num_stages=5),
                          # the default with Q read from shared memory by every S = Q K^T
                          "smemq": dataclasses.replace(GLUON_PREFILL_CONFIG, q_in_regs=False),
-                         # the default with the mask-free tiles taken in pairs (128 keys a softmax step
-                         # from a ring of six 64-key slots); compiled for sm90, not yet timed. With Q in
-                         # registers ptxas spills 32 B at head 128 (the second consumer at 216 registers:
-                         # one Q fragment, reloaded before each S = Q K^T); "pairs-smemq" reads Q from
-                         # shared memory and spills nothing
-                         "pairs": dataclasses.replace(GLUON_PREFILL_CONFIG, paired=True, num_stages=6,
-                                                      consumer_regs=216),
+                         # the default with the mask-free tiles taken in pairs (128 keys a softmax step from a
+                         # ring of six 64-key slots) and Q read from shared memory: level with the default on
+                         # the H200 (1240 against 1258 us at S=8192, 98.7 against 98.9 at 2048, 0.95x on an
+                         # extend). With Q in registers ptxas spilled 32 B at head 128 (216 registers for the
+                         # second consumer is all the register file leaves) and it ran 0.92-0.94x; removed
                          "pairs-smemq": dataclasses.replace(GLUON_PREFILL_CONFIG, paired=True, num_stages=6,
                                                             q_in_regs=False),
                          "0": GLUON_OFF}
