@@ -28,6 +28,11 @@ and engine flags of ``run_vllm_e2e.py`` (the vLLM-on-GPU runner; ``--runner``, d
   ptxas: docs/vllm.md). The last step must
   hold the whole batch: with chunked prompts (``--max-num-batched-tokens`` under B x L) the
   first chunks' sequences finish first and the last steps hold fewer.
+* prompts (``--prompts L,...``): one-token requests of an L-token prompt, one after another
+  (``--prompt-requests`` of them, after two warm-ups), the first token's path that TTFT times:
+  wall time a request unprofiled and profiled, the kernels' busy time (union of their
+  intervals) and per kernel GPU time a request. Wall minus busy is the time the GPU waited on
+  the host (scheduling, metadata, launches of the eager attention between the piecewise graphs).
 * traffic (``--traffic N``): N requests of unequal lengths (prompts 64-4096, outputs 16-512, the
   runner's distribution, its own seed), once unprofiled for the wall time, then profiled: per
   kernel GPU time, the kernels' busy time (union of their intervals) and the share of it in
@@ -35,6 +40,7 @@ and engine flags of ``run_vllm_e2e.py`` (the vLLM-on-GPU runner; ``--runner``, d
   with attention free, the run could go at most busy / (busy - attention) faster.
 
     python3 scripts/vllm_profile.py --backends CUSTOM,FLASH_ATTN --points 64x2048 --traffic 96
+    python3 scripts/vllm_profile.py --backends CUSTOM,FLASH_ATTN --model-config mistral-7b --prompts 500
 
 Writes ``$OUT/vllm_profile.json`` (every kernel) and prints a short table per backend last.
 """
@@ -79,6 +85,8 @@ def parse_args(argv=None):
     p.add_argument("--decode-steps", type=int, default=64)
     p.add_argument("--replay", type=int, default=0, help="calls of the replayed layer per variant (0: none)")
     p.add_argument("--traffic", type=int, default=0, help="requests of the profiled traffic run (0: none)")
+    p.add_argument("--prompts", default="", help="prompt lengths L,... of profiled one-token requests")
+    p.add_argument("--prompt-requests", type=int, default=10, help="one-token requests timed a prompt length")
     p.add_argument("--per-backend-timeout", type=float, default=300.0)
     p.add_argument("--top", type=int, default=12, help="kernels printed per workload")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
@@ -419,6 +427,26 @@ def run_child(own, e2e, args) -> dict:
         print(f"{backend} {B}x{L}: attention {point['attention_us']} us of {point['kernel_us']} us a step",
               flush=True)
 
+    res["prompts"] = []
+    for L in own.prompts:
+        n = own.prompt_requests
+        for _ in range(2):  # warm-up at this length
+            generate(prompts(1, L), greedy(1))
+        batches = [prompts(1, L) for _ in range(2 * n)]  # built outside the timed part
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        for ps in batches[:n]:
+            generate(ps, greedy(1))
+        wall = time.perf_counter() - t
+        _, prof = profiled(lambda: [generate(ps, greedy(1)) for ps in batches[n:]], tmp, "prompt")
+        point = dict(prompt_len=L, requests=n, wall_us_per_request=round(wall * 1e6 / n, 1),
+                     wall_us_per_request_profiled=round(prof["wall_us"] / n, 1),
+                     busy_us_per_request=round(prof["busy_us"] / n, 1))
+        point.update(summarize(prof["kernels"], 1.0 / n))
+        res["prompts"].append(point)
+        print(f"{backend} prompt {L}: wall {point['wall_us_per_request']} us, busy {point['busy_us_per_request']} us, "
+              f"attention {point['attention_us']} us a request", flush=True)
+
     if own.traffic:
         def traffic(seed):
             r = random.Random(seed)
@@ -451,6 +479,7 @@ def main():
     own, rest = parse_args()
     e2e = load_runner(own.runner)
     own.points = e2e.parse_grid(own.points)
+    own.prompts = [int(x) for x in own.prompts.split(",") if x.strip()]
     args = runner_args(e2e, own, rest)
     if own.child:
         try:
@@ -471,7 +500,7 @@ def main():
     tmp = tempfile.mkdtemp(prefix="vllm_profile_")
     model_dir = e2e.write_model_dir(tmp, name, cfg)
     plugin_dir = e2e.write_plugin_dir(tmp)
-    meta = dict(model=name, points=own.points, decode_steps=own.decode_steps, traffic=own.traffic,
+    meta = dict(model=name, points=own.points, prompts=own.prompts, decode_steps=own.decode_steps, traffic=own.traffic,
                 max_model_len=e2e.max_model_len(args), max_num_batched_tokens=e2e.max_num_batched_tokens(args),
                 project_commit=e2e.git_commit(e2e.project_root(args)), attention_kernels=ATTENTION.pattern)
     results = {}
@@ -481,6 +510,7 @@ def main():
         cmd = [sys.executable, os.path.abspath(__file__), "--child", backend, "--result-file", result_file,
                "--model-dir", model_dir, "--runner", os.path.abspath(own.runner),
                "--decode-steps", str(own.decode_steps), "--traffic", str(own.traffic), "--replay", str(own.replay),
+               "--prompts", ",".join(map(str, own.prompts)), "--prompt-requests", str(own.prompt_requests),
                "--points", ",".join(f"{b}x{l}" for b, l in own.points)] + rest
         log = os.path.join(args.out, f"vllm_profile_{backend}.log")
         t0 = time.perf_counter()
@@ -516,6 +546,12 @@ def main():
                 for b in replay.get("persistent_kernel_builds", []):
                     print(f"    build: regs {b['n_regs']} spills {b['n_spills']} warps {b['num_warps']} stages "
                           f"{b['num_stages']} maxnreg {b['maxnreg']} shared {b['shared']} sha {b['binary_sha1']}")
+        for point in r.get("prompts", []):
+            print(f"\n{backend} one-token request, {point['prompt_len']}-token prompt: us a request (wall "
+                  f"{point['wall_us_per_request']}, profiled {point['wall_us_per_request_profiled']}, busy "
+                  f"{point['busy_us_per_request']}, kernels {point['kernel_us']}, attention {point['attention_us']})")
+            for k, (us, n) in list(point["kernels"].items())[:own.top]:
+                print(f"  {us:9.1f} {n:6.1f}  {'A ' if is_attention(k) else '  '}{k[:90]}")
         tr = r.get("traffic")
         if tr:
             print(f"\n{backend} traffic {tr['requests']} requests: wall {tr['wall_us'] / 1e6:.3f} s, busy "
