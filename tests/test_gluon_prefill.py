@@ -43,7 +43,8 @@ PIPELINED = GLUON_PREFILL_CONFIGS["pipelined"]  # the two 64-row halves in one c
 SPLIT = GLUON_PREFILL_CONFIGS["split"]  # the two 64-row halves in two consumer partitions
 OVERLAP = GluonPrefillConfig(split_consumers=True, overlap=True)  # and P V beside the next softmax
 SMEMQ = GLUON_PREFILL_CONFIGS["smemq"]  # the default with Q read from shared memory by each S = Q K^T
-PAIRS_SMEMQ = GLUON_PREFILL_CONFIGS["pairs-smemq"]  # mask-free tiles two at a time, Q read from shared memory
+PAIRS = GLUON_PREFILL_CONFIGS["pairs"]  # the default with the mask-free tiles two at a time
+PAIRS_SMEMQ = GLUON_PREFILL_CONFIGS["pairs-smemq"]  # and Q read from shared memory
 
 
 # ---------------------------------------------------------------------------------------------
@@ -82,6 +83,8 @@ PAIRS_SMEMQ = GLUON_PREFILL_CONFIGS["pairs-smemq"]  # mask-free tiles two at a t
         pytest.param(16, torch.bfloat16, True, PAIRS_SMEMQ, 64, True,
                      id="page16-bf16-lse-head64-pairs-smemq-modifiers"),
         pytest.param(16, torch.bfloat16, True, PAIRS_SMEMQ, 256, False, id="page16-bf16-lse-head256-pairs-smemq"),
+        pytest.param(16, torch.bfloat16, True, PAIRS, 128, False, id="page16-bf16-lse-pairs"),
+        pytest.param(16, torch.float16, False, PAIRS, 128, True, id="page16-fp16-pairs-modifiers"),
         pytest.param(16, torch.bfloat16, True, GLUON_PREFILL_CONFIGS["stages4"], 128, False,
                      id="page16-bf16-lse-stages4"),
         pytest.param(64, torch.float16, False, GLUON_PREFILL_CONFIGS["stages5"], 128, True,
@@ -124,7 +127,7 @@ def _args(dtype=torch.bfloat16, cache_dtype=None, head_size=128, page_size=16, n
 
 def test_gluon_prefill_variable_picks_the_config(monkeypatch):
     """PAGEDATTN_PREFILL_GLUON: 1 the default config, split / pipelined / serial / groups / lagged /
-    stages4 / stages5 / smemq / pairs-smemq the kept variants, 0 off, anything else (or unset) the automatic
+    stages4 / stages5 / smemq / pairs / pairs-smemq the kept variants, 0 off, anything else (or unset) the automatic
     rule; read at each call."""
     monkeypatch.delenv(GLUON_PREFILL_ENV, raising=False)
     assert gluon_prefill_requested() is None
@@ -136,6 +139,8 @@ def test_gluon_prefill_variable_picks_the_config(monkeypatch):
                           ("stages4", dataclasses.replace(default, num_stages=4)),
                           ("stages5", dataclasses.replace(default, num_stages=5)),
                           ("smemq", OVERLAP),
+                          ("pairs", dataclasses.replace(default, paired=True, num_stages=6, producer_regs=56,
+                                                        consumer_regs=224)),
                           ("pairs-smemq", dataclasses.replace(OVERLAP, paired=True, num_stages=6)),
                           ("0", GLUON_OFF), ("yes", None)):
         monkeypatch.setenv(GLUON_PREFILL_ENV, value)
@@ -147,6 +152,7 @@ def test_gluon_prefill_variable_picks_the_config(monkeypatch):
     assert SMEMQ.for_head(256) == dataclasses.replace(OVERLAP, block_n=32)
     # pairs need six 64-key slots of 64 KB: past head 128 the ring is three slots of 32 keys, singly
     assert GLUON_PREFILL_CONFIGS["stages5"].for_head(256) == dataclasses.replace(OVERLAP, block_n=32)
+    assert PAIRS.for_head(256) == dataclasses.replace(OVERLAP, block_n=32, producer_regs=56, consumer_regs=224)
     assert PAIRS_SMEMQ.for_head(256) == dataclasses.replace(OVERLAP, block_n=32)
 
 
@@ -387,7 +393,7 @@ def test_gluon_prefill_single_sequence_gpu(calls, seq_len, heads, block_size, dt
 @needs_gluon
 @needs_sm90
 @pytest.mark.parametrize("variant", ["1", "split", "pipelined", "m64", "serial", "groups", "lagged", "stages4",
-                                     "stages5", "smemq", "pairs-smemq"])
+                                     "stages5", "smemq", "pairs", "pairs-smemq"])
 @pytest.mark.parametrize("block_size", [16, 64, 256], ids=lambda n: f"page{n}")
 def test_gluon_prefill_extend_gpu(calls, block_size, variant):
     """Extends: 128 and 300 queries over 2000 keys, queries that start mid-page, a Q tile that
@@ -511,7 +517,7 @@ MODIFIER_CASES = {
 @pytest.mark.gpu
 @needs_gluon
 @needs_sm90
-@pytest.mark.parametrize("variant", ["1", "serial", "smemq", "pairs-smemq", "lagged", "stages5"])
+@pytest.mark.parametrize("variant", ["1", "serial", "smemq", "pairs", "pairs-smemq", "lagged", "stages5"])
 @pytest.mark.parametrize("case", list(MODIFIER_CASES))
 def test_gluon_prefill_score_modifiers_gpu(calls, case, variant):
     """The score modifiers the kernel computes, asked for with PAGEDATTN_PREFILL_GLUON: a prompt

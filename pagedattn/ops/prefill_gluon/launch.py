@@ -129,10 +129,15 @@ GLUON_PREFILL_CONFIGS = {"1": GLUON_PREFILL_CONFIG, "split": GluonPrefillConfig(
                          # the default with the mask-free tiles taken in pairs (128 keys a softmax step from a
                          # ring of six 64-key slots) and Q read from shared memory: level with the default on
                          # the H200 (1240 against 1258 us at S=8192, 98.7 against 98.9 at 2048, 0.95x on an
-                         # extend). With Q in registers ptxas spilled 32 B at head 128 (216 registers for the
-                         # second consumer is all the register file leaves) and it ran 0.92-0.94x; removed
+                         # extend)
                          "pairs-smemq": dataclasses.replace(GLUON_PREFILL_CONFIG, paired=True, num_stages=6,
                                                             q_in_regs=False),
+                         # the same with Q in registers. With the producer at 64 registers the second consumer
+                         # gets 216, and ptxas spilled one Q fragment (32 B at head 128; it ran 0.92-0.94x the
+                         # default on the H200); the producer at 56 leaves it 224: no spills at 16-token pages
+                         # (the producer spills 12 B at 64 and more); compiled for sm90, not yet timed
+                         "pairs": dataclasses.replace(GLUON_PREFILL_CONFIG, paired=True, num_stages=6, producer_regs=56,
+                                                      consumer_regs=224),
                          "0": GLUON_OFF}
 # the automatic rule's floor: below it the tl kernel was as fast on the H200 (a 512-token prefill:
 # 16.8 against 16.6 us), above it the Gluon kernel was faster (2048: 99.6 against 103.9 us; 4 x 512
