@@ -3,9 +3,10 @@ a broken backend is caught.
 
 Each backend runs in a fresh process (tests/vllm_logprobs.py) on a small model with random
 weights (Llama's shape with grouped heads; Mistral's, one sliding window on every layer; Gemma-2's,
-windowed and global layers in turn with a logit cap and its own scale; DeepSeek's latent
-attention at 16 and at 128 heads: the portable and, on sm90, the Gluon MLA decode kernel),
-eager. Per prompt token and per decode step (top-20 log-probabilities, while the greedy tokens
+windowed and global layers in turn with a logit cap and its own scale; GPT-OSS's, windowed and
+global layers in turn with a sink logit a head, its MoE through vLLM's fused-MoE kernels;
+DeepSeek's latent attention at 16 and at 128 heads: the portable and, on sm90, the Gluon MLA
+decode kernel), eager. Per prompt token and per decode step (top-20 log-probabilities, while the greedy tokens
 agree) the largest difference from a reference backend is taken. vLLM's two reference backends
 differ from each other by some amount ``d_ref`` (bf16 kernels that round differently); pagedattn
 must stay within ``max(2 d_ref, FLOOR)`` of the first, and pagedattn with its softmax scale
@@ -77,9 +78,11 @@ def _difference(a: dict, b: dict) -> tuple[float, int]:
     return worst, steps
 
 
-@pytest.fixture(scope="module", params=["llama", "mistral", "gemma2", "deepseek", "deepseek-128"])
+@pytest.fixture(scope="module", params=["llama", "mistral", "gemma2", "gpt-oss", "deepseek", "deepseek-128"])
 def case(request, tmp_path_factory):
     kind = request.param
+    if kind == "gpt-oss" and not any((pathlib.Path(SITE) / "vllm").glob("_moe_C*")):
+        pytest.skip("vLLM was installed without its fused-MoE kernels (../shared/vllm-gpu: fetch_wheels.sh --with-moe)")
     model_dir = tmp_path_factory.mktemp(kind)
     proc = _worker("make", str(model_dir), "--kind", kind)
     assert proc.returncode == 0, proc.stderr[-4000:]

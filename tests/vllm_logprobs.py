@@ -25,7 +25,7 @@ PROMPT_LENS = (5, 37, 130, 300)
 DECODE_TOKENS = 24
 TOP_LOGPROBS = 20
 VOCAB = 512
-KINDS = ("llama", "mistral", "gemma2", "deepseek", "deepseek-128")
+KINDS = ("llama", "mistral", "gemma2", "gpt-oss", "deepseek", "deepseek-128")
 KV_CACHE_BYTES = 1 << 30  # two layers of 1024 tokens need a few MB (MLA at 128 heads included)
 WINDOW = 64  # keys of the sliding windows: the two longer prompts pass it
 
@@ -49,6 +49,17 @@ def make(model_dir: str, kind: str) -> None:
         config = transformers.Gemma2Config(sliding_window=WINDOW, layer_types=["sliding_attention", "full_attention"],
                                            query_pre_attn_scalar=48, attn_logit_softcapping=5.0, **heads, **common)
         model = transformers.Gemma2ForCausalLM(config)
+    elif kind == "gpt-oss":
+        # GPT-OSS's attention: windowed and global layers in turn, head 64, a learned sink logit a
+        # head; its MoE (4 experts, 2 a token, bf16) runs vLLM's fused-MoE kernels. The sinks are
+        # drawn with std 2, near the random scores' spread, so that each takes a real share of the
+        # softmax (the initializer's 0.1 would leave them hardly felt)
+        config = transformers.GptOssConfig(sliding_window=WINDOW, num_local_experts=4, num_experts_per_tok=2,
+                                           layer_types=["sliding_attention", "full_attention"], **heads, **common)
+        model = transformers.GptOssForCausalLM(config)
+        with torch.no_grad():
+            for layer in model.model.layers:
+                layer.self_attn.sinks.normal_(0.0, 2.0)
     else:  # DeepSeek-V2's attention shape (512 + 64 latent, 128 + 64 heads), dense MLPs only: 16 heads
         # as V2-Lite (the portable decode kernel), or 128 as V3 and Kimi K2 (heads in whole 64-row
         # CTAs: on sm90 the warp-specialized Gluon decode kernel)
