@@ -91,6 +91,10 @@ PAIRS_SMEMQ = GLUON_PREFILL_CONFIGS["pairs-smemq"]  # and Q read from shared mem
                      id="page64-fp16-stages5-modifiers"),
         pytest.param(16, torch.bfloat16, True, GLUON_PREFILL_CONFIGS["stages5"], 64, False,
                      id="page16-bf16-lse-head64-stages5"),
+        pytest.param(16, torch.bfloat16, True, GLUON_PREFILL_CONFIGS["idsfirst"], 128, True,
+                     id="page16-bf16-lse-idsfirst-modifiers"),
+        pytest.param(64, torch.float16, False, GLUON_PREFILL_CONFIGS["idsfirst"], 64, False,
+                     id="page64-fp16-head64-idsfirst"),
     ],
 )
 def test_gluon_prefill_compiles_for_sm90(page_size, dtype, return_lse, config, head_size, modifiers):
@@ -127,8 +131,8 @@ def _args(dtype=torch.bfloat16, cache_dtype=None, head_size=128, page_size=16, n
 
 def test_gluon_prefill_variable_picks_the_config(monkeypatch):
     """PAGEDATTN_PREFILL_GLUON: 1 the default config, split / pipelined / serial / groups / lagged /
-    stages4 / stages5 / smemq / pairs / pairs-smemq the kept variants, 0 off, anything else (or unset) the automatic
-    rule; read at each call."""
+    stages4 / stages5 / idsfirst / smemq / pairs / pairs-smemq the kept variants, 0 off, anything
+    else (or unset) the automatic rule; read at each call."""
     monkeypatch.delenv(GLUON_PREFILL_ENV, raising=False)
     assert gluon_prefill_requested() is None
     default = dataclasses.replace(OVERLAP, q_in_regs=True)
@@ -138,6 +142,7 @@ def test_gluon_prefill_variable_picks_the_config(monkeypatch):
                           ("lagged", dataclasses.replace(default, group_signal=True, lagged_signal=True, num_stages=4)),
                           ("stages4", dataclasses.replace(default, num_stages=4)),
                           ("stages5", dataclasses.replace(default, num_stages=5)),
+                          ("idsfirst", dataclasses.replace(default, ids_first=True)),
                           ("smemq", OVERLAP),
                           ("pairs", dataclasses.replace(default, paired=True, num_stages=6, producer_regs=56,
                                                         consumer_regs=224)),
@@ -393,13 +398,14 @@ def test_gluon_prefill_single_sequence_gpu(calls, seq_len, heads, block_size, dt
 @needs_gluon
 @needs_sm90
 @pytest.mark.parametrize("variant", ["1", "split", "pipelined", "m64", "serial", "groups", "lagged", "stages4",
-                                     "stages5", "smemq", "pairs", "pairs-smemq"])
+                                     "stages5", "idsfirst", "smemq", "pairs", "pairs-smemq"])
 @pytest.mark.parametrize("block_size", [16, 64, 256], ids=lambda n: f"page{n}")
 def test_gluon_prefill_extend_gpu(calls, block_size, variant):
     """Extends: 128 and 300 queries over 2000 keys, queries that start mid-page, a Q tile that
     ends mid-tile; 64- and 128-row tiles, the serial loop, the pipelined one and the overlapped
     one, one consumer partition and two, the producer signalling through commit groups (at once
-    and one tile late), rings of 3, 4 and 5 tiles, Q in registers (the default) and read from
+    and one tile late), rings of 3, 4 and 5 tiles, block ids loaded before or after the slot
+    wait, Q in registers (the default) and read from
     shared memory, the mask-free tiles singly and in pairs (odd and even counts of them)."""
     if variant != "m64":
         require_first_call(variant)

@@ -492,6 +492,7 @@ GLUON_VARIANT_COLUMNS = {
     "lagged": "copies signalled a tile late, ring of 4",
     "stages4": "ring of 4 tiles",
     "stages5": "ring of 5 tiles",
+    "idsfirst": "block ids loaded before the slot wait",
     "pairs": "mask-free key tiles in pairs",
     "pairs-smemq": "tiles in pairs, Q from shared memory",
 }

@@ -72,12 +72,15 @@ from pagedattn.ops.common.gluon_math import LOG2E, finalize_rows, max_combine, s
 def _producer(k_cache_ptr, v_cache_ptr, bt_row_ptr, k_bufs, v_bufs, k_ready, v_ready, kv_empty,
               kv_head, t_lo, n_tiles, kv_hi, num_blocks, max_blocks_per_seq, stride_c_b, stride_c_s, stride_c_h,
               HEAD: gl.constexpr, PAGE_SIZE: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
-              PRODUCER_WARPS: gl.constexpr, GROUP_SIGNAL: gl.constexpr):
+              PRODUCER_WARPS: gl.constexpr, GROUP_SIGNAL: gl.constexpr, IDS_FIRST: gl.constexpr):
     """Gather K and V tiles [BLOCK_N, HEAD] page by page into the ring (see the module docstring).
     GROUP_SIGNAL 1: each tile's copies are waited for (``wait_group``) and fenced, then one arrive
     of the partition (ConSan's form; one tile in flight). GROUP_SIGNAL 2: the same one tile late,
     so two tiles' copies are in flight: tile j - 1 is waited for, fenced and signalled after tile
-    j's copies are issued (the last tile after the loop); the consumers then need no fence."""
+    j's copies are issued (the last tile after the loop); the consumers then need no fence.
+    IDS_FIRST: a tile's block ids are loaded before the wait for its slot, so that their global
+    load runs while the slot drains instead of after it (the slot's refill is then the copies'
+    latency alone)."""
     # 16 bytes a thread, HEAD // 8 threads across a row
     COL_THREADS: gl.constexpr = HEAD // 8
     cp_l: gl.constexpr = gl.BlockedLayout([1, 8], [32 // COL_THREADS, COL_THREADS], [PRODUCER_WARPS, 1], [1, 0])
@@ -93,12 +96,15 @@ def _producer(k_cache_ptr, v_cache_ptr, bt_row_ptr, k_bufs, v_bufs, k_ready, v_r
         j = i - t_lo  # the tile's place in the ring's sequence
         slot = j % NUM_STAGES
         ph = (j // NUM_STAGES) & 1
-        mbarrier.wait(kv_empty.index(slot), ph ^ 1)
+        if not IDS_FIRST:
+            mbarrier.wait(kv_empty.index(slot), ph ^ 1)
         k_pos = i * BLOCK_N + offs_n
         page_idx = k_pos // PAGE_SIZE
         in_range = k_pos < kv_hi
         # one block id per key row (the rows of a page read the same id: L1 hits)
         page = gl.load(bt_row_ptr + page_idx, mask=in_range & (page_idx < max_blocks_per_seq), other=-1)
+        if IDS_FIRST:
+            mbarrier.wait(kv_empty.index(slot), ph ^ 1)
         ok = in_range & (page >= 0) & (page < num_blocks)
         if not SLOT_FIXED:
             in_page = (k_pos % PAGE_SIZE) * stride_c_s + kv_head * stride_c_h
@@ -527,7 +533,7 @@ def prefill_gluon_kernel(
     NUM_QUERIES_PER_KV: gl.constexpr, HEAD: gl.constexpr, PAGE_SIZE: gl.constexpr, BLOCK_N: gl.constexpr,
     NUM_STAGES: gl.constexpr, PRODUCER_WARPS: gl.constexpr, PRODUCER_REGS: gl.constexpr, PIPELINED: gl.constexpr,
     OVERLAP: gl.constexpr, NUM_CONSUMERS: gl.constexpr, CONSUMER_REGS: gl.constexpr, GROUP_SIGNAL: gl.constexpr,
-    Q_IN_REGS: gl.constexpr, PAIRED: gl.constexpr,
+    Q_IN_REGS: gl.constexpr, PAIRED: gl.constexpr, IDS_FIRST: gl.constexpr,
     USE_SOFTCAP: gl.constexpr, ALIBI_MODE: gl.constexpr, USE_WINDOW: gl.constexpr, HAS_PREFIX: gl.constexpr,
 ):
     """out = softmax(scale * q k^T + causal mask) v for one Q tile of one head (see the module docstring),
@@ -599,7 +605,7 @@ def prefill_gluon_kernel(
                          PIPELINED, OVERLAP, PAIRED, Q_IN_REGS, FEATURES, CONSUMER_FENCE)),
             (_producer, (k_cache_ptr, v_cache_ptr, bt_row_ptr, k_bufs, v_bufs, k_ready, v_ready, kv_empty, kv_head,
                          t_lo, n_tiles, kv_hi, num_blocks, max_blocks_per_seq, stride_c_b, stride_c_s, stride_c_h,
-                         HEAD, PAGE_SIZE, BLOCK_N, NUM_STAGES, PRODUCER_WARPS, GROUP_SIGNAL)),
+                         HEAD, PAGE_SIZE, BLOCK_N, NUM_STAGES, PRODUCER_WARPS, GROUP_SIGNAL, IDS_FIRST)),
         ], [PRODUCER_WARPS], [PRODUCER_REGS])
     else:
         # both halves walk every tile of the whole tile's range (the ring's protocol), the mask
@@ -612,7 +618,7 @@ def prefill_gluon_kernel(
                          CONSUMER_FENCE)),
             (_producer, (k_cache_ptr, v_cache_ptr, bt_row_ptr, k_bufs, v_bufs, k_ready, v_ready, kv_empty, kv_head,
                          t_lo, n_tiles, kv_hi, num_blocks, max_blocks_per_seq, stride_c_b, stride_c_s, stride_c_h,
-                         HEAD, PAGE_SIZE, BLOCK_N, NUM_STAGES, PRODUCER_WARPS, GROUP_SIGNAL)),
+                         HEAD, PAGE_SIZE, BLOCK_N, NUM_STAGES, PRODUCER_WARPS, GROUP_SIGNAL, IDS_FIRST)),
             (_consumer, (q_smem.slice(WG_ROWS, WG_ROWS), k_bufs, v_bufs, k_ready, v_ready, kv_empty, out_ptr,
                          lse_ptr, stride_o_t, stride_o_h, stride_lse_t, stride_lse_h, head, q_start, q_len,
                          row_lo + WG_ROWS, context_len, num_tokens, t_lo, t_mid_lo, t_mid_hi, n_tiles, scale, mods,

@@ -69,6 +69,7 @@ class GluonPrefillConfig:
     lagged_signal: bool = False  # with group_signal: two tiles in flight; the producer fences, not the consumers
     q_in_regs: bool = False  # Q as the register A operand of S = Q K^T (heads up to 128)
     paired: bool = False  # mask-free key tiles two at a time: one softmax step and O rescale a pair (overlap)
+    ids_first: bool = False  # the producer loads a tile's block ids before it waits for the tile's slot
 
     def for_head(self, head_size: int) -> "GluonPrefillConfig":
         """This config at ``head_size``: past head 128 the key tile is 32 keys. At head 256 and 64
@@ -124,6 +125,9 @@ GLUON_PREFILL_CONFIGS = {"1": GLUON_PREFILL_CONFIG, "split": GluonPrefillConfig(
                          # memory at head 128, no spills); compiled for sm90, not yet timed
                          "stages4": dataclasses.replace(GLUON_PREFILL_CONFIG, num_stages=4),
                          "stages5": dataclasses.replace(GLUON_PREFILL_CONFIG, num_stages=5),
+                         # the default with each tile's block ids loaded while its slot drains (a refill is
+                         # then the copies' latency alone); compiled for sm90, not yet timed
+                         "idsfirst": dataclasses.replace(GLUON_PREFILL_CONFIG, ids_first=True),
                          # the default with Q read from shared memory by every S = Q K^T
                          "smemq": dataclasses.replace(GLUON_PREFILL_CONFIG, q_in_regs=False),
                          # the default with the mask-free tiles taken in pairs (128 keys a softmax step from a
@@ -277,6 +281,7 @@ def launch_prefill_gluon(
            PRODUCER_REGS=config.producer_regs, PIPELINED=config.pipelined, OVERLAP=config.overlap,
            NUM_CONSUMERS=config.num_consumers, CONSUMER_REGS=config.consumer_regs,
            GROUP_SIGNAL=config.ring_signal, Q_IN_REGS=config.q_in_regs, PAIRED=config.paired and config.overlap,
+           IDS_FIRST=config.ids_first,
            USE_SOFTCAP=bool(a.softcap),
            ALIBI_MODE=int(a.alibi_mode),
            USE_WINDOW=bool(a.sliding_window and a.sliding_window > 0), HAS_PREFIX=pr is not None,
