@@ -95,6 +95,11 @@ PAIRS_SMEMQ = GLUON_PREFILL_CONFIGS["pairs-smemq"]  # and Q read from shared mem
                      id="page16-bf16-lse-idsfirst-modifiers"),
         pytest.param(64, torch.float16, False, GLUON_PREFILL_CONFIGS["idsfirst"], 64, False,
                      id="page64-fp16-head64-idsfirst"),
+        pytest.param(16, torch.bfloat16, True, GLUON_PREFILL_CONFIGS["tma"], 128, True,
+                     id="page16-bf16-lse-tma-modifiers"),
+        pytest.param(16, torch.float16, False, GLUON_PREFILL_CONFIGS["tma"], 64, False, id="page16-fp16-head64-tma"),
+        pytest.param(256, torch.bfloat16, False, GLUON_PREFILL_CONFIGS["tma"], 128, False, id="page256-bf16-tma"),
+        pytest.param(16, torch.bfloat16, False, GLUON_PREFILL_CONFIGS["tma"], 256, False, id="page16-bf16-head256-tma"),
     ],
 )
 def test_gluon_prefill_compiles_for_sm90(page_size, dtype, return_lse, config, head_size, modifiers):
@@ -131,7 +136,7 @@ def _args(dtype=torch.bfloat16, cache_dtype=None, head_size=128, page_size=16, n
 
 def test_gluon_prefill_variable_picks_the_config(monkeypatch):
     """PAGEDATTN_PREFILL_GLUON: 1 the default config, split / pipelined / serial / groups / lagged /
-    stages4 / stages5 / idsfirst / smemq / pairs / pairs-smemq the kept variants, 0 off, anything
+    stages4 / stages5 / idsfirst / tma / smemq / pairs / pairs-smemq the kept variants, 0 off, anything
     else (or unset) the automatic rule; read at each call."""
     monkeypatch.delenv(GLUON_PREFILL_ENV, raising=False)
     assert gluon_prefill_requested() is None
@@ -143,6 +148,7 @@ def test_gluon_prefill_variable_picks_the_config(monkeypatch):
                           ("stages4", dataclasses.replace(default, num_stages=4)),
                           ("stages5", dataclasses.replace(default, num_stages=5)),
                           ("idsfirst", dataclasses.replace(default, ids_first=True)),
+                          ("tma", dataclasses.replace(default, group_signal=True, tma=True)),
                           ("smemq", OVERLAP),
                           ("pairs", dataclasses.replace(default, paired=True, num_stages=6, producer_regs=56,
                                                         consumer_regs=224)),
@@ -157,6 +163,8 @@ def test_gluon_prefill_variable_picks_the_config(monkeypatch):
     assert SMEMQ.for_head(256) == dataclasses.replace(OVERLAP, block_n=32)
     # pairs need six 64-key slots of 64 KB: past head 128 the ring is three slots of 32 keys, singly
     assert GLUON_PREFILL_CONFIGS["stages5"].for_head(256) == dataclasses.replace(OVERLAP, block_n=32)
+    # TMA boxes of 64 columns are taken at heads 64 and 128 only: past them the copies are cp.async
+    assert GLUON_PREFILL_CONFIGS["tma"].for_head(256) == dataclasses.replace(OVERLAP, block_n=32, group_signal=True)
     assert PAIRS.for_head(256) == dataclasses.replace(OVERLAP, block_n=32, producer_regs=56, consumer_regs=224)
     assert PAIRS_SMEMQ.for_head(256) == dataclasses.replace(OVERLAP, block_n=32)
 
@@ -398,14 +406,14 @@ def test_gluon_prefill_single_sequence_gpu(calls, seq_len, heads, block_size, dt
 @needs_gluon
 @needs_sm90
 @pytest.mark.parametrize("variant", ["1", "split", "pipelined", "m64", "serial", "groups", "lagged", "stages4",
-                                     "stages5", "idsfirst", "smemq", "pairs", "pairs-smemq"])
+                                     "stages5", "idsfirst", "tma", "smemq", "pairs", "pairs-smemq"])
 @pytest.mark.parametrize("block_size", [16, 64, 256], ids=lambda n: f"page{n}")
 def test_gluon_prefill_extend_gpu(calls, block_size, variant):
     """Extends: 128 and 300 queries over 2000 keys, queries that start mid-page, a Q tile that
     ends mid-tile; 64- and 128-row tiles, the serial loop, the pipelined one and the overlapped
     one, one consumer partition and two, the producer signalling through commit groups (at once
     and one tile late), rings of 3, 4 and 5 tiles, block ids loaded before or after the slot
-    wait, Q in registers (the default) and read from
+    wait, the copies by TMA (and the tile at the range's end by cp.async), Q in registers (the default) and read from
     shared memory, the mask-free tiles singly and in pairs (odd and even counts of them)."""
     if variant != "m64":
         require_first_call(variant)
@@ -436,8 +444,11 @@ def test_gluon_prefill_among_decodes_gpu(calls, head_size):
 @pytest.mark.gpu
 @needs_gluon
 @needs_sm90
-def test_gluon_prefill_cache_past_int32_offsets_gpu(calls):
+@pytest.mark.parametrize("variant", ["1", "tma"])
+def test_gluon_prefill_cache_past_int32_offsets_gpu(calls, variant):
     # [num_blocks, 16, 8, 128] bf16 past 2**31 elements (> 4 GiB a cache); the batch uses the top blocks
+    require_first_call(variant)
+    calls.config = GLUON_PREFILL_CONFIGS[variant]
     num_blocks = 2**31 // (16 * 8 * 128) + 64
     batch = make_batch([(300, 1000), (200, 200)], num_blocks=num_blocks, seed=9)
     assert batch.k_cache.numel() > 2**31
@@ -471,10 +482,13 @@ def test_gluon_prefill_path_taken_gpu(calls, monkeypatch):
 @pytest.mark.gpu
 @needs_gluon
 @needs_sm90
-def test_gluon_prefill_bad_block_id_inside_a_sequence_gpu(calls):
+@pytest.mark.parametrize("variant", ["1", "tma"])
+def test_gluon_prefill_bad_block_id_inside_a_sequence_gpu(calls, variant):
     """A block id outside the cache inside a sequence (a caller's bug, not validated on a GPU):
-    nothing outside the cache is read (its keys are zero-filled), no NaN reaches the output,
-    and the other sequence is exact."""
+    nothing outside the cache is read (its keys are zero-filled: masked copies, or TMA boxes out
+    of the descriptor's bounds), no NaN reaches the output, and the other sequence is exact."""
+    require_first_call(variant)
+    calls.config = GLUON_PREFILL_CONFIGS[variant]
     batch = make_batch([(300, 300), (200, 500)], block_size=16, seed=21)
     ref_out, ref_lse = paged_attention_ref(*batch.args())
     batch.block_table[0, 3] = -1
@@ -523,12 +537,14 @@ MODIFIER_CASES = {
 @pytest.mark.gpu
 @needs_gluon
 @needs_sm90
-@pytest.mark.parametrize("variant", ["1", "serial", "smemq", "pairs", "pairs-smemq", "lagged", "stages5"])
+@pytest.mark.parametrize("variant", ["1", "serial", "smemq", "pairs", "pairs-smemq", "lagged", "stages5", "tma"])
 @pytest.mark.parametrize("case", list(MODIFIER_CASES))
 def test_gluon_prefill_score_modifiers_gpu(calls, case, variant):
     """The score modifiers the kernel computes, asked for with PAGEDATTN_PREFILL_GLUON: a prompt
     and two extends over longer contexts (tiles before the window, at its edge, in its middle,
     on the diagonal and past it inside a prefix range), against the float64 reference."""
+    if variant != "1":
+        require_first_call(variant)
     calls.config = GLUON_PREFILL_CONFIGS[variant]
     spec = dict(MODIFIER_CASES[case])
     num_q_heads = 32
@@ -577,7 +593,7 @@ assert len(launches) == 2, launches
 @pytest.mark.gpu
 @needs_gluon
 @needs_sm90
-@pytest.mark.parametrize("variant", ["groups", "lagged"])
+@pytest.mark.parametrize("variant", ["groups", "lagged", "tma"])
 def test_gluon_prefill_ring_protocol_under_consan_gpu(tmp_path, variant):
     """Triton's concurrency sanitizer over the Gluon prefill's ring (an extend at page 16, every
     score modifier at page 64), in a fresh process with its own kernel cache: no race between

@@ -493,6 +493,7 @@ GLUON_VARIANT_COLUMNS = {
     "stages4": "ring of 4 tiles",
     "stages5": "ring of 5 tiles",
     "idsfirst": "block ids loaded before the slot wait",
+    "tma": "K and V copied by TMA",
     "pairs": "mask-free key tiles in pairs",
     "pairs-smemq": "tiles in pairs, Q from shared memory",
 }

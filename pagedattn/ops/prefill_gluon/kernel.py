@@ -21,7 +21,8 @@ Q tile of every head and sequence first). Two partitions (``gl.warp_specialize``
   ``k_pos > q_pos``. At the end it normalizes and stores out (q's dtype) and lse;
 * the producer, PRODUCER_WARPS warps with few registers: for each key tile, the block ids of its
   keys through the table, then one cp.async per 16 bytes of K and of V into ring slot
-  ``i % NUM_STAGES``.
+  ``i % NUM_STAGES``; with TMA_BOX (the ``tma`` config), one thread issues a TMA box per page
+  and 64 columns instead, for every tile whose keys all lie before the range's end.
 
 Queries are loaded once (plain loads, rows past the sequence read as zeros) and stored into
 shared memory by the default warps before the partitions fork.
@@ -34,6 +35,9 @@ Barrier protocol (per ring slot s; i is the key tile, ``ph = (i // NUM_STAGES) &
   in shared memory. The consumer waits ``(k_ready[s], ph)`` before ``S = Q K^T`` and
   ``(v_ready[s], ph)`` before ``O += P V``, each followed by ``fence.proxy.async`` (cp.async
   writes through the generic proxy, wgmma reads through the async proxy).
+* with GROUP_SIGNAL the ready barriers count one arrival: the producer waits for the tile's
+  cp.async groups, fences and arrives once (``_signal_landed``); a TMA tile's arrival is the
+  ``expect`` of its bytes, and the phase completes when the boxes have landed.
 * ``kv_empty[s]``, count 1: the consumer arrives once (the arrive is lowered as a partition-wide
   barrier, then one thread) after both wgmma of tile i are waited for, so no warpgroup still
   reads K or V of slot s. The producer waits ``(kv_empty[s], ph ^ 1)`` before refilling slot s:
@@ -60,6 +64,7 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     mbarrier,
+    tma,
     warpgroup_mma,
     warpgroup_mma_wait,
 )
@@ -69,10 +74,11 @@ from pagedattn.ops.common.gluon_math import LOG2E, finalize_rows, max_combine, s
 
 
 @gluon.jit
-def _producer(k_cache_ptr, v_cache_ptr, bt_row_ptr, k_bufs, v_bufs, k_ready, v_ready, kv_empty,
+def _producer(k_cache_ptr, v_cache_ptr, k_desc, v_desc, bt_row_ptr, k_bufs, v_bufs, k_ready, v_ready, kv_empty,
               kv_head, t_lo, n_tiles, kv_hi, num_blocks, max_blocks_per_seq, stride_c_b, stride_c_s, stride_c_h,
               HEAD: gl.constexpr, PAGE_SIZE: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
-              PRODUCER_WARPS: gl.constexpr, GROUP_SIGNAL: gl.constexpr, IDS_FIRST: gl.constexpr):
+              PRODUCER_WARPS: gl.constexpr, GROUP_SIGNAL: gl.constexpr, IDS_FIRST: gl.constexpr,
+              TMA_BOX: gl.constexpr):
     """Gather K and V tiles [BLOCK_N, HEAD] page by page into the ring (see the module docstring).
     GROUP_SIGNAL 1: each tile's copies are waited for (``wait_group``) and fenced, then one arrive
     of the partition (ConSan's form; one tile in flight). GROUP_SIGNAL 2: the same one tile late,
@@ -80,7 +86,10 @@ def _producer(k_cache_ptr, v_cache_ptr, bt_row_ptr, k_bufs, v_bufs, k_ready, v_r
     j's copies are issued (the last tile after the loop); the consumers then need no fence.
     IDS_FIRST: a tile's block ids are loaded before the wait for its slot, so that their global
     load runs while the slot drains instead of after it (the slot's refill is then the copies'
-    latency alone)."""
+    latency alone). TMA_BOX > 0 (with GROUP_SIGNAL 1): a tile whose keys all lie before kv_hi is
+    copied by TMA through the host descriptors ``k_desc`` / ``v_desc`` (``_copy_tile_tma``), the
+    one tile that reaches kv_hi by the masked cp.async copies, so that no key past the range is
+    read."""
     # 16 bytes a thread, HEAD // 8 threads across a row
     COL_THREADS: gl.constexpr = HEAD // 8
     cp_l: gl.constexpr = gl.BlockedLayout([1, 8], [32 // COL_THREADS, COL_THREADS], [PRODUCER_WARPS, 1], [1, 0])
@@ -89,44 +98,97 @@ def _producer(k_cache_ptr, v_cache_ptr, bt_row_ptr, k_bufs, v_bufs, k_ready, v_r
     # offsets inside a page fit in int32, the page's own offset may not. When pages divide
     # BLOCK_N, a key's slot in its page is the same in every tile (tiles start at multiples of
     # BLOCK_N) and is computed once; a page longer than a tile puts tile i at slot
-    # (i * BLOCK_N) % PAGE_SIZE of its page, so the slot is taken per tile.
-    SLOT_FIXED: gl.constexpr = BLOCK_N % PAGE_SIZE == 0
+    # (i * BLOCK_N) % PAGE_SIZE of its page, so ``_copy_tile`` takes the slot per tile.
     in_page = (offs_n % PAGE_SIZE) * stride_c_s + kv_head * stride_c_h
+    if TMA_BOX:
+        gl.static_assert(GROUP_SIGNAL == 1, "TMA tiles complete on the ready barriers' one arrival")
+        # the ring seen as TMA boxes of TMA_BOX keys x 64 columns: a [BLOCK_N, HEAD] slot of the
+        # 128-byte swizzled layout is HEAD // 64 column blocks of BLOCK_N rows of 128 bytes, one
+        # after the other (the layout the wgmma descriptors read)
+        box_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128,
+                                                        element_bitwidth=k_bufs.dtype.primitive_bitwidth, rank=4)
+        BOXES: gl.constexpr = NUM_STAGES * (HEAD // 64) * (BLOCK_N // TMA_BOX)
+        k_boxes = k_bufs._reinterpret(k_bufs.dtype, [BOXES, 1, TMA_BOX, 1, 64], box_layout)
+        v_boxes = v_bufs._reinterpret(v_bufs.dtype, [BOXES, 1, TMA_BOX, 1, 64], box_layout)
     for i in range(t_lo, n_tiles):
         j = i - t_lo  # the tile's place in the ring's sequence
         slot = j % NUM_STAGES
         ph = (j // NUM_STAGES) & 1
-        if not IDS_FIRST:
-            mbarrier.wait(kv_empty.index(slot), ph ^ 1)
-        k_pos = i * BLOCK_N + offs_n
-        page_idx = k_pos // PAGE_SIZE
-        in_range = k_pos < kv_hi
-        # one block id per key row (the rows of a page read the same id: L1 hits)
-        page = gl.load(bt_row_ptr + page_idx, mask=in_range & (page_idx < max_blocks_per_seq), other=-1)
-        if IDS_FIRST:
-            mbarrier.wait(kv_empty.index(slot), ph ^ 1)
-        ok = in_range & (page >= 0) & (page < num_blocks)
-        if not SLOT_FIXED:
-            in_page = (k_pos % PAGE_SIZE) * stride_c_s + kv_head * stride_c_h
-        row = gl.where(ok, page.to(gl.int64) * stride_c_b + in_page, 0)
-        offs = row[:, None] + offs_d[None, :]  # [BLOCK_N, HEAD]
-        cp.async_copy_global_to_shared(k_bufs.index(slot), k_cache_ptr + offs, mask=ok[:, None])
-        if GROUP_SIGNAL:
-            cp.commit_group()
+        if TMA_BOX:
+            if (i + 1) * BLOCK_N <= kv_hi:
+                mbarrier.wait(kv_empty.index(slot), ph ^ 1)
+                _copy_tile_tma(k_desc, k_boxes, k_ready.index(slot), bt_row_ptr, i, slot, kv_head, HEAD, PAGE_SIZE,
+                               BLOCK_N, TMA_BOX)
+                _copy_tile_tma(v_desc, v_boxes, v_ready.index(slot), bt_row_ptr, i, slot, kv_head, HEAD, PAGE_SIZE,
+                               BLOCK_N, TMA_BOX)
+            else:
+                _copy_tile(k_cache_ptr, v_cache_ptr, bt_row_ptr, k_bufs, v_bufs, k_ready, v_ready, kv_empty, i, j, slot,
+                           ph, offs_n, offs_d, in_page, kv_head, kv_hi, num_blocks, max_blocks_per_seq, stride_c_b,
+                           stride_c_s, stride_c_h, PAGE_SIZE, BLOCK_N, NUM_STAGES, GROUP_SIGNAL, IDS_FIRST)
         else:
-            cp.mbarrier_arrive(k_ready.index(slot), increment_count=False)
-        cp.async_copy_global_to_shared(v_bufs.index(slot), v_cache_ptr + offs, mask=ok[:, None])
-        if GROUP_SIGNAL:
-            cp.commit_group()
-            if GROUP_SIGNAL == 1:  # this tile's groups, the only ones in flight
-                _signal_landed(k_ready, v_ready, slot, 0)
-            elif j > 0:  # the groups in flight: tile j - 1's K and V, then tile j's
-                _signal_landed(k_ready, v_ready, (j - 1) % NUM_STAGES, 2)
-        else:
-            cp.mbarrier_arrive(v_ready.index(slot), increment_count=False)
+            _copy_tile(k_cache_ptr, v_cache_ptr, bt_row_ptr, k_bufs, v_bufs, k_ready, v_ready, kv_empty, i, j, slot, ph,
+                       offs_n, offs_d, in_page, kv_head, kv_hi, num_blocks, max_blocks_per_seq, stride_c_b, stride_c_s,
+                       stride_c_h, PAGE_SIZE, BLOCK_N, NUM_STAGES, GROUP_SIGNAL, IDS_FIRST)
     if GROUP_SIGNAL == 2:
         if n_tiles > t_lo:
             _signal_landed(k_ready, v_ready, (n_tiles - 1 - t_lo) % NUM_STAGES, 0)
+
+
+@gluon.jit
+def _copy_tile(k_cache_ptr, v_cache_ptr, bt_row_ptr, k_bufs, v_bufs, k_ready, v_ready, kv_empty, i, j, slot, ph,
+               offs_n, offs_d, in_page, kv_head, kv_hi, num_blocks, max_blocks_per_seq, stride_c_b, stride_c_s,
+               stride_c_h, PAGE_SIZE: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
+               GROUP_SIGNAL: gl.constexpr, IDS_FIRST: gl.constexpr):
+    """Key tile i (the j-th of the ring's sequence) into ring slot ``slot`` by masked cp.async
+    copies of the producer's threads, signalled as GROUP_SIGNAL says (``_producer``). ``in_page``:
+    the rows' offsets inside their pages, when pages divide BLOCK_N (else taken here per tile)."""
+    if not IDS_FIRST:
+        mbarrier.wait(kv_empty.index(slot), ph ^ 1)
+    k_pos = i * BLOCK_N + offs_n
+    page_idx = k_pos // PAGE_SIZE
+    in_range = k_pos < kv_hi
+    # one block id per key row (the rows of a page read the same id: L1 hits)
+    page = gl.load(bt_row_ptr + page_idx, mask=in_range & (page_idx < max_blocks_per_seq), other=-1)
+    if IDS_FIRST:
+        mbarrier.wait(kv_empty.index(slot), ph ^ 1)
+    ok = in_range & (page >= 0) & (page < num_blocks)
+    if BLOCK_N % PAGE_SIZE != 0:
+        in_page = (k_pos % PAGE_SIZE) * stride_c_s + kv_head * stride_c_h
+    row = gl.where(ok, page.to(gl.int64) * stride_c_b + in_page, 0)
+    offs = row[:, None] + offs_d[None, :]  # [BLOCK_N, HEAD]
+    cp.async_copy_global_to_shared(k_bufs.index(slot), k_cache_ptr + offs, mask=ok[:, None])
+    if GROUP_SIGNAL:
+        cp.commit_group()
+    else:
+        cp.mbarrier_arrive(k_ready.index(slot), increment_count=False)
+    cp.async_copy_global_to_shared(v_bufs.index(slot), v_cache_ptr + offs, mask=ok[:, None])
+    if GROUP_SIGNAL:
+        cp.commit_group()
+        if GROUP_SIGNAL == 1:  # this tile's groups, the only ones in flight
+            _signal_landed(k_ready, v_ready, slot, 0)
+        elif j > 0:  # the groups in flight: tile j - 1's K and V, then tile j's
+            _signal_landed(k_ready, v_ready, (j - 1) % NUM_STAGES, 2)
+    else:
+        cp.mbarrier_arrive(v_ready.index(slot), increment_count=False)
+
+
+@gluon.jit
+def _copy_tile_tma(desc, boxes, ready, bt_row_ptr, i, slot, kv_head, HEAD: gl.constexpr, PAGE_SIZE: gl.constexpr,
+                   BLOCK_N: gl.constexpr, TMA_BOX: gl.constexpr):
+    """Key tile i of the cache ``desc`` ([num_blocks, PAGE_SIZE, num_kv_heads, HEAD], boxes of
+    [1, TMA_BOX, 1, 64]) into ring slot ``slot`` by TMA: per page of the tile (or the tile's part
+    of a longer page) one box per 64 columns, all completing on ``ready``, whose expected bytes
+    are set first (its one arrival). A block id outside the cache puts the box out of bounds, and
+    TMA fills it with zeros, as the masked copies do."""
+    PIECES: gl.constexpr = BLOCK_N // TMA_BOX
+    HALVES: gl.constexpr = HEAD // 64
+    mbarrier.expect(ready, BLOCK_N * HEAD * boxes.dtype.primitive_bitwidth // 8)
+    for p in gl.static_range(PIECES):
+        key = i * BLOCK_N + p * TMA_BOX
+        page = gl.load(bt_row_ptr + key // PAGE_SIZE)
+        for h in gl.static_range(HALVES):
+            tma.async_copy_global_to_shared(desc, [page, key % PAGE_SIZE, kv_head, h * 64], ready,
+                                            boxes.index((slot * HALVES + h) * PIECES + p))
 
 
 @gluon.jit
@@ -523,6 +585,7 @@ def prefill_gluon_kernel(
     lse_ptr,  # [num_tokens, num_q_heads] fp32, or None
     q_ptr,  # [num_tokens, num_q_heads, HEAD]
     k_cache_ptr, v_cache_ptr,  # [num_blocks, PAGE_SIZE, num_kv_heads, HEAD], the same strides
+    k_desc, v_desc,  # host TMA descriptors over the two caches (TMA_BOX > 0), else the caches again
     block_table_ptr, seq_lens_ptr, query_start_loc_ptr,  # [num_seqs, max_blocks_per_seq], [num_seqs], [num_seqs + 1]
     alibi_slopes_ptr, sinks_ptr,  # [num_q_heads] each, or None
     prefix_ranges_ptr,  # [num_seqs, num_prefix_ranges, 2] int32, or None
@@ -533,7 +596,7 @@ def prefill_gluon_kernel(
     NUM_QUERIES_PER_KV: gl.constexpr, HEAD: gl.constexpr, PAGE_SIZE: gl.constexpr, BLOCK_N: gl.constexpr,
     NUM_STAGES: gl.constexpr, PRODUCER_WARPS: gl.constexpr, PRODUCER_REGS: gl.constexpr, PIPELINED: gl.constexpr,
     OVERLAP: gl.constexpr, NUM_CONSUMERS: gl.constexpr, CONSUMER_REGS: gl.constexpr, GROUP_SIGNAL: gl.constexpr,
-    Q_IN_REGS: gl.constexpr, PAIRED: gl.constexpr, IDS_FIRST: gl.constexpr,
+    Q_IN_REGS: gl.constexpr, PAIRED: gl.constexpr, IDS_FIRST: gl.constexpr, TMA_BOX: gl.constexpr,
     USE_SOFTCAP: gl.constexpr, ALIBI_MODE: gl.constexpr, USE_WINDOW: gl.constexpr, HAS_PREFIX: gl.constexpr,
 ):
     """out = softmax(scale * q k^T + causal mask) v for one Q tile of one head (see the module docstring),
@@ -590,7 +653,8 @@ def prefill_gluon_kernel(
     READY_ARRIVALS: gl.constexpr = 1 if GROUP_SIGNAL else 32 * PRODUCER_WARPS
     # the consumers fence the async proxy after each ring wait unless the producer fenced its
     # copies before signalling them (GROUP_SIGNAL 2; 1 keeps both fences, the form ConSan ran)
-    CONSUMER_FENCE: gl.constexpr = GROUP_SIGNAL != 2
+    # or TMA writes the ring (through the async proxy; its cp.async tail tiles signal as GROUP_SIGNAL 1)
+    CONSUMER_FENCE: gl.constexpr = (GROUP_SIGNAL != 2) & (TMA_BOX == 0)
     k_ready, v_ready, kv_empty = _ring_barriers(NUM_STAGES, READY_ARRIVALS, NUM_CONSUMERS)
     fence_async_shared()  # the queries and the barriers' initialization, before any async-proxy use
 
@@ -603,9 +667,10 @@ def prefill_gluon_kernel(
                          stride_lse_t, stride_lse_h, head, q_start, q_len, row_lo, context_len, num_tokens, t_lo,
                          t_mid_lo, t_mid_hi, n_tiles, scale, mods, sink_log2, WG_ROWS, BLOCK_N, NUM_STAGES, NUM_WARPS,
                          PIPELINED, OVERLAP, PAIRED, Q_IN_REGS, FEATURES, CONSUMER_FENCE)),
-            (_producer, (k_cache_ptr, v_cache_ptr, bt_row_ptr, k_bufs, v_bufs, k_ready, v_ready, kv_empty, kv_head,
-                         t_lo, n_tiles, kv_hi, num_blocks, max_blocks_per_seq, stride_c_b, stride_c_s, stride_c_h,
-                         HEAD, PAGE_SIZE, BLOCK_N, NUM_STAGES, PRODUCER_WARPS, GROUP_SIGNAL, IDS_FIRST)),
+            (_producer, (k_cache_ptr, v_cache_ptr, k_desc, v_desc, bt_row_ptr, k_bufs, v_bufs, k_ready, v_ready,
+                         kv_empty, kv_head, t_lo, n_tiles, kv_hi, num_blocks, max_blocks_per_seq, stride_c_b,
+                         stride_c_s, stride_c_h, HEAD, PAGE_SIZE, BLOCK_N, NUM_STAGES, PRODUCER_WARPS, GROUP_SIGNAL,
+                         IDS_FIRST, TMA_BOX)),
         ], [PRODUCER_WARPS], [PRODUCER_REGS])
     else:
         # both halves walk every tile of the whole tile's range (the ring's protocol), the mask
@@ -616,9 +681,10 @@ def prefill_gluon_kernel(
                          context_len, num_tokens, t_lo, t_mid_lo, t_mid_hi, n_tiles, scale, mods, sink_log2, WG_ROWS,
                          BLOCK_N, NUM_STAGES, NUM_WARPS, PIPELINED, OVERLAP, PAIRED, Q_IN_REGS, FEATURES,
                          CONSUMER_FENCE)),
-            (_producer, (k_cache_ptr, v_cache_ptr, bt_row_ptr, k_bufs, v_bufs, k_ready, v_ready, kv_empty, kv_head,
-                         t_lo, n_tiles, kv_hi, num_blocks, max_blocks_per_seq, stride_c_b, stride_c_s, stride_c_h,
-                         HEAD, PAGE_SIZE, BLOCK_N, NUM_STAGES, PRODUCER_WARPS, GROUP_SIGNAL, IDS_FIRST)),
+            (_producer, (k_cache_ptr, v_cache_ptr, k_desc, v_desc, bt_row_ptr, k_bufs, v_bufs, k_ready, v_ready,
+                         kv_empty, kv_head, t_lo, n_tiles, kv_hi, num_blocks, max_blocks_per_seq, stride_c_b,
+                         stride_c_s, stride_c_h, HEAD, PAGE_SIZE, BLOCK_N, NUM_STAGES, PRODUCER_WARPS, GROUP_SIGNAL,
+                         IDS_FIRST, TMA_BOX)),
             (_consumer, (q_smem.slice(WG_ROWS, WG_ROWS), k_bufs, v_bufs, k_ready, v_ready, kv_empty, out_ptr,
                          lse_ptr, stride_o_t, stride_o_h, stride_lse_t, stride_lse_h, head, q_start, q_len,
                          row_lo + WG_ROWS, context_len, num_tokens, t_lo, t_mid_lo, t_mid_hi, n_tiles, scale, mods,

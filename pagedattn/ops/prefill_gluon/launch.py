@@ -70,6 +70,7 @@ class GluonPrefillConfig:
     q_in_regs: bool = False  # Q as the register A operand of S = Q K^T (heads up to 128)
     paired: bool = False  # mask-free key tiles two at a time: one softmax step and O rescale a pair (overlap)
     ids_first: bool = False  # the producer loads a tile's block ids before it waits for the tile's slot
+    tma: bool = False  # with group_signal: tiles of keys all before the range's end copied by TMA, a box a page
 
     def for_head(self, head_size: int) -> "GluonPrefillConfig":
         """This config at ``head_size``: past head 128 the key tile is 32 keys. At head 256 and 64
@@ -79,9 +80,9 @@ class GluonPrefillConfig:
         4-8 B (207 / 206 / 56 registers; with the second consumer at 224 and the producer at 56
         still 4-8 B: not register pressure). Q stays in shared memory past head 128 (in
         registers it would take 64 more a thread)."""
-        if head_size > 128 and (self.block_n > 32 or self.q_in_regs or self.paired):
+        if head_size > 128 and (self.block_n > 32 or self.q_in_regs or self.paired or self.tma):
             return dataclasses.replace(self, block_n=min(self.block_n, 32), q_in_regs=False, paired=False,
-                                       num_stages=min(self.num_stages, 3))
+                                       num_stages=min(self.num_stages, 3), tma=False)
         return self
 
     @property
@@ -128,6 +129,12 @@ GLUON_PREFILL_CONFIGS = {"1": GLUON_PREFILL_CONFIG, "split": GluonPrefillConfig(
                          # the default with each tile's block ids loaded while its slot drains (a refill is
                          # then the copies' latency alone); compiled for sm90, not yet timed
                          "idsfirst": dataclasses.replace(GLUON_PREFILL_CONFIG, ids_first=True),
+                         # the default with the producer's copies by TMA (one thread issues a box of a page's
+                         # keys x 64 columns, where 128 threads issue 16 cp.async each and their addresses),
+                         # and the consumers without their proxy fences; the tile that reaches the range's
+                         # end keeps the masked cp.async copies (signalled as "groups"); heads 64 and 128;
+                         # compiled for sm90, not yet run on a GPU
+                         "tma": dataclasses.replace(GLUON_PREFILL_CONFIG, group_signal=True, tma=True),
                          # the default with Q read from shared memory by every S = Q K^T
                          "smemq": dataclasses.replace(GLUON_PREFILL_CONFIG, q_in_regs=False),
                          # the default with the mask-free tiles taken in pairs (128 keys a softmax step from a
@@ -236,6 +243,18 @@ def use_gluon_prefill(a: AttentionArgs, max_query_len: int) -> GluonPrefillConfi
     return config if gluon_prefill_supported(a, max_query_len, config) is None else None
 
 
+def _page_descriptor(cache: torch.Tensor, box: int):
+    """A host TMA descriptor over a paged cache ``[num_blocks, page, num_kv_heads, head]`` (its
+    own strides, 16-byte aligned as ``gluon_prefill_supported`` checked) with boxes of ``box``
+    keys of one head x 64 columns, 128 bytes: the swizzle width of the ring's layout. A block id
+    outside ``[0, num_blocks)`` is out of the descriptor's bounds, which TMA fills with zeros."""
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    layout = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=cache.element_size() * 8, rank=4)
+    return TensorDescriptor(cache, list(cache.shape), list(cache.stride()), [1, box, 1, 64], layout)
+
+
 def launch_prefill_gluon(
     out: torch.Tensor,
     lse: torch.Tensor | None,
@@ -263,6 +282,10 @@ def launch_prefill_gluon(
         return
     num_q_heads = q.shape[1]
     grid = (num_q_heads, end - first, cdiv(max_query_len, config.block_m))  # the tl kernel's launch order
+    tma_box, k_desc, v_desc = 0, k, v
+    if config.tma:
+        tma_box = min(k.shape[1], config.block_n)  # a page, or a tile's part of a longer page
+        k_desc, v_desc = _page_descriptor(k, tma_box), _page_descriptor(v, tma_box)
     launch(kernel, grid,
            out_ptr=out, lse_ptr=lse, q_ptr=q, k_cache_ptr=k, v_cache_ptr=v, block_table_ptr=a.block_table,
            seq_lens_ptr=a.seq_lens, query_start_loc_ptr=a.query_start_loc,
@@ -281,7 +304,7 @@ def launch_prefill_gluon(
            PRODUCER_REGS=config.producer_regs, PIPELINED=config.pipelined, OVERLAP=config.overlap,
            NUM_CONSUMERS=config.num_consumers, CONSUMER_REGS=config.consumer_regs,
            GROUP_SIGNAL=config.ring_signal, Q_IN_REGS=config.q_in_regs, PAIRED=config.paired and config.overlap,
-           IDS_FIRST=config.ids_first,
+           IDS_FIRST=config.ids_first, TMA_BOX=tma_box, k_desc=k_desc, v_desc=v_desc,
            USE_SOFTCAP=bool(a.softcap),
            ALIBI_MODE=int(a.alibi_mode),
            USE_WINDOW=bool(a.sliding_window and a.sliding_window > 0), HAS_PREFIX=pr is not None,
