@@ -609,8 +609,13 @@ def test_gluon_prefill_ring_protocol_under_consan_gpu(tmp_path, variant):
 @pytest.mark.gpu
 @needs_gluon
 @needs_sm90
-def test_gluon_prefill_cuda_graph_gpu(calls):
-    """With max_query_len / max_seq_len and a plan the call replays its tape and can be captured."""
+@pytest.mark.parametrize("variant", ["1", "tma"])
+def test_gluon_prefill_cuda_graph_gpu(calls, variant):
+    """With max_query_len / max_seq_len and a plan the call replays its tape and can be captured
+    (``tma``: its host descriptors are encoded into the captured launch; no tape replays it)."""
+    if variant != "1":
+        require_first_call(variant)
+    calls.config = GLUON_PREFILL_CONFIGS[variant]
     batch = make_batch([(400, 1200), (1, 300)], seed=13)
     q = batch.q
     plan = plan_attention(batch.query_start_loc, batch.seq_lens, num_q_heads=q.shape[1],
