@@ -117,10 +117,10 @@ def _producer(k_cache_ptr, v_cache_ptr, k_desc, v_desc, bt_row_ptr, k_bufs, v_bu
         if TMA_BOX:
             if (i + 1) * BLOCK_N <= kv_hi:
                 mbarrier.wait(kv_empty.index(slot), ph ^ 1)
-                _copy_tile_tma(k_desc, k_boxes, k_ready.index(slot), bt_row_ptr, i, slot, kv_head, HEAD, PAGE_SIZE,
-                               BLOCK_N, TMA_BOX)
-                _copy_tile_tma(v_desc, v_boxes, v_ready.index(slot), bt_row_ptr, i, slot, kv_head, HEAD, PAGE_SIZE,
-                               BLOCK_N, TMA_BOX)
+                _copy_tile_tma(k_desc, k_boxes, k_ready.index(slot), bt_row_ptr, max_blocks_per_seq, i, slot, kv_head,
+                               HEAD, PAGE_SIZE, BLOCK_N, TMA_BOX)
+                _copy_tile_tma(v_desc, v_boxes, v_ready.index(slot), bt_row_ptr, max_blocks_per_seq, i, slot, kv_head,
+                               HEAD, PAGE_SIZE, BLOCK_N, TMA_BOX)
             else:
                 _copy_tile(k_cache_ptr, v_cache_ptr, bt_row_ptr, k_bufs, v_bufs, k_ready, v_ready, kv_empty, i, j, slot,
                            ph, offs_n, offs_d, in_page, kv_head, kv_hi, num_blocks, max_blocks_per_seq, stride_c_b,
@@ -173,19 +173,21 @@ def _copy_tile(k_cache_ptr, v_cache_ptr, bt_row_ptr, k_bufs, v_bufs, k_ready, v_
 
 
 @gluon.jit
-def _copy_tile_tma(desc, boxes, ready, bt_row_ptr, i, slot, kv_head, HEAD: gl.constexpr, PAGE_SIZE: gl.constexpr,
-                   BLOCK_N: gl.constexpr, TMA_BOX: gl.constexpr):
+def _copy_tile_tma(desc, boxes, ready, bt_row_ptr, max_blocks_per_seq, i, slot, kv_head, HEAD: gl.constexpr,
+                   PAGE_SIZE: gl.constexpr, BLOCK_N: gl.constexpr, TMA_BOX: gl.constexpr):
     """Key tile i of the cache ``desc`` ([num_blocks, PAGE_SIZE, num_kv_heads, HEAD], boxes of
     [1, TMA_BOX, 1, 64]) into ring slot ``slot`` by TMA: per page of the tile (or the tile's part
     of a longer page) one box per 64 columns, all completing on ``ready``, whose expected bytes
-    are set first (its one arrival). A block id outside the cache puts the box out of bounds, and
-    TMA fills it with zeros, as the masked copies do."""
+    are set first (its one arrival). A block id outside the cache (or a page past the table's
+    row, read as -1) puts the box out of bounds, and TMA fills it with zeros, as the masked
+    copies do."""
     PIECES: gl.constexpr = BLOCK_N // TMA_BOX
     HALVES: gl.constexpr = HEAD // 64
     mbarrier.expect(ready, BLOCK_N * HEAD * boxes.dtype.primitive_bitwidth // 8)
     for p in gl.static_range(PIECES):
         key = i * BLOCK_N + p * TMA_BOX
-        page = gl.load(bt_row_ptr + key // PAGE_SIZE)
+        page_idx = key // PAGE_SIZE
+        page = gl.load(bt_row_ptr + page_idx, mask=page_idx < max_blocks_per_seq, other=-1)
         for h in gl.static_range(HALVES):
             tma.async_copy_global_to_shared(desc, [page, key % PAGE_SIZE, kv_head, h * 64], ready,
                                             boxes.index((slot * HALVES + h) * PIECES + p))
