@@ -271,3 +271,35 @@ def test_compile_ahead_skips_what_it_cannot_or_need_not_compile(monkeypatch):
         compiled.clear()
         assert launching.compile_ahead(launched, jobs=jobs) == 3
         assert compiled == [(grid, kwargs) for _, grid, kwargs in launched[:3]]
+
+
+@pytest.mark.parametrize("kind", ["triton", "gluon"])
+def test_replay_rebuilds_a_host_descriptor_over_the_new_tensor(guard_kind, kind):
+    """A recorded host TMA descriptor over a caller's tensor is passed again over the replay's
+    tensor: the same class, shape, strides, box and (Gluon's) shared layout, the new address."""
+    cache = torch.randn(6, 16, 2, 64)
+    if kind == "triton":
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        desc = TensorDescriptor(cache, list(cache.shape), list(cache.stride()), [1, 16, 1, 64])
+    else:
+        gluon = pytest.importorskip("triton.experimental.gluon.nvidia.hopper")
+        from triton.experimental.gluon import language as gl
+
+        layout = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=4)
+        desc = gluon.TensorDescriptor(cache, list(cache.shape), list(cache.stride()), [1, 16, 1, 64], layout)
+    assert isinstance(desc, launching._descriptor_types())
+    form = launching._DescriptorLayout.of(desc)
+    calls = []
+    tape = Tape((cache,))
+    with tape:
+        launching._RECORDING.get()._ops.append(_stand_in_launch(calls, [0, 3], [(0, -1, 0, 0, form)]))
+    other = torch.randn(6, 16, 2, 64)
+    assert tape.replay((other,)) is True
+    (args,) = calls
+    rebuilt = args[4]
+    assert type(rebuilt) is type(desc) and rebuilt.base.data_ptr() == other.data_ptr() and args[5] == 3
+    assert (rebuilt.shape, rebuilt.strides, rebuilt.block_shape, rebuilt.padding) == (
+        desc.shape, desc.strides, desc.block_shape, desc.padding)
+    assert getattr(rebuilt, "layout", None) == getattr(desc, "layout", None)
+

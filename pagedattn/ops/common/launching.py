@@ -19,8 +19,8 @@ missing, the generated code compares the layouts in Python.
 What a replay may reuse: tensors that are not the caller's (plan workspaces, a device copy of a
 float scale) stay as recorded (passed as their addresses, the tape keeping them alive), so they
 must be the same on every call with that key. A host
-tensor descriptor over a caller's tensor is rebuilt over the replay's tensor with the recorded
-shape and box. On the interpreter nothing is compiled, and a tape records nothing (``usable``
+tensor descriptor (Triton's, or Gluon's with its box's shared layout) over a caller's tensor is
+rebuilt over the replay's tensor with the recorded shape and box. On the interpreter nothing is compiled, and a tape records nothing (``usable``
 stays False).
 """
 
@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 
 import torch
 from triton.tools.tensor_descriptor import TensorDescriptor
@@ -288,12 +289,11 @@ class Tape:
                     continue
                 members = v if isinstance(v, tuple) else (v,)
                 for j, m in enumerate(members):
-                    if isinstance(m, TensorDescriptor):  # rebuilt over the replay's tensor
+                    if isinstance(m, _descriptor_types()):  # rebuilt over the replay's tensor
                         s = self._slot(m.base)
                         if s is None:
                             raise _NotReplayable
-                        slots.append((i, j if isinstance(v, tuple) else -1, s[0], s[1],
-                                      _DescriptorLayout(m.base.dtype, m.shape, m.strides, m.block_shape, m.padding)))
+                        slots.append((i, j if isinstance(v, tuple) else -1, s[0], s[1], _DescriptorLayout.of(m)))
                     elif isinstance(m, torch.Tensor):
                         s = self._slot(m)
                         if s is not None:
@@ -334,21 +334,40 @@ class _Address:
         return self.ptr
 
 
+@functools.lru_cache(maxsize=None)
+def _descriptor_types() -> tuple:
+    """The host tensor descriptor classes a tape rebuilds: Triton's, and Gluon's (which also
+    carries the shared-memory layout of its box) where this Triton has Gluon."""
+    try:
+        from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonTensorDescriptor
+    except ImportError:
+        return (TensorDescriptor,)
+    return (TensorDescriptor, GluonTensorDescriptor)
+
+
 class _DescriptorLayout:
-    """A host tensor descriptor's layout, recorded; ``over(ptr)`` is the same descriptor over the
-    tensor at ``ptr``, which the launcher encodes into a TMA descriptor at each launch, as it does
-    for descriptors built per call."""
+    """A host tensor descriptor's layout, recorded; ``over(ptr)`` is the same descriptor (of the
+    same class; a Gluon one keeps its box's shared layout) over the tensor at ``ptr``, which the
+    launcher encodes into a TMA descriptor at each launch, as it does for descriptors built per
+    call."""
 
-    __slots__ = ("dtype", "shape", "strides", "block_shape", "padding")
+    __slots__ = ("cls", "dtype", "shape", "strides", "block_shape", "padding", "layout")
 
-    def __init__(self, dtype, shape, strides, block_shape, padding):
-        self.dtype, self.shape, self.strides = dtype, list(shape), list(strides)
-        self.block_shape, self.padding = list(block_shape), padding
+    def __init__(self, dtype, shape, strides, block_shape, padding, cls=TensorDescriptor, layout=None):
+        self.cls, self.dtype, self.shape, self.strides = cls, dtype, list(shape), list(strides)
+        self.block_shape, self.padding, self.layout = list(block_shape), padding, layout
+
+    @classmethod
+    def of(cls, desc) -> "_DescriptorLayout":
+        return cls(desc.base.dtype, desc.shape, desc.strides, desc.block_shape, desc.padding, type(desc),
+                   getattr(desc, "layout", None))
 
     def over(self, ptr: int):
-        desc = object.__new__(TensorDescriptor)  # the checks of __post_init__ passed when recorded
+        desc = object.__new__(self.cls)  # the checks of __post_init__ passed when recorded
         desc.base, desc.shape, desc.strides = _Address(ptr, self.dtype), self.shape, self.strides
         desc.block_shape, desc.padding = self.block_shape, self.padding
+        if self.layout is not None:
+            desc.layout = self.layout
         return desc
 
 
