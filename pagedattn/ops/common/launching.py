@@ -18,10 +18,10 @@ missing, the generated code compares the layouts in Python.
 
 What a replay may reuse: tensors that are not the caller's (plan workspaces, a device copy of a
 float scale) stay as recorded (passed as their addresses, the tape keeping them alive), so they
-must be the same on every call with that key. A host
-tensor descriptor (Triton's, or Gluon's with its box's shared layout) over a caller's tensor is
-rebuilt over the replay's tensor with the recorded shape and box. On the interpreter nothing is compiled, and a tape records nothing (``usable``
-stays False).
+must be the same on every call with that key. A host tensor descriptor (Triton's, or Gluon's
+with its box's shared layout) over a caller's tensor is rebuilt over the replay's tensor with the
+recorded shape and box. On the interpreter nothing is compiled, and a tape records nothing
+(``usable`` stays False).
 """
 
 from __future__ import annotations
