@@ -612,7 +612,7 @@ def test_gluon_prefill_ring_protocol_under_consan_gpu(tmp_path, variant):
 @pytest.mark.parametrize("variant", ["1", "tma"])
 def test_gluon_prefill_cuda_graph_gpu(calls, variant):
     """With max_query_len / max_seq_len and a plan the call replays its tape and can be captured
-    (``tma``: its host descriptors are encoded into the captured launch; no tape replays it)."""
+    (``tma``: the tape rebuilds its host descriptors, which the captured launch encodes)."""
     if variant != "1":
         require_first_call(variant)
     calls.config = GLUON_PREFILL_CONFIGS[variant]
