@@ -114,17 +114,12 @@ def _producer(k_cache_ptr, v_cache_ptr, k_desc, v_desc, bt_row_ptr, k_bufs, v_bu
         j = i - t_lo  # the tile's place in the ring's sequence
         slot = j % NUM_STAGES
         ph = (j // NUM_STAGES) & 1
-        if TMA_BOX:
-            if (i + 1) * BLOCK_N <= kv_hi:
-                mbarrier.wait(kv_empty.index(slot), ph ^ 1)
-                _copy_tile_tma(k_desc, k_boxes, k_ready.index(slot), bt_row_ptr, max_blocks_per_seq, i, slot, kv_head,
-                               HEAD, PAGE_SIZE, BLOCK_N, TMA_BOX)
-                _copy_tile_tma(v_desc, v_boxes, v_ready.index(slot), bt_row_ptr, max_blocks_per_seq, i, slot, kv_head,
-                               HEAD, PAGE_SIZE, BLOCK_N, TMA_BOX)
-            else:
-                _copy_tile(k_cache_ptr, v_cache_ptr, bt_row_ptr, k_bufs, v_bufs, k_ready, v_ready, kv_empty, i, j, slot,
-                           ph, offs_n, offs_d, in_page, kv_head, kv_hi, num_blocks, max_blocks_per_seq, stride_c_b,
-                           stride_c_s, stride_c_h, PAGE_SIZE, BLOCK_N, NUM_STAGES, GROUP_SIGNAL, IDS_FIRST)
+        if TMA_BOX and (i + 1) * BLOCK_N <= kv_hi:  # without TMA_BOX the JIT drops this branch unseen
+            mbarrier.wait(kv_empty.index(slot), ph ^ 1)
+            _copy_tile_tma(k_desc, k_boxes, k_ready.index(slot), bt_row_ptr, max_blocks_per_seq, i, slot, kv_head,
+                           HEAD, PAGE_SIZE, BLOCK_N, TMA_BOX)
+            _copy_tile_tma(v_desc, v_boxes, v_ready.index(slot), bt_row_ptr, max_blocks_per_seq, i, slot, kv_head,
+                           HEAD, PAGE_SIZE, BLOCK_N, TMA_BOX)
         else:
             _copy_tile(k_cache_ptr, v_cache_ptr, bt_row_ptr, k_bufs, v_bufs, k_ready, v_ready, kv_empty, i, j, slot, ph,
                        offs_n, offs_d, in_page, kv_head, kv_hi, num_blocks, max_blocks_per_seq, stride_c_b, stride_c_s,
