@@ -33,6 +33,9 @@ and engine flags of ``run_vllm_e2e.py`` (the vLLM-on-GPU runner; ``--runner``, d
   wall time a request unprofiled and profiled, the kernels' busy time (union of their
   intervals) and per kernel GPU time a request. Wall minus busy is the time the GPU waited on
   the host (scheduling, metadata, launches of the eager attention between the piecewise graphs).
+  Beside it, the host time a request of the backend's builder ``build`` and impl ``forward`` /
+  ``do_kv_cache_update`` (``HostClock``, unprofiled), and of each CUDA runtime or driver call
+  (profiled).
 * traffic (``--traffic N``): N requests of unequal lengths (prompts 64-4096, outputs 16-512, the
   runner's distribution, its own seed), once unprofiled for the wall time, then profiled: per
   kernel GPU time, the kernels' busy time (union of their intervals) and the share of it in
@@ -107,15 +110,25 @@ def runner_args(e2e, own, rest: list[str]):
 
 
 def kernel_table(trace_path: str) -> dict:
-    """Per kernel name [GPU us, launches], and the busy time (union of kernel intervals), from a
-    chrome trace that torch.profiler wrote."""
+    """Per kernel name [GPU us, launches], the busy time (union of kernel intervals), and per CUDA
+    runtime or driver call made on the host [us, calls] (launches, pointer queries, copies and
+    synchronizations: a call that waits for the GPU shows here as a long one), from a chrome
+    trace that torch.profiler wrote."""
     opener = gzip.open if trace_path.endswith(".gz") else open
     with opener(trace_path, "rt") as f:
         events = json.load(f)["traceEvents"]
     table: dict[str, list[float]] = {}
+    api: dict[str, list[float]] = {}
     spans = []
     for ev in events:
-        if ev.get("ph") != "X" or ev.get("cat") not in ("kernel", "gpu_memcpy", "gpu_memset"):
+        if ev.get("ph") != "X":
+            continue
+        if ev.get("cat") in ("cuda_runtime", "cuda_driver"):
+            row = api.setdefault(ev["name"], [0.0, 0])
+            row[0] += float(ev.get("dur", 0.0))
+            row[1] += 1
+            continue
+        if ev.get("cat") not in ("kernel", "gpu_memcpy", "gpu_memset"):
             continue
         ts, dur = float(ev["ts"]), float(ev.get("dur", 0.0))
         row = table.setdefault(ev["name"], [0.0, 0])
@@ -129,7 +142,7 @@ def kernel_table(trace_path: str) -> dict:
             continue
         busy += b - max(a, end)
         end = b
-    return {"kernels": table, "busy_us": busy}
+    return {"kernels": table, "busy_us": busy, "api": api}
 
 
 def profiled(fn, tmp: str, tag: str):
@@ -186,6 +199,53 @@ class ForwardRecorder:
             return forward(impl, layer, query, key, value, kv_cache, attn_metadata, output, *rest, **kw)
 
         return recorded
+
+
+class HostClock:
+    """Host time of the attention backends' per-step methods: the metadata builder's ``build``
+    and the impl's ``forward`` and ``do_kv_cache_update``, summed per method while ``on`` (wall
+    clock around the call: under piecewise CUDA graphs the attention runs eagerly, so a prefill
+    step pays these once a layer on the host)."""
+
+    CLASSES = (("vllm.v1.attention.backends.flash_attn", ("FlashAttentionMetadataBuilder", "FlashAttentionImpl")),
+               ("vllm.v1.attention.backends.triton_attn", ("TritonAttentionMetadataBuilder", "TritonAttentionImpl")),
+               ("vllm.v1.attention.backends.flashinfer", ("FlashInferMetadataBuilder", "FlashInferImpl")),
+               ("pagedattn.integrations.vllm.backend", ("PagedAttnMetadataBuilder", "PagedAttnImpl")))
+    METHODS = ("build", "forward", "do_kv_cache_update")
+
+    def __init__(self):
+        self.on = False
+        self.totals: dict[str, list[float]] = {}
+        for module, names in self.CLASSES:
+            try:
+                mod = importlib.import_module(module)
+            except ImportError:
+                continue
+            for name in names:
+                cls = getattr(mod, name, None)
+                for method in self.METHODS:
+                    if cls is not None and method in vars(cls):
+                        setattr(cls, method, self._wrap(vars(cls)[method], f"{name}.{method}"))
+
+    def _wrap(self, fn, label):
+        def timed(*args, **kw):
+            if not self.on:
+                return fn(*args, **kw)
+            t = time.perf_counter()
+            try:
+                return fn(*args, **kw)
+            finally:
+                row = self.totals.setdefault(label, [0.0, 0])
+                row[0] += time.perf_counter() - t
+                row[1] += 1
+
+        return timed
+
+    def take(self, scale: float) -> dict:
+        """{method: [us, calls]} scaled (per request), and the sums reset."""
+        rows = {k: [round(v[0] * 1e6 * scale, 1), round(v[1] * scale, 2)] for k, v in self.totals.items()}
+        self.totals = {}
+        return rows
 
 
 def describe(md) -> dict:
@@ -388,6 +448,7 @@ def run_child(own, e2e, args) -> dict:
     text = e2e.text_config(cfg)
     vocab = text["vocab_size"]
     recorder = ForwardRecorder() if own.replay else None
+    clock = HostClock() if own.prompts else None
     t0 = time.perf_counter()
     llm = LLM(**e2e.llm_kwargs(args, backend, own.model_dir))
     res["init_s"] = round(time.perf_counter() - t0, 1)
@@ -434,14 +495,18 @@ def run_child(own, e2e, args) -> dict:
             generate(prompts(1, L), greedy(1))
         batches = [prompts(1, L) for _ in range(2 * n)]  # built outside the timed part
         torch.cuda.synchronize()
+        clock.on = True
         t = time.perf_counter()
         for ps in batches[:n]:
             generate(ps, greedy(1))
         wall = time.perf_counter() - t
+        clock.on = False
         _, prof = profiled(lambda: [generate(ps, greedy(1)) for ps in batches[n:]], tmp, "prompt")
         point = dict(prompt_len=L, requests=n, wall_us_per_request=round(wall * 1e6 / n, 1),
                      wall_us_per_request_profiled=round(prof["wall_us"] / n, 1),
-                     busy_us_per_request=round(prof["busy_us"] / n, 1))
+                     busy_us_per_request=round(prof["busy_us"] / n, 1), host_us_per_request=clock.take(1.0 / n),
+                     cuda_api_per_request_profiled={k: [round(v[0] / n, 1), round(v[1] / n, 2)] for k, v in
+                                                    sorted(prof["api"].items(), key=lambda kv: -kv[1][0])})
         point.update(summarize(prof["kernels"], 1.0 / n))
         res["prompts"].append(point)
         print(f"{backend} prompt {L}: wall {point['wall_us_per_request']} us, busy {point['busy_us_per_request']} us, "
@@ -552,6 +617,12 @@ def main():
                   f"{point['busy_us_per_request']}, kernels {point['kernel_us']}, attention {point['attention_us']})")
             for k, (us, n) in list(point["kernels"].items())[:own.top]:
                 print(f"  {us:9.1f} {n:6.1f}  {'A ' if is_attention(k) else '  '}{k[:90]}")
+            print("  host us a request, calls (unprofiled requests):")
+            for k, (us, n) in point["host_us_per_request"].items():
+                print(f"  {us:9.1f} {n:6.1f}  {k}")
+            print("  CUDA runtime and driver calls, us a request, calls (profiled requests):")
+            for k, (us, n) in list(point["cuda_api_per_request_profiled"].items())[:8]:
+                print(f"  {us:9.1f} {n:6.1f}  {k[:80]}")
         tr = r.get("traffic")
         if tr:
             print(f"\n{backend} traffic {tr['requests']} requests: wall {tr['wall_us'] / 1e6:.3f} s, busy "

@@ -26,6 +26,9 @@ def test_kernel_table_sums_each_kernel_and_the_union_of_their_spans(profile, tmp
         {"ph": "X", "cat": "gpu_memset", "name": "Memset", "ts": 30.0, "dur": 1.5},
         {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0.0, "dur": 100.0},  # host: not counted
         {"ph": "i", "cat": "kernel", "name": "marker", "ts": 3.0},  # not a span
+        {"ph": "X", "cat": "cuda_driver", "name": "cuLaunchKernelEx", "ts": 1.0, "dur": 4.0},
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaStreamSynchronize", "ts": 9.0, "dur": 20.0},
+        {"ph": "X", "cat": "cuda_driver", "name": "cuLaunchKernelEx", "ts": 19.0, "dur": 3.0},
     ]
     path = tmp_path / "trace.json.gz"
     with gzip.open(path, "wt") as f:
@@ -34,6 +37,25 @@ def test_kernel_table_sums_each_kernel_and_the_union_of_their_spans(profile, tmp
     assert table["kernels"] == {"persistent_attention_kernel": [15.0, 2], "persistent_reduce_kernel": [8.0, 1],
                                 "Memset": [1.5, 1]}
     assert table["busy_us"] == pytest.approx(12.0 + 5.0 + 1.5)
+    assert table["api"] == {"cuLaunchKernelEx": [7.0, 2], "cudaStreamSynchronize": [20.0, 1]}
+
+
+def test_host_clock_times_the_wrapped_methods_only_while_on(profile, monkeypatch):
+    class Builder:
+        def build(self, x):
+            return x + 1
+
+    module = type("m", (), {"FlashAttentionMetadataBuilder": Builder})
+    monkeypatch.setattr(profile.HostClock, "CLASSES", (("fake_backend", ("FlashAttentionMetadataBuilder",)),))
+    monkeypatch.setattr(profile.importlib, "import_module", lambda name: module)
+    clock = profile.HostClock()
+    assert Builder().build(1) == 2 and clock.take(1.0) == {}  # off: not counted
+    clock.on = True
+    for _ in range(4):
+        assert Builder().build(2) == 3
+    rows = clock.take(0.5)
+    assert list(rows) == ["FlashAttentionMetadataBuilder.build"] and rows["FlashAttentionMetadataBuilder.build"][1] == 2
+    assert rows["FlashAttentionMetadataBuilder.build"][0] >= 0 and clock.take(1.0) == {}
 
 
 def test_summarize_scales_per_step_and_sums_the_attention_kernels(profile):
