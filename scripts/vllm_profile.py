@@ -34,8 +34,8 @@ and engine flags of ``run_vllm_e2e.py`` (the vLLM-on-GPU runner; ``--runner``, d
   intervals) and per kernel GPU time a request. Wall minus busy is the time the GPU waited on
   the host (scheduling, metadata, launches of the eager attention between the piecewise graphs).
   Beside it, the host time a request of the backend's builder ``build`` and impl ``forward`` /
-  ``do_kv_cache_update`` (``HostClock``, unprofiled), and of each CUDA runtime or driver call
-  (profiled).
+  ``do_kv_cache_update`` (``HostClock``, unprofiled), the garbage collector's time and each
+  request's wall (unprofiled), and of each CUDA runtime or driver call (profiled).
 * traffic (``--traffic N``): N requests of unequal lengths (prompts 64-4096, outputs 16-512, the
   runner's distribution, its own seed), once unprofiled for the wall time, then profiled: per
   kernel GPU time, the kernels' busy time (union of their intervals) and the share of it in
@@ -51,6 +51,7 @@ Writes ``$OUT/vllm_profile.json`` (every kernel) and prints a short table per ba
 from __future__ import annotations
 
 import argparse
+import gc
 import gzip
 import importlib.util
 import json
@@ -246,6 +247,29 @@ class HostClock:
         rows = {k: [round(v[0] * 1e6 * scale, 1), round(v[1] * scale, 2)] for k, v in self.totals.items()}
         self.totals = {}
         return rows
+
+
+class GcClock:
+    """Time spent in Python's garbage collector inside the block (``gc.callbacks``), and the
+    collections per generation: a full collection over the engine's heap is a host pause that
+    one request's wall time would show and its GPU time would not."""
+
+    def __enter__(self):
+        self.seconds, self.collections, self._t = 0.0, [0, 0, 0], None
+        gc.callbacks.append(self._callback)
+        return self
+
+    def _callback(self, phase, info):
+        if phase == "start":
+            self._t = time.perf_counter()
+        elif self._t is not None:
+            self.seconds += time.perf_counter() - self._t
+            self.collections[info["generation"]] += 1
+            self._t = None
+
+    def __exit__(self, *exc):
+        gc.callbacks.remove(self._callback)
+        return False
 
 
 def describe(md) -> dict:
@@ -496,14 +520,19 @@ def run_child(own, e2e, args) -> dict:
         batches = [prompts(1, L) for _ in range(2 * n)]  # built outside the timed part
         torch.cuda.synchronize()
         clock.on = True
-        t = time.perf_counter()
-        for ps in batches[:n]:
-            generate(ps, greedy(1))
-        wall = time.perf_counter() - t
+        samples = []
+        with GcClock() as gc_clock:
+            for ps in batches[:n]:
+                t = time.perf_counter()
+                generate(ps, greedy(1))
+                samples.append(time.perf_counter() - t)
+        wall = sum(samples)
         clock.on = False
         _, prof = profiled(lambda: [generate(ps, greedy(1)) for ps in batches[n:]], tmp, "prompt")
         point = dict(prompt_len=L, requests=n, wall_us_per_request=round(wall * 1e6 / n, 1),
                      wall_us_per_request_profiled=round(prof["wall_us"] / n, 1),
+                     wall_us_samples=[round(x * 1e6, 1) for x in samples],
+                     gc_us_per_request=round(gc_clock.seconds * 1e6 / n, 1), gc_collections=gc_clock.collections,
                      busy_us_per_request=round(prof["busy_us"] / n, 1), host_us_per_request=clock.take(1.0 / n),
                      cuda_api_per_request_profiled={k: [round(v[0] / n, 1), round(v[1] / n, 2)] for k, v in
                                                     sorted(prof["api"].items(), key=lambda kv: -kv[1][0])})
@@ -617,6 +646,9 @@ def main():
                   f"{point['busy_us_per_request']}, kernels {point['kernel_us']}, attention {point['attention_us']})")
             for k, (us, n) in list(point["kernels"].items())[:own.top]:
                 print(f"  {us:9.1f} {n:6.1f}  {'A ' if is_attention(k) else '  '}{k[:90]}")
+            walls = sorted(point["wall_us_samples"])
+            print(f"  unprofiled requests: wall min {walls[0]} median {walls[len(walls) // 2]} max {walls[-1]} us; "
+                  f"garbage collector {point['gc_us_per_request']} us a request, collections {point['gc_collections']}")
             print("  host us a request, calls (unprofiled requests):")
             for k, (us, n) in point["host_us_per_request"].items():
                 print(f"  {us:9.1f} {n:6.1f}  {k}")

@@ -79,3 +79,13 @@ def test_summarize_scales_per_step_and_sums_the_attention_kernels(profile):
 ])
 def test_attention_kernels_of_each_backend_are_named(profile, name, attention):
     assert profile.is_attention(name) is attention
+
+
+def test_gc_clock_counts_the_collections_inside_the_block(profile):
+    import gc
+
+    with profile.GcClock() as clock:
+        gc.collect(0)
+        gc.collect(2)
+    gc.collect()  # outside: not counted
+    assert clock.collections == [1, 0, 1] and clock.seconds > 0
