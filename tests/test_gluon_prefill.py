@@ -11,6 +11,7 @@ import functools
 
 import pytest
 import torch
+import triton
 
 import pagedattn.api as api_module
 from pagedattn import paged_attention, plan_attention
@@ -590,10 +591,22 @@ assert len(launches) == 2, launches
 """
 
 
+# Triton 3.6's ConSan counts each TMA copy as one arrival on its barrier and the expect as none
+# (in the sm_90a PTX it instruments, an update of the barrier's state precedes every
+# cp.async.bulk.tensor and none follows the mbarrier.arrive.expect_tx). A ring slot's ready
+# barrier takes one TMA box per page and 64 columns (8 at page 16, 2 at page 64) and one real
+# arrival, so ConSan's model flips its phase an even number of times a tile and reports the
+# consumers' wait as a deadlock that the hardware does not have (the variant's GPU tests pass).
+# Strict: a Triton that models the expected bytes makes this pass, and the mark must go.
+_CONSAN_TMA = pytest.mark.xfail(
+    triton.__version__.startswith("3.6"), strict=True,
+    reason="triton 3.6's ConSan counts every TMA copy as a barrier arrival (several boxes a barrier)")
+
+
 @pytest.mark.gpu
 @needs_gluon
 @needs_sm90
-@pytest.mark.parametrize("variant", ["groups", "lagged", "tma"])
+@pytest.mark.parametrize("variant", ["groups", "lagged", pytest.param("tma", marks=_CONSAN_TMA)])
 def test_gluon_prefill_ring_protocol_under_consan_gpu(tmp_path, variant):
     """Triton's concurrency sanitizer over the Gluon prefill's ring (an extend at page 16, every
     score modifier at page 64), in a fresh process with its own kernel cache: no race between
@@ -601,7 +614,8 @@ def test_gluon_prefill_ring_protocol_under_consan_gpu(tmp_path, variant):
     result. The ``groups`` variant: ConSan in triton 3.6 follows cp.async completion through
     commit groups only, not through the default's ``cp.async.mbarrier.arrive.noinc`` (it flags
     every read of a ring slot there); the two differ in that signal alone. ``lagged`` signals a
-    tile one tile later, two tiles' groups in flight, and its consumers do not fence."""
+    tile one tile later, two tiles' groups in flight, and its consumers do not fence. ``tma``:
+    see ``_CONSAN_TMA``."""
     problem = runs_under_consan(CONSAN_CHECK, tmp_path, env={GLUON_PREFILL_ENV: variant})
     assert problem is None, f"under ConSan: {problem}"
 
