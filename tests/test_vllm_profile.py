@@ -58,6 +58,29 @@ def test_host_clock_times_the_wrapped_methods_only_while_on(profile, monkeypatch
     assert rows["FlashAttentionMetadataBuilder.build"][0] >= 0 and clock.take(1.0) == {}
 
 
+def test_host_clock_keeps_the_first_forward_after_a_build_apart(profile, monkeypatch):
+    class Builder:
+        def build(self):
+            return None
+
+    class Impl:
+        def forward(self):
+            return None
+
+    module = type("m", (), {"PagedAttnMetadataBuilder": Builder, "PagedAttnImpl": Impl})
+    monkeypatch.setattr(profile.HostClock, "CLASSES", (("fake_backend", ("PagedAttnMetadataBuilder", "PagedAttnImpl")),))
+    monkeypatch.setattr(profile.importlib, "import_module", lambda name: module)
+    clock = profile.HostClock()
+    clock.on = True
+    for _ in range(2):  # two steps of three layers
+        Builder().build()
+        for _ in range(3):
+            Impl().forward()
+    rows = clock.take(1.0)
+    assert rows["PagedAttnImpl.forward (first of a step)"][1] == 2 and rows["PagedAttnImpl.forward"][1] == 4
+    assert rows["PagedAttnMetadataBuilder.build"][1] == 2
+
+
 def test_summarize_scales_per_step_and_sums_the_attention_kernels(profile):
     kernels = {"nvjet_sm90_tst_128x8_64x12_2x1_v_bz_TNT": [640.0, 64], "write_kv_kernel": [128.0, 64],
                "void flash::FlashAttnFwdCombine<cute::tuple<": [64.0, 32],
