@@ -119,21 +119,24 @@ GLUON_PREFILL_CONFIGS = {"1": GLUON_PREFILL_CONFIG, "split": GluonPrefillConfig(
                          # (a MEMBAR.ALL.CTA and FENCE.VIEW.ASYNC.S) after each of their two ring waits a
                          # tile. The tile in flight unsignalled takes a slot, so the ring has one more: at 3
                          # stages it ran 1.09-1.16x the default's time on the H200 (the consumers waiting on
-                         # a ring one tile shallower); at 4 it keeps the default's depth ahead of them
+                         # a ring one tile shallower); at 4 it keeps the default's depth ahead of them, and ran
+                         # 0.99-1.03x the default's time
                          "lagged": dataclasses.replace(GLUON_PREFILL_CONFIG, group_signal=True, lagged_signal=True,
                                                        num_stages=4),
                          # the default with a deeper ring (4 and 5 tiles of 64 keys: 164 and 197 KB of shared
-                         # memory at head 128, no spills); compiled for sm90, not yet timed
+                         # memory at head 128, no spills): level with the default on the H200 (S=8192 1246.7 and
+                         # 1259.7 against 1248.0 us), so the ring's depth is not what limits it
                          "stages4": dataclasses.replace(GLUON_PREFILL_CONFIG, num_stages=4),
                          "stages5": dataclasses.replace(GLUON_PREFILL_CONFIG, num_stages=5),
                          # the default with each tile's block ids loaded while its slot drains (a refill is
-                         # then the copies' latency alone); compiled for sm90, not yet timed
+                         # then the copies' latency alone): 1.03-1.09x the default's time on the H200
                          "idsfirst": dataclasses.replace(GLUON_PREFILL_CONFIG, ids_first=True),
                          # the default with the producer's copies by TMA (one thread issues a box of a page's
                          # keys x 64 columns, where 128 threads issue 16 cp.async each and their addresses),
                          # and the consumers without their proxy fences; the tile that reaches the range's
-                         # end keeps the masked cp.async copies (signalled as "groups"); heads 64 and 128;
-                         # compiled for sm90, not yet run on a GPU
+                         # end keeps the masked cp.async copies (signalled as "groups"); heads 64 and 128:
+                         # 0.97-1.00x the default's time on the H200 (S=2048 95.2 against 97.7 us, S=8192
+                         # 1247.6 against 1248.0, the traffic's chunk prompts 499.7 against 515.5), one run
                          "tma": dataclasses.replace(GLUON_PREFILL_CONFIG, group_signal=True, tma=True),
                          # the default with Q read from shared memory by every S = Q K^T
                          "smemq": dataclasses.replace(GLUON_PREFILL_CONFIG, q_in_regs=False),
@@ -146,7 +149,8 @@ GLUON_PREFILL_CONFIGS = {"1": GLUON_PREFILL_CONFIG, "split": GluonPrefillConfig(
                          # the same with Q in registers. With the producer at 64 registers the second consumer
                          # gets 216, and ptxas spilled one Q fragment (32 B at head 128; it ran 0.92-0.94x the
                          # default on the H200); the producer at 56 leaves it 224: no spills at 16-token pages
-                         # (the producer spills 12 B at 64 and more); compiled for sm90, not yet timed
+                         # (the producer spills 12 B at 64 and more): level with the default on the H200 (S=8192
+                         # 1249.0 against 1248.0 us, 1.03x its time at S=2048 and on an extend)
                          "pairs": dataclasses.replace(GLUON_PREFILL_CONFIG, paired=True, num_stages=6, producer_regs=56,
                                                       consumer_regs=224),
                          "0": GLUON_OFF}
