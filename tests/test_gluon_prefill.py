@@ -88,14 +88,15 @@ PAIRS_SMEMQ = GLUON_PREFILL_CONFIGS["pairs-smemq"]  # and Q read from shared mem
         pytest.param(16, torch.float16, False, PAIRS, 128, True, id="page16-fp16-pairs-modifiers"),
         pytest.param(16, torch.bfloat16, True, GLUON_PREFILL_CONFIGS["stages4"], 128, False,
                      id="page16-bf16-lse-stages4"),
-        pytest.param(64, torch.float16, False, GLUON_PREFILL_CONFIGS["stages5"], 128, True,
-                     id="page64-fp16-stages5-modifiers"),
-        pytest.param(16, torch.bfloat16, True, GLUON_PREFILL_CONFIGS["stages5"], 64, False,
-                     id="page16-bf16-lse-head64-stages5"),
-        pytest.param(16, torch.bfloat16, True, GLUON_PREFILL_CONFIGS["idsfirst"], 128, True,
-                     id="page16-bf16-lse-idsfirst-modifiers"),
-        pytest.param(64, torch.float16, False, GLUON_PREFILL_CONFIGS["idsfirst"], 64, False,
-                     id="page64-fp16-head64-idsfirst"),
+        pytest.param(64, torch.float16, False, GLUON_PREFILL_CONFIGS["stages4"], 128, True,
+                     id="page64-fp16-stages4-modifiers"),
+        pytest.param(16, torch.bfloat16, True, GLUON_PREFILL_CONFIGS["tma128"], 128, False,
+                     id="page16-bf16-lse-tma128"),
+        pytest.param(64, torch.bfloat16, False, GLUON_PREFILL_CONFIGS["tma128"], 128, False, id="page64-bf16-tma128"),
+        pytest.param(16, torch.float16, False, GLUON_PREFILL_CONFIGS["tma128"], 64, False,
+                     id="page16-fp16-head64-tma128"),
+        pytest.param(256, torch.bfloat16, False, GLUON_PREFILL_CONFIGS["tma128"], 128, False,
+                     id="page256-bf16-tma128"),
         pytest.param(16, torch.bfloat16, True, GLUON_PREFILL_CONFIGS["tma"], 128, True,
                      id="page16-bf16-lse-tma-modifiers"),
         pytest.param(16, torch.float16, False, GLUON_PREFILL_CONFIGS["tma"], 64, False, id="page16-fp16-head64-tma"),
@@ -137,7 +138,7 @@ def _args(dtype=torch.bfloat16, cache_dtype=None, head_size=128, page_size=16, n
 
 def test_gluon_prefill_variable_picks_the_config(monkeypatch):
     """PAGEDATTN_PREFILL_GLUON: 1 the default config, split / pipelined / serial / groups / lagged /
-    stages4 / stages5 / idsfirst / tma / smemq / pairs / pairs-smemq the kept variants, 0 off, anything
+    stages4 / tma / tma128 / smemq / pairs / pairs-smemq the kept variants, 0 off, anything
     else (or unset) the automatic rule; read at each call."""
     monkeypatch.delenv(GLUON_PREFILL_ENV, raising=False)
     assert gluon_prefill_requested() is None
@@ -147,9 +148,9 @@ def test_gluon_prefill_variable_picks_the_config(monkeypatch):
                           ("groups", dataclasses.replace(default, group_signal=True)),
                           ("lagged", dataclasses.replace(default, group_signal=True, lagged_signal=True, num_stages=4)),
                           ("stages4", dataclasses.replace(default, num_stages=4)),
-                          ("stages5", dataclasses.replace(default, num_stages=5)),
-                          ("idsfirst", dataclasses.replace(default, ids_first=True)),
                           ("tma", dataclasses.replace(default, group_signal=True, tma=True)),
+                          ("tma128", dataclasses.replace(default, group_signal=True, tma=True, block_n=128, num_stages=2,
+                                                         producer_regs=48, consumer_regs=232, copy_rows=32)),
                           ("smemq", OVERLAP),
                           ("pairs", dataclasses.replace(default, paired=True, num_stages=6, producer_regs=56,
                                                         consumer_regs=224)),
@@ -163,7 +164,7 @@ def test_gluon_prefill_variable_picks_the_config(monkeypatch):
     assert GLUON_PREFILL_CONFIG.for_head(256) == dataclasses.replace(OVERLAP, block_n=32)
     assert SMEMQ.for_head(256) == dataclasses.replace(OVERLAP, block_n=32)
     # pairs need six 64-key slots of 64 KB: past head 128 the ring is three slots of 32 keys, singly
-    assert GLUON_PREFILL_CONFIGS["stages5"].for_head(256) == dataclasses.replace(OVERLAP, block_n=32)
+    assert GLUON_PREFILL_CONFIGS["stages4"].for_head(256) == dataclasses.replace(OVERLAP, block_n=32)
     # TMA boxes of 64 columns are taken at heads 64 and 128 only: past them the copies are cp.async
     assert GLUON_PREFILL_CONFIGS["tma"].for_head(256) == dataclasses.replace(OVERLAP, block_n=32, group_signal=True)
     assert PAIRS.for_head(256) == dataclasses.replace(OVERLAP, block_n=32, producer_regs=56, consumer_regs=224)
@@ -407,7 +408,7 @@ def test_gluon_prefill_single_sequence_gpu(calls, seq_len, heads, block_size, dt
 @needs_gluon
 @needs_sm90
 @pytest.mark.parametrize("variant", ["1", "split", "pipelined", "m64", "serial", "groups", "lagged", "stages4",
-                                     "stages5", "idsfirst", "tma", "smemq", "pairs", "pairs-smemq"])
+                                     "tma", "tma128", "smemq", "pairs", "pairs-smemq"])
 @pytest.mark.parametrize("block_size", [16, 64, 256], ids=lambda n: f"page{n}")
 def test_gluon_prefill_extend_gpu(calls, block_size, variant):
     """Extends: 128 and 300 queries over 2000 keys, queries that start mid-page, a Q tile that
@@ -538,7 +539,8 @@ MODIFIER_CASES = {
 @pytest.mark.gpu
 @needs_gluon
 @needs_sm90
-@pytest.mark.parametrize("variant", ["1", "serial", "smemq", "pairs", "pairs-smemq", "lagged", "stages5", "tma"])
+@pytest.mark.parametrize("variant", ["1", "serial", "smemq", "pairs", "pairs-smemq", "lagged", "stages4", "tma",
+                                     "tma128"])
 @pytest.mark.parametrize("case", list(MODIFIER_CASES))
 def test_gluon_prefill_score_modifiers_gpu(calls, case, variant):
     """The score modifiers the kernel computes, asked for with PAGEDATTN_PREFILL_GLUON: a prompt
@@ -623,7 +625,7 @@ def test_gluon_prefill_ring_protocol_under_consan_gpu(tmp_path, variant):
 @pytest.mark.gpu
 @needs_gluon
 @needs_sm90
-@pytest.mark.parametrize("variant", ["1", "tma"])
+@pytest.mark.parametrize("variant", ["1", "tma", "tma128"])
 def test_gluon_prefill_cuda_graph_gpu(calls, variant):
     """With max_query_len / max_seq_len and a plan the call replays its tape and can be captured
     (``tma``: the tape rebuilds its host descriptors, which the captured launch encodes)."""

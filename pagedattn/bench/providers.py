@@ -491,9 +491,8 @@ GLUON_VARIANT_COLUMNS = {
     "smemq": "Q read from shared memory by each wgmma",
     "lagged": "copies signalled a tile late, ring of 4",
     "stages4": "ring of 4 tiles",
-    "stages5": "ring of 5 tiles",
-    "idsfirst": "block ids loaded before the slot wait",
     "tma": "K and V copied by TMA",
+    "tma128": "128-key tiles, K and V copied by TMA",
     "pairs": "mask-free key tiles in pairs",
     "pairs-smemq": "tiles in pairs, Q from shared memory",
 }

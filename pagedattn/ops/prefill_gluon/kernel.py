@@ -77,19 +77,19 @@ from pagedattn.ops.common.gluon_math import LOG2E, finalize_rows, max_combine, s
 def _producer(k_cache_ptr, v_cache_ptr, k_desc, v_desc, bt_row_ptr, k_bufs, v_bufs, k_ready, v_ready, kv_empty,
               kv_head, t_lo, n_tiles, kv_hi, num_blocks, max_blocks_per_seq, stride_c_b, stride_c_s, stride_c_h,
               HEAD: gl.constexpr, PAGE_SIZE: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
-              PRODUCER_WARPS: gl.constexpr, GROUP_SIGNAL: gl.constexpr, IDS_FIRST: gl.constexpr,
+              PRODUCER_WARPS: gl.constexpr, GROUP_SIGNAL: gl.constexpr, COPY_ROWS: gl.constexpr,
               TMA_BOX: gl.constexpr):
     """Gather K and V tiles [BLOCK_N, HEAD] page by page into the ring (see the module docstring).
     GROUP_SIGNAL 1: each tile's copies are waited for (``wait_group``) and fenced, then one arrive
     of the partition (ConSan's form; one tile in flight). GROUP_SIGNAL 2: the same one tile late,
     so two tiles' copies are in flight: tile j - 1 is waited for, fenced and signalled after tile
     j's copies are issued (the last tile after the loop); the consumers then need no fence.
-    IDS_FIRST: a tile's block ids are loaded before the wait for its slot, so that their global
-    load runs while the slot drains instead of after it (the slot's refill is then the copies'
-    latency alone). TMA_BOX > 0 (with GROUP_SIGNAL 1): a tile whose keys all lie before kv_hi is
-    copied by TMA through the host descriptors ``k_desc`` / ``v_desc`` (``_copy_tile_tma``), the
-    one tile that reaches kv_hi by the masked cp.async copies, so that no key past the range is
-    read."""
+    COPY_ROWS < BLOCK_N: the cp.async copies of a tile go COPY_ROWS rows a pass (``_copy_passes``:
+    at 128-key tiles and the few registers a TMA producer is given, a whole tile's 16 rows a
+    thread of 64-bit addresses spill). TMA_BOX > 0 (with
+    GROUP_SIGNAL 1): a tile whose keys all lie before kv_hi is copied by TMA through the host
+    descriptors ``k_desc`` / ``v_desc`` (``_copy_tile_tma``), the one tile that reaches kv_hi by
+    the masked cp.async copies, so that no key past the range is read."""
     # 16 bytes a thread, HEAD // 8 threads across a row
     COL_THREADS: gl.constexpr = HEAD // 8
     cp_l: gl.constexpr = gl.BlockedLayout([1, 8], [32 // COL_THREADS, COL_THREADS], [PRODUCER_WARPS, 1], [1, 0])
@@ -98,7 +98,7 @@ def _producer(k_cache_ptr, v_cache_ptr, k_desc, v_desc, bt_row_ptr, k_bufs, v_bu
     # offsets inside a page fit in int32, the page's own offset may not. When pages divide
     # BLOCK_N, a key's slot in its page is the same in every tile (tiles start at multiples of
     # BLOCK_N) and is computed once; a page longer than a tile puts tile i at slot
-    # (i * BLOCK_N) % PAGE_SIZE of its page, so ``_copy_tile`` takes the slot per tile.
+    # (i * BLOCK_N) % PAGE_SIZE of its page, so ``_copy_rows`` takes the slot per tile.
     in_page = (offs_n % PAGE_SIZE) * stride_c_s + kv_head * stride_c_h
     if TMA_BOX:
         gl.static_assert(GROUP_SIGNAL == 1, "TMA tiles complete on the ready barriers' one arrival")
@@ -110,6 +110,14 @@ def _producer(k_cache_ptr, v_cache_ptr, k_desc, v_desc, bt_row_ptr, k_bufs, v_bu
         BOXES: gl.constexpr = NUM_STAGES * (HEAD // 64) * (BLOCK_N // TMA_BOX)
         k_boxes = k_bufs._reinterpret(k_bufs.dtype, [BOXES, 1, TMA_BOX, 1, 64], box_layout)
         v_boxes = v_bufs._reinterpret(v_bufs.dtype, [BOXES, 1, TMA_BOX, 1, 64], box_layout)
+    k_rows = k_bufs  # the ring in COPY_ROWS x 64 pieces, for copies pass by pass
+    v_rows = v_bufs
+    if COPY_ROWS < BLOCK_N:
+        rows_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128,
+                                                         element_bitwidth=k_bufs.dtype.primitive_bitwidth, rank=2)
+        PIECES: gl.constexpr = NUM_STAGES * (HEAD // 64) * (BLOCK_N // COPY_ROWS)
+        k_rows = k_bufs._reinterpret(k_bufs.dtype, [PIECES, COPY_ROWS, 64], rows_layout)
+        v_rows = v_bufs._reinterpret(v_bufs.dtype, [PIECES, COPY_ROWS, 64], rows_layout)
     for i in range(t_lo, n_tiles):
         j = i - t_lo  # the tile's place in the ring's sequence
         slot = j % NUM_STAGES
@@ -121,42 +129,43 @@ def _producer(k_cache_ptr, v_cache_ptr, k_desc, v_desc, bt_row_ptr, k_bufs, v_bu
             _copy_tile_tma(v_desc, v_boxes, v_ready.index(slot), bt_row_ptr, max_blocks_per_seq, i, slot, kv_head,
                            HEAD, PAGE_SIZE, BLOCK_N, TMA_BOX)
         else:
-            _copy_tile(k_cache_ptr, v_cache_ptr, bt_row_ptr, k_bufs, v_bufs, k_ready, v_ready, kv_empty, i, j, slot, ph,
-                       offs_n, offs_d, in_page, kv_head, kv_hi, num_blocks, max_blocks_per_seq, stride_c_b, stride_c_s,
-                       stride_c_h, PAGE_SIZE, BLOCK_N, NUM_STAGES, GROUP_SIGNAL, IDS_FIRST)
+            # (a wait in each branch: hoisted above them, ptxas lays out the timed TMA build anew)
+            mbarrier.wait(kv_empty.index(slot), ph ^ 1)
+            _copy_tile(k_cache_ptr, v_cache_ptr, bt_row_ptr, k_bufs, v_bufs, k_rows, v_rows, k_ready, v_ready, i, j,
+                       slot, offs_n, offs_d, in_page, kv_head, kv_hi, num_blocks, max_blocks_per_seq, stride_c_b,
+                       stride_c_s, stride_c_h, HEAD, PAGE_SIZE, BLOCK_N, NUM_STAGES, PRODUCER_WARPS, GROUP_SIGNAL,
+                       COPY_ROWS)
     if GROUP_SIGNAL == 2:
         if n_tiles > t_lo:
             _signal_landed(k_ready, v_ready, (n_tiles - 1 - t_lo) % NUM_STAGES, 0)
 
 
 @gluon.jit
-def _copy_tile(k_cache_ptr, v_cache_ptr, bt_row_ptr, k_bufs, v_bufs, k_ready, v_ready, kv_empty, i, j, slot, ph,
+def _copy_tile(k_cache_ptr, v_cache_ptr, bt_row_ptr, k_bufs, v_bufs, k_rows, v_rows, k_ready, v_ready, i, j, slot,
                offs_n, offs_d, in_page, kv_head, kv_hi, num_blocks, max_blocks_per_seq, stride_c_b, stride_c_s,
-               stride_c_h, PAGE_SIZE: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
-               GROUP_SIGNAL: gl.constexpr, IDS_FIRST: gl.constexpr):
+               stride_c_h, HEAD: gl.constexpr, PAGE_SIZE: gl.constexpr, BLOCK_N: gl.constexpr,
+               NUM_STAGES: gl.constexpr, PRODUCER_WARPS: gl.constexpr, GROUP_SIGNAL: gl.constexpr,
+               COPY_ROWS: gl.constexpr):
     """Key tile i (the j-th of the ring's sequence) into ring slot ``slot`` by masked cp.async
-    copies of the producer's threads, signalled as GROUP_SIGNAL says (``_producer``). ``in_page``:
-    the rows' offsets inside their pages, when pages divide BLOCK_N (else taken here per tile)."""
-    if not IDS_FIRST:
-        mbarrier.wait(kv_empty.index(slot), ph ^ 1)
-    k_pos = i * BLOCK_N + offs_n
-    page_idx = k_pos // PAGE_SIZE
-    in_range = k_pos < kv_hi
-    # one block id per key row (the rows of a page read the same id: L1 hits)
-    page = gl.load(bt_row_ptr + page_idx, mask=in_range & (page_idx < max_blocks_per_seq), other=-1)
-    if IDS_FIRST:
-        mbarrier.wait(kv_empty.index(slot), ph ^ 1)
-    ok = in_range & (page >= 0) & (page < num_blocks)
-    if BLOCK_N % PAGE_SIZE != 0:
-        in_page = (k_pos % PAGE_SIZE) * stride_c_s + kv_head * stride_c_h
-    row = gl.where(ok, page.to(gl.int64) * stride_c_b + in_page, 0)
-    offs = row[:, None] + offs_d[None, :]  # [BLOCK_N, HEAD]
-    cp.async_copy_global_to_shared(k_bufs.index(slot), k_cache_ptr + offs, mask=ok[:, None])
+    copies of the producer's threads, K then V, signalled as GROUP_SIGNAL says (``_producer``):
+    the whole tile at once (its rows' addresses computed once for both), or with COPY_ROWS <
+    BLOCK_N pass by pass into ``k_rows`` / ``v_rows`` (``_copy_passes``)."""
+    if COPY_ROWS == BLOCK_N:
+        offs, ok = _copy_rows(bt_row_ptr, i * BLOCK_N, offs_n, offs_d, in_page, kv_head, kv_hi, num_blocks,
+                              max_blocks_per_seq, stride_c_b, stride_c_s, stride_c_h, PAGE_SIZE, BLOCK_N)
+        cp.async_copy_global_to_shared(k_bufs.index(slot), k_cache_ptr + offs, mask=ok[:, None])
+    else:
+        _copy_passes(k_cache_ptr, k_rows, bt_row_ptr, i, slot, kv_head, kv_hi, num_blocks, max_blocks_per_seq,
+                     stride_c_b, stride_c_s, stride_c_h, HEAD, PAGE_SIZE, BLOCK_N, PRODUCER_WARPS, COPY_ROWS)
     if GROUP_SIGNAL:
         cp.commit_group()
     else:
         cp.mbarrier_arrive(k_ready.index(slot), increment_count=False)
-    cp.async_copy_global_to_shared(v_bufs.index(slot), v_cache_ptr + offs, mask=ok[:, None])
+    if COPY_ROWS == BLOCK_N:
+        cp.async_copy_global_to_shared(v_bufs.index(slot), v_cache_ptr + offs, mask=ok[:, None])
+    else:
+        _copy_passes(v_cache_ptr, v_rows, bt_row_ptr, i, slot, kv_head, kv_hi, num_blocks, max_blocks_per_seq,
+                     stride_c_b, stride_c_s, stride_c_h, HEAD, PAGE_SIZE, BLOCK_N, PRODUCER_WARPS, COPY_ROWS)
     if GROUP_SIGNAL:
         cp.commit_group()
         if GROUP_SIGNAL == 1:  # this tile's groups, the only ones in flight
@@ -165,6 +174,48 @@ def _copy_tile(k_cache_ptr, v_cache_ptr, bt_row_ptr, k_bufs, v_bufs, k_ready, v_
             _signal_landed(k_ready, v_ready, (j - 1) % NUM_STAGES, 2)
     else:
         cp.mbarrier_arrive(v_ready.index(slot), increment_count=False)
+
+
+@gluon.jit
+def _copy_rows(bt_row_ptr, key0, offs_n, offs_d, in_page, kv_head, kv_hi, num_blocks, max_blocks_per_seq, stride_c_b,
+               stride_c_s, stride_c_h, PAGE_SIZE: gl.constexpr, ROWS: gl.constexpr):
+    """The cache offsets [ROWS, columns of offs_d] of keys ``key0 ..`` and which rows to copy: those
+    before kv_hi whose block id lies in the cache (the others are zero-filled). ``in_page``: the
+    rows' offsets inside their pages when pages divide ROWS (else taken here)."""
+    k_pos = key0 + offs_n
+    page_idx = k_pos // PAGE_SIZE
+    in_range = k_pos < kv_hi
+    # one block id per key row (the rows of a page read the same id: L1 hits)
+    page = gl.load(bt_row_ptr + page_idx, mask=in_range & (page_idx < max_blocks_per_seq), other=-1)
+    ok = in_range & (page >= 0) & (page < num_blocks)
+    if ROWS % PAGE_SIZE != 0:
+        in_page = (k_pos % PAGE_SIZE) * stride_c_s + kv_head * stride_c_h
+    row = gl.where(ok, page.to(gl.int64) * stride_c_b + in_page, 0)
+    return row[:, None] + offs_d[None, :], ok
+
+
+@gluon.jit
+def _copy_passes(cache_ptr, rows_view, bt_row_ptr, i, slot, kv_head, kv_hi, num_blocks, max_blocks_per_seq,
+                 stride_c_b, stride_c_s, stride_c_h, HEAD: gl.constexpr, PAGE_SIZE: gl.constexpr,
+                 BLOCK_N: gl.constexpr, PRODUCER_WARPS: gl.constexpr, COPY_ROWS: gl.constexpr):
+    """Key tile i of one cache into ring slot ``slot``, COPY_ROWS rows a pass in a loop that is not
+    unrolled, so that one pass's row addresses are live at a time (unrolled, ptxas computed every
+    pass's up front and the producer spilled at 40-48 registers with 128-key tiles). ``rows_view``:
+    the ring as [NUM_STAGES * HEAD // 64 * passes, COPY_ROWS, 64] pieces of 64 columns (the
+    swizzled slot's layout, as the TMA boxes see it)."""
+    HALVES: gl.constexpr = HEAD // 64
+    PASSES: gl.constexpr = BLOCK_N // COPY_ROWS
+    # 16 bytes a thread, 8 threads across a piece's 64 columns
+    cp_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [PRODUCER_WARPS, 1], [1, 0])
+    offs_n = gl.arange(0, COPY_ROWS, layout=gl.SliceLayout(1, cp_l))
+    offs_d = gl.arange(0, 64, layout=gl.SliceLayout(0, cp_l))
+    in_page = (offs_n % PAGE_SIZE) * stride_c_s + kv_head * stride_c_h
+    for c in range(PASSES):
+        offs, ok = _copy_rows(bt_row_ptr, i * BLOCK_N + c * COPY_ROWS, offs_n, offs_d, in_page, kv_head, kv_hi,
+                              num_blocks, max_blocks_per_seq, stride_c_b, stride_c_s, stride_c_h, PAGE_SIZE, COPY_ROWS)
+        for h in gl.static_range(HALVES):
+            cp.async_copy_global_to_shared(rows_view.index((slot * HALVES + h) * PASSES + c), cache_ptr + offs + h * 64,
+                                           mask=ok[:, None])
 
 
 @gluon.jit
@@ -593,7 +644,7 @@ def prefill_gluon_kernel(
     NUM_QUERIES_PER_KV: gl.constexpr, HEAD: gl.constexpr, PAGE_SIZE: gl.constexpr, BLOCK_N: gl.constexpr,
     NUM_STAGES: gl.constexpr, PRODUCER_WARPS: gl.constexpr, PRODUCER_REGS: gl.constexpr, PIPELINED: gl.constexpr,
     OVERLAP: gl.constexpr, NUM_CONSUMERS: gl.constexpr, CONSUMER_REGS: gl.constexpr, GROUP_SIGNAL: gl.constexpr,
-    Q_IN_REGS: gl.constexpr, PAIRED: gl.constexpr, IDS_FIRST: gl.constexpr, TMA_BOX: gl.constexpr,
+    Q_IN_REGS: gl.constexpr, PAIRED: gl.constexpr, COPY_ROWS: gl.constexpr, TMA_BOX: gl.constexpr,
     USE_SOFTCAP: gl.constexpr, ALIBI_MODE: gl.constexpr, USE_WINDOW: gl.constexpr, HAS_PREFIX: gl.constexpr,
 ):
     """out = softmax(scale * q k^T + causal mask) v for one Q tile of one head (see the module docstring),
@@ -614,6 +665,8 @@ def prefill_gluon_kernel(
     gl.static_assert(NUM_WARPS % 4 == 0, "the default partition is whole warpgroups")
     gl.static_assert(NUM_STAGES >= 2, "the ring needs two slots")
     gl.static_assert(BLOCK_N % (32 * PRODUCER_WARPS // (HEAD // 8)) == 0, "BLOCK_N: whole rows of the copy layout")
+    gl.static_assert((COPY_ROWS == BLOCK_N) | ((BLOCK_N % COPY_ROWS == 0) & (COPY_ROWS % (4 * PRODUCER_WARPS) == 0)
+                                               & (HEAD % 64 == 0)), "COPY_ROWS: whole passes of 64-column pieces")
     dtype: gl.constexpr = k_cache_ptr.dtype.element_ty
 
     head = gl.program_id(0)
@@ -667,7 +720,7 @@ def prefill_gluon_kernel(
             (_producer, (k_cache_ptr, v_cache_ptr, k_desc, v_desc, bt_row_ptr, k_bufs, v_bufs, k_ready, v_ready,
                          kv_empty, kv_head, t_lo, n_tiles, kv_hi, num_blocks, max_blocks_per_seq, stride_c_b,
                          stride_c_s, stride_c_h, HEAD, PAGE_SIZE, BLOCK_N, NUM_STAGES, PRODUCER_WARPS, GROUP_SIGNAL,
-                         IDS_FIRST, TMA_BOX)),
+                         COPY_ROWS, TMA_BOX)),
         ], [PRODUCER_WARPS], [PRODUCER_REGS])
     else:
         # both halves walk every tile of the whole tile's range (the ring's protocol), the mask
@@ -681,7 +734,7 @@ def prefill_gluon_kernel(
             (_producer, (k_cache_ptr, v_cache_ptr, k_desc, v_desc, bt_row_ptr, k_bufs, v_bufs, k_ready, v_ready,
                          kv_empty, kv_head, t_lo, n_tiles, kv_hi, num_blocks, max_blocks_per_seq, stride_c_b,
                          stride_c_s, stride_c_h, HEAD, PAGE_SIZE, BLOCK_N, NUM_STAGES, PRODUCER_WARPS, GROUP_SIGNAL,
-                         IDS_FIRST, TMA_BOX)),
+                         COPY_ROWS, TMA_BOX)),
             (_consumer, (q_smem.slice(WG_ROWS, WG_ROWS), k_bufs, v_bufs, k_ready, v_ready, kv_empty, out_ptr,
                          lse_ptr, stride_o_t, stride_o_h, stride_lse_t, stride_lse_h, head, q_start, q_len,
                          row_lo + WG_ROWS, context_len, num_tokens, t_lo, t_mid_lo, t_mid_hi, n_tiles, scale, mods,

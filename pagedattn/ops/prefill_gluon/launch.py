@@ -69,7 +69,7 @@ class GluonPrefillConfig:
     lagged_signal: bool = False  # with group_signal: two tiles in flight; the producer fences, not the consumers
     q_in_regs: bool = False  # Q as the register A operand of S = Q K^T (heads up to 128)
     paired: bool = False  # mask-free key tiles two at a time: one softmax step and O rescale a pair (overlap)
-    ids_first: bool = False  # the producer loads a tile's block ids before it waits for the tile's slot
+    copy_rows: int = 0  # the producer's cp.async copies of a tile, this many rows a pass (0: the whole tile at once)
     tma: bool = False  # with group_signal: tiles of keys all before the range's end copied by TMA, a box a page
 
     def for_head(self, head_size: int) -> "GluonPrefillConfig":
@@ -123,14 +123,11 @@ GLUON_PREFILL_CONFIGS = {"1": GLUON_PREFILL_CONFIG, "split": GluonPrefillConfig(
                          # 0.99-1.03x the default's time
                          "lagged": dataclasses.replace(GLUON_PREFILL_CONFIG, group_signal=True, lagged_signal=True,
                                                        num_stages=4),
-                         # the default with a deeper ring (4 and 5 tiles of 64 keys: 164 and 197 KB of shared
-                         # memory at head 128, no spills): level with the default on the H200 (S=8192 1246.7 and
-                         # 1259.7 against 1248.0 us), so the ring's depth is not what limits it
+                         # the default with a deeper ring (4 tiles of 64 keys, 164 KB of shared memory at head
+                         # 128, no spills): level with the default on the H200 (S=8192 1246.7 against 1248.0 us;
+                         # 5 tiles 1259.7), so the ring's depth is not what limits it. (Loading a tile's block
+                         # ids before the wait for its slot ran 1.03-1.09x the default's time.)
                          "stages4": dataclasses.replace(GLUON_PREFILL_CONFIG, num_stages=4),
-                         "stages5": dataclasses.replace(GLUON_PREFILL_CONFIG, num_stages=5),
-                         # the default with each tile's block ids loaded while its slot drains (a refill is
-                         # then the copies' latency alone): 1.03-1.09x the default's time on the H200
-                         "idsfirst": dataclasses.replace(GLUON_PREFILL_CONFIG, ids_first=True),
                          # the default with the producer's copies by TMA (one thread issues a box of a page's
                          # keys x 64 columns, where 128 threads issue 16 cp.async each and their addresses),
                          # and the consumers without their proxy fences; the tile that reaches the range's
@@ -138,6 +135,16 @@ GLUON_PREFILL_CONFIGS = {"1": GLUON_PREFILL_CONFIG, "split": GluonPrefillConfig(
                          # 0.97-1.00x the default's time on the H200 (S=2048 95.2 against 97.7 us, S=8192
                          # 1247.6 against 1248.0, the traffic's chunk prompts 499.7 against 515.5), one run
                          "tma": dataclasses.replace(GLUON_PREFILL_CONFIG, group_signal=True, tma=True),
+                         # FA3's tile on sm90: 128 keys a step, which halves the per-key cost of O's rescale,
+                         # the ring's waits and the row maxima. With TMA the producer needs no per-row
+                         # addresses but for the range's last tile, copied 32 rows a pass in a loop (the whole
+                         # tile at once spilled 200 B at 40 registers), so it runs in 48 and the consumers get
+                         # 232 each: at head 128 the overlapped loop with Q in registers compiles without
+                         # spills at pages 16 to 256 (about 222 / 228 / 46 used), 2 stages, 164 KB of shared
+                         # memory. With score modifiers the consumers spill (about 2 KB): not for those
+                         "tma128": dataclasses.replace(GLUON_PREFILL_CONFIG, group_signal=True, tma=True, block_n=128,
+                                                       num_stages=2, producer_regs=48, consumer_regs=232,
+                                                       copy_rows=32),
                          # the default with Q read from shared memory by every S = Q K^T
                          "smemq": dataclasses.replace(GLUON_PREFILL_CONFIG, q_in_regs=False),
                          # the default with the mask-free tiles taken in pairs (128 keys a softmax step from a
@@ -308,7 +315,7 @@ def launch_prefill_gluon(
            PRODUCER_REGS=config.producer_regs, PIPELINED=config.pipelined, OVERLAP=config.overlap,
            NUM_CONSUMERS=config.num_consumers, CONSUMER_REGS=config.consumer_regs,
            GROUP_SIGNAL=config.ring_signal, Q_IN_REGS=config.q_in_regs, PAIRED=config.paired and config.overlap,
-           IDS_FIRST=config.ids_first, TMA_BOX=tma_box, k_desc=k_desc, v_desc=v_desc,
+           COPY_ROWS=min(config.copy_rows or config.block_n, config.block_n), TMA_BOX=tma_box, k_desc=k_desc, v_desc=v_desc,
            USE_SOFTCAP=bool(a.softcap),
            ALIBI_MODE=int(a.alibi_mode),
            USE_WINDOW=bool(a.sliding_window and a.sliding_window > 0), HAS_PREFIX=pr is not None,
