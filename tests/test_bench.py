@@ -333,8 +333,8 @@ def test_gluon_providers_only_when_named(capsys):
     gluon = [n for n in PROVIDERS if n.startswith("pagedattn-gluon")]
     assert gluon == ["pagedattn-gluon", "pagedattn-gluon-split", "pagedattn-gluon-pipelined", "pagedattn-gluon-serial",
                      "pagedattn-gluon-smemq", "pagedattn-gluon-lagged", "pagedattn-gluon-stages4",
-                     "pagedattn-gluon-tma", "pagedattn-gluon-tma128", "pagedattn-gluon-pairs",
-                     "pagedattn-gluon-pairs-smemq"]
+                     "pagedattn-gluon-tma", "pagedattn-gluon-tma128", "pagedattn-gluon-tma128s3",
+                     "pagedattn-gluon-pairs", "pagedattn-gluon-pairs-smemq"]
     assert not any(PROVIDERS[n].by_default for n in gluon + ["pagedattn-tl"])
     assert main(["--quick", "--list"]) == 0
     listed = capsys.readouterr().out

@@ -97,6 +97,8 @@ PAIRS_SMEMQ = GLUON_PREFILL_CONFIGS["pairs-smemq"]  # and Q read from shared mem
                      id="page16-fp16-head64-tma128"),
         pytest.param(256, torch.bfloat16, False, GLUON_PREFILL_CONFIGS["tma128"], 128, False,
                      id="page256-bf16-tma128"),
+        pytest.param(16, torch.bfloat16, True, GLUON_PREFILL_CONFIGS["tma128s3"], 128, False,
+                     id="page16-bf16-lse-tma128s3"),
         pytest.param(16, torch.bfloat16, True, GLUON_PREFILL_CONFIGS["tma"], 128, True,
                      id="page16-bf16-lse-tma-modifiers"),
         pytest.param(16, torch.float16, False, GLUON_PREFILL_CONFIGS["tma"], 64, False, id="page16-fp16-head64-tma"),
@@ -138,7 +140,7 @@ def _args(dtype=torch.bfloat16, cache_dtype=None, head_size=128, page_size=16, n
 
 def test_gluon_prefill_variable_picks_the_config(monkeypatch):
     """PAGEDATTN_PREFILL_GLUON: 1 the default config, split / pipelined / serial / groups / lagged /
-    stages4 / tma / tma128 / smemq / pairs / pairs-smemq the kept variants, 0 off, anything
+    stages4 / tma / tma128 / tma128s3 / smemq / pairs / pairs-smemq the kept variants, 0 off, anything
     else (or unset) the automatic rule; read at each call."""
     monkeypatch.delenv(GLUON_PREFILL_ENV, raising=False)
     assert gluon_prefill_requested() is None
@@ -151,6 +153,8 @@ def test_gluon_prefill_variable_picks_the_config(monkeypatch):
                           ("tma", dataclasses.replace(default, group_signal=True, tma=True)),
                           ("tma128", dataclasses.replace(default, group_signal=True, tma=True, block_n=128, num_stages=2,
                                                          producer_regs=48, consumer_regs=232, copy_rows=32)),
+                          ("tma128s3", dataclasses.replace(default, group_signal=True, tma=True, block_n=128, num_stages=3,
+                                                           producer_regs=48, consumer_regs=232, copy_rows=32)),
                           ("smemq", OVERLAP),
                           ("pairs", dataclasses.replace(default, paired=True, num_stages=6, producer_regs=56,
                                                         consumer_regs=224)),
@@ -408,7 +412,7 @@ def test_gluon_prefill_single_sequence_gpu(calls, seq_len, heads, block_size, dt
 @needs_gluon
 @needs_sm90
 @pytest.mark.parametrize("variant", ["1", "split", "pipelined", "m64", "serial", "groups", "lagged", "stages4",
-                                     "tma", "tma128", "smemq", "pairs", "pairs-smemq"])
+                                     "tma", "tma128", "tma128s3", "smemq", "pairs", "pairs-smemq"])
 @pytest.mark.parametrize("block_size", [16, 64, 256], ids=lambda n: f"page{n}")
 def test_gluon_prefill_extend_gpu(calls, block_size, variant):
     """Extends: 128 and 300 queries over 2000 keys, queries that start mid-page, a Q tile that

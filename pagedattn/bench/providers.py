@@ -493,6 +493,7 @@ GLUON_VARIANT_COLUMNS = {
     "stages4": "ring of 4 tiles",
     "tma": "K and V copied by TMA",
     "tma128": "128-key tiles, K and V copied by TMA",
+    "tma128s3": "128-key tiles by TMA, ring of 3",
     "pairs": "mask-free key tiles in pairs",
     "pairs-smemq": "tiles in pairs, Q from shared memory",
 }

@@ -145,6 +145,11 @@ GLUON_PREFILL_CONFIGS = {"1": GLUON_PREFILL_CONFIG, "split": GluonPrefillConfig(
                          "tma128": dataclasses.replace(GLUON_PREFILL_CONFIG, group_signal=True, tma=True, block_n=128,
                                                        num_stages=2, producer_regs=48, consumer_regs=232,
                                                        copy_rows=32),
+                         # the same with a ring of 3: 229,712 B of shared memory (of 232,448), no spills at
+                         # 16-token pages; at 64 and more the default partition spills a few bytes
+                         "tma128s3": dataclasses.replace(GLUON_PREFILL_CONFIG, group_signal=True, tma=True, block_n=128,
+                                                         num_stages=3, producer_regs=48, consumer_regs=232,
+                                                         copy_rows=32),
                          # the default with Q read from shared memory by every S = Q K^T
                          "smemq": dataclasses.replace(GLUON_PREFILL_CONFIG, q_in_regs=False),
                          # the default with the mask-free tiles taken in pairs (128 keys a softmax step from a
