@@ -35,7 +35,8 @@ and engine flags of ``run_vllm_e2e.py`` (the vLLM-on-GPU runner; ``--runner``, d
   the host (scheduling, metadata, launches of the eager attention between the piecewise graphs).
   Beside it, the host time a request of the backend's builder ``build`` and impl ``forward`` /
   ``do_kv_cache_update`` (``HostClock``, unprofiled), the garbage collector's time and each
-  request's wall (unprofiled), and of each CUDA runtime or driver call (profiled).
+  request's wall (unprofiled), and of each CUDA runtime or driver call (profiled), and where the
+  GPU waited: its idle time between kernels by the kernels on either side (profiled).
 * traffic (``--traffic N``): N requests of unequal lengths (prompts 64-4096, outputs 16-512, the
   runner's distribution, its own seed), once unprofiled for the wall time, then profiled: per
   kernel GPU time, the kernels' busy time (union of their intervals) and the share of it in
@@ -111,10 +112,11 @@ def runner_args(e2e, own, rest: list[str]):
 
 
 def kernel_table(trace_path: str) -> dict:
-    """Per kernel name [GPU us, launches], the busy time (union of kernel intervals), and per CUDA
+    """Per kernel name [GPU us, launches], the busy time (union of kernel intervals), per CUDA
     runtime or driver call made on the host [us, calls] (launches, pointer queries, copies and
-    synchronizations: a call that waits for the GPU shows here as a long one), from a chrome
-    trace that torch.profiler wrote."""
+    synchronizations: a call that waits for the GPU shows here as a long one), and the GPU's idle
+    time between kernels [us, gaps] by the names of the kernels before and after each gap, from a
+    chrome trace that torch.profiler wrote."""
     opener = gzip.open if trace_path.endswith(".gz") else open
     with opener(trace_path, "rt") as f:
         events = json.load(f)["traceEvents"]
@@ -135,15 +137,20 @@ def kernel_table(trace_path: str) -> dict:
         row = table.setdefault(ev["name"], [0.0, 0])
         row[0] += dur
         row[1] += 1
-        spans.append((ts, ts + dur))
+        spans.append((ts, ts + dur, ev["name"]))
     spans.sort()
-    busy, end = 0.0, float("-inf")
-    for a, b in spans:
+    busy, end, last = 0.0, float("-inf"), None
+    gaps: dict[str, list[float]] = {}  # the GPU idle between two kernels, by the pair's names
+    for a, b, name in spans:
         if b <= end:
             continue
+        if a > end and last is not None:
+            row = gaps.setdefault(f"{last[:60]} -> {name[:60]}", [0.0, 0])
+            row[0] += a - end
+            row[1] += 1
         busy += b - max(a, end)
-        end = b
-    return {"kernels": table, "busy_us": busy, "api": api}
+        end, last = b, name
+    return {"kernels": table, "busy_us": busy, "api": api, "gaps": gaps}
 
 
 def profiled(fn, tmp: str, tag: str):
@@ -544,7 +551,9 @@ def run_child(own, e2e, args) -> dict:
                      gc_us_per_request=round(gc_clock.seconds * 1e6 / n, 1), gc_collections=gc_clock.collections,
                      busy_us_per_request=round(prof["busy_us"] / n, 1), host_us_per_request=clock.take(1.0 / n),
                      cuda_api_per_request_profiled={k: [round(v[0] / n, 1), round(v[1] / n, 2)] for k, v in
-                                                    sorted(prof["api"].items(), key=lambda kv: -kv[1][0])})
+                                                    sorted(prof["api"].items(), key=lambda kv: -kv[1][0])},
+                     gpu_idle_per_request_profiled={k: [round(v[0] / n, 1), round(v[1] / n, 2)] for k, v in
+                                                    sorted(prof["gaps"].items(), key=lambda kv: -kv[1][0])[:40]})
         point.update(summarize(prof["kernels"], 1.0 / n))
         res["prompts"].append(point)
         print(f"{backend} prompt {L}: wall {point['wall_us_per_request']} us, busy {point['busy_us_per_request']} us, "
@@ -664,6 +673,9 @@ def main():
             print("  CUDA runtime and driver calls, us a request, calls (profiled requests):")
             for k, (us, n) in list(point["cuda_api_per_request_profiled"].items())[:8]:
                 print(f"  {us:9.1f} {n:6.1f}  {k[:80]}")
+            print("  GPU idle between kernels, us a request, gaps (profiled requests; before -> after):")
+            for k, (us, n) in list(point["gpu_idle_per_request_profiled"].items())[:8]:
+                print(f"  {us:9.1f} {n:6.1f}  {k[:120]}")
         tr = r.get("traffic")
         if tr:
             print(f"\n{backend} traffic {tr['requests']} requests: wall {tr['wall_us'] / 1e6:.3f} s, busy "

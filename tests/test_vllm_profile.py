@@ -38,6 +38,9 @@ def test_kernel_table_sums_each_kernel_and_the_union_of_their_spans(profile, tmp
                                 "Memset": [1.5, 1]}
     assert table["busy_us"] == pytest.approx(12.0 + 5.0 + 1.5)
     assert table["api"] == {"cuLaunchKernelEx": [7.0, 2], "cudaStreamSynchronize": [20.0, 1]}
+    # idle: 12 -> 20 after the reduce kernel, 25 -> 30 after the second attention kernel
+    assert table["gaps"] == {"persistent_reduce_kernel -> persistent_attention_kernel": [8.0, 1],
+                             "persistent_attention_kernel -> Memset": [5.0, 1]}
 
 
 def test_host_clock_times_the_wrapped_methods_only_while_on(profile, monkeypatch):
