@@ -21,8 +21,9 @@ Q tile of every head and sequence first). Two partitions (``gl.warp_specialize``
   ``k_pos > q_pos``. At the end it normalizes and stores out (q's dtype) and lse;
 * the producer, PRODUCER_WARPS warps with few registers: for each key tile, the block ids of its
   keys through the table, then one cp.async per 16 bytes of K and of V into ring slot
-  ``i % NUM_STAGES``; with TMA_BOX (the ``tma`` config), one thread issues a TMA box per page
-  and 64 columns instead, for every tile whose keys all lie before the range's end.
+  ``i % NUM_STAGES`` (COPY_ROWS rows a pass, in a loop, where that is less than BLOCK_N); with
+  TMA_BOX (the ``tma`` configs), one thread issues a TMA box per page and 64 columns instead, for
+  every tile whose keys all lie before the range's end.
 
 Queries are loaded once (plain loads, rows past the sequence read as zeros) and stored into
 shared memory by the default warps before the partitions fork.
