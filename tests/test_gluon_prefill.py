@@ -450,7 +450,7 @@ def test_gluon_prefill_among_decodes_gpu(calls, head_size):
 @pytest.mark.gpu
 @needs_gluon
 @needs_sm90
-@pytest.mark.parametrize("variant", ["1", "tma"])
+@pytest.mark.parametrize("variant", ["1", "tma", "tma128"])
 def test_gluon_prefill_cache_past_int32_offsets_gpu(calls, variant):
     # [num_blocks, 16, 8, 128] bf16 past 2**31 elements (> 4 GiB a cache); the batch uses the top blocks
     require_first_call(variant)
@@ -488,7 +488,7 @@ def test_gluon_prefill_path_taken_gpu(calls, monkeypatch):
 @pytest.mark.gpu
 @needs_gluon
 @needs_sm90
-@pytest.mark.parametrize("variant", ["1", "tma"])
+@pytest.mark.parametrize("variant", ["1", "tma", "tma128"])
 def test_gluon_prefill_bad_block_id_inside_a_sequence_gpu(calls, variant):
     """A block id outside the cache inside a sequence (a caller's bug, not validated on a GPU):
     nothing outside the cache is read (its keys are zero-filled: masked copies, or TMA boxes out
