@@ -111,6 +111,19 @@ def runner_args(e2e, own, rest: list[str]):
     return e2e.parse_args(argv)
 
 
+def _tally(rows: dict, key: str, amount: float) -> None:
+    """``rows[key]`` is [total, count]: add ``amount`` and one."""
+    row = rows.setdefault(key, [0.0, 0])
+    row[0] += amount
+    row[1] += 1
+
+
+def _per_request(rows: dict, n: int, most: int | None = None) -> dict:
+    """[total, count] rows divided by ``n`` requests, the largest total first (the ``most`` largest)."""
+    ordered = sorted(rows.items(), key=lambda kv: -kv[1][0])[:most]
+    return {k: [round(v[0] / n, 1), round(v[1] / n, 2)] for k, v in ordered}
+
+
 def kernel_table(trace_path: str) -> dict:
     """Per kernel name [GPU us, launches], the busy time (union of kernel intervals), per CUDA
     runtime or driver call made on the host [us, calls] (launches, pointer queries, copies and
@@ -127,16 +140,12 @@ def kernel_table(trace_path: str) -> dict:
         if ev.get("ph") != "X":
             continue
         if ev.get("cat") in ("cuda_runtime", "cuda_driver"):
-            row = api.setdefault(ev["name"], [0.0, 0])
-            row[0] += float(ev.get("dur", 0.0))
-            row[1] += 1
+            _tally(api, ev["name"], float(ev.get("dur", 0.0)))
             continue
         if ev.get("cat") not in ("kernel", "gpu_memcpy", "gpu_memset"):
             continue
         ts, dur = float(ev["ts"]), float(ev.get("dur", 0.0))
-        row = table.setdefault(ev["name"], [0.0, 0])
-        row[0] += dur
-        row[1] += 1
+        _tally(table, ev["name"], dur)
         spans.append((ts, ts + dur, ev["name"]))
     spans.sort()
     busy, end, last = 0.0, float("-inf"), None
@@ -145,9 +154,7 @@ def kernel_table(trace_path: str) -> dict:
         if b <= end:
             continue
         if a > end and last is not None:
-            row = gaps.setdefault(f"{last[:60]} -> {name[:60]}", [0.0, 0])
-            row[0] += a - end
-            row[1] += 1
+            _tally(gaps, f"{last[:60]} -> {name[:60]}", a - end)
         busy += b - max(a, end)
         end, last = b, name
     return {"kernels": table, "busy_us": busy, "api": api, "gaps": gaps}
@@ -252,9 +259,7 @@ class HostClock:
                     self._step_started = True
                 elif label.endswith(".forward") and self._step_started:
                     self._step_started, name = False, first_label
-                row = self.totals.setdefault(name, [0.0, 0])
-                row[0] += time.perf_counter() - t
-                row[1] += 1
+                _tally(self.totals, name, time.perf_counter() - t)
 
         return timed
 
@@ -550,10 +555,8 @@ def run_child(own, e2e, args) -> dict:
                      wall_us_samples=[round(x * 1e6, 1) for x in samples],
                      gc_us_per_request=round(gc_clock.seconds * 1e6 / n, 1), gc_collections=gc_clock.collections,
                      busy_us_per_request=round(prof["busy_us"] / n, 1), host_us_per_request=clock.take(1.0 / n),
-                     cuda_api_per_request_profiled={k: [round(v[0] / n, 1), round(v[1] / n, 2)] for k, v in
-                                                    sorted(prof["api"].items(), key=lambda kv: -kv[1][0])},
-                     gpu_idle_per_request_profiled={k: [round(v[0] / n, 1), round(v[1] / n, 2)] for k, v in
-                                                    sorted(prof["gaps"].items(), key=lambda kv: -kv[1][0])[:40]})
+                     cuda_api_per_request_profiled=_per_request(prof["api"], n),
+                     gpu_idle_per_request_profiled=_per_request(prof["gaps"], n, most=40))
         point.update(summarize(prof["kernels"], 1.0 / n))
         res["prompts"].append(point)
         print(f"{backend} prompt {L}: wall {point['wall_us_per_request']} us, busy {point['busy_us_per_request']} us, "
