@@ -92,6 +92,11 @@ class GluonPrefillConfig:
         return (2 if self.lagged_signal else 1) if self.group_signal else 0
 
     @property
+    def pass_rows(self) -> int:
+        """The kernel's COPY_ROWS: the rows of a tile's cp.async copies a pass (the whole tile by default)."""
+        return min(self.copy_rows or self.block_n, self.block_n)
+
+    @property
     def num_consumers(self) -> int:
         return 2 if self.split_consumers else 1
 
@@ -320,7 +325,7 @@ def launch_prefill_gluon(
            PRODUCER_REGS=config.producer_regs, PIPELINED=config.pipelined, OVERLAP=config.overlap,
            NUM_CONSUMERS=config.num_consumers, CONSUMER_REGS=config.consumer_regs,
            GROUP_SIGNAL=config.ring_signal, Q_IN_REGS=config.q_in_regs, PAIRED=config.paired and config.overlap,
-           COPY_ROWS=min(config.copy_rows or config.block_n, config.block_n), TMA_BOX=tma_box, k_desc=k_desc, v_desc=v_desc,
+           COPY_ROWS=config.pass_rows, TMA_BOX=tma_box, k_desc=k_desc, v_desc=v_desc,
            USE_SOFTCAP=bool(a.softcap),
            ALIBI_MODE=int(a.alibi_mode),
            USE_WINDOW=bool(a.sliding_window and a.sliding_window > 0), HAS_PREFIX=pr is not None,
