@@ -18,6 +18,7 @@ from pagedattn import paged_attention, plan_attention
 from pagedattn.ops.common.bundles import AttentionArgs
 import pagedattn.ops.prefill_gluon.launch as launch_module
 from pagedattn.ops.prefill_gluon.launch import (
+    GLUON_AUTO_CONFIG_HEAD128,
     GLUON_MIN_QUERY_LEN,
     GLUON_MIN_QUERY_TOKENS,
     GLUON_OFF,
@@ -99,6 +100,18 @@ PAIRS_SMEMQ = GLUON_PREFILL_CONFIGS["pairs-smemq"]  # and Q read from shared mem
                      id="page256-bf16-tma128"),
         pytest.param(16, torch.bfloat16, True, GLUON_PREFILL_CONFIGS["tma128s3"], 128, False,
                      id="page16-bf16-lse-tma128s3"),
+        pytest.param(16, torch.bfloat16, True, GLUON_PREFILL_CONFIGS["earlyk"], 128, True,
+                     id="page16-bf16-lse-earlyk-modifiers"),
+        pytest.param(64, torch.float16, False, GLUON_PREFILL_CONFIGS["tma-earlyk"], 64, False,
+                     id="page64-fp16-head64-tma-earlyk"),
+        pytest.param(16, torch.bfloat16, True, GLUON_PREFILL_CONFIGS["tma128-earlyk"], 128, False,
+                     id="page16-bf16-lse-tma128-earlyk"),
+        pytest.param(256, torch.bfloat16, False, GLUON_PREFILL_CONFIGS["tma128-earlyk"], 128, False,
+                     id="page256-bf16-tma128-earlyk"),
+        pytest.param(16, torch.bfloat16, True, GLUON_PREFILL_CONFIGS["tma128-earlyk-1w"], 128, False,
+                     id="page16-bf16-lse-tma128-earlyk-1w"),
+        pytest.param(64, torch.float16, False, GLUON_PREFILL_CONFIGS["tma128-earlyk-1w"], 64, False,
+                     id="page64-fp16-head64-tma128-earlyk-1w"),
         pytest.param(16, torch.bfloat16, True, GLUON_PREFILL_CONFIGS["tma"], 128, True,
                      id="page16-bf16-lse-tma-modifiers"),
         pytest.param(16, torch.float16, False, GLUON_PREFILL_CONFIGS["tma"], 64, False, id="page16-fp16-head64-tma"),
@@ -140,7 +153,9 @@ def _args(dtype=torch.bfloat16, cache_dtype=None, head_size=128, page_size=16, n
 
 def test_gluon_prefill_variable_picks_the_config(monkeypatch):
     """PAGEDATTN_PREFILL_GLUON: 1 the default config, split / pipelined / serial / groups / lagged /
-    stages4 / tma / tma128 / tma128s3 / smemq / pairs / pairs-smemq the kept variants, 0 off, anything
+    stages4 / tma / tma128 / tma128s3 / earlyk / groups-earlyk / tma-earlyk / tma128-earlyk /
+    tma128-earlyk-1w / smemq / pairs / pairs-smemq the
+    kept variants, 0 off, anything
     else (or unset) the automatic rule; read at each call."""
     monkeypatch.delenv(GLUON_PREFILL_ENV, raising=False)
     assert gluon_prefill_requested() is None
@@ -155,6 +170,15 @@ def test_gluon_prefill_variable_picks_the_config(monkeypatch):
                                                          producer_regs=48, consumer_regs=232, copy_rows=32)),
                           ("tma128s3", dataclasses.replace(default, group_signal=True, tma=True, block_n=128, num_stages=3,
                                                            producer_regs=48, consumer_regs=232, copy_rows=32)),
+                          ("earlyk", dataclasses.replace(default, split_release=True)),
+                          ("groups-earlyk", dataclasses.replace(default, group_signal=True, split_release=True)),
+                          ("tma-earlyk", dataclasses.replace(default, group_signal=True, tma=True, split_release=True)),
+                          ("tma128-earlyk", dataclasses.replace(default, group_signal=True, tma=True, block_n=128,
+                                                                num_stages=2, producer_regs=48, consumer_regs=232,
+                                                                copy_rows=32, split_release=True)),
+                          ("tma128-earlyk-1w", dataclasses.replace(default, group_signal=True, tma=True, block_n=128,
+                                                                   num_stages=2, producer_warps=1, producer_regs=48,
+                                                                   consumer_regs=232, copy_rows=8, split_release=True)),
                           ("smemq", OVERLAP),
                           ("pairs", dataclasses.replace(default, paired=True, num_stages=6, producer_regs=56,
                                                         consumer_regs=224)),
@@ -177,13 +201,16 @@ def test_gluon_prefill_variable_picks_the_config(monkeypatch):
 
 @needs_gluon
 def test_gluon_prefill_automatic_rule(monkeypatch):
-    """Unset, on sm9x (faked here), the default config serves calls of at least
+    """Unset, on sm9x (faked here), the automatic configs serve calls of at least
     GLUON_MIN_QUERY_TOKENS query tokens with a sequence of GLUON_MIN_QUERY_LEN or more, and only
     calls the kernel serves; =1 serves the small ones too; =0 none."""
     monkeypatch.setattr(launch_module, "on_sm9x", lambda t: True)
     monkeypatch.delenv(GLUON_PREFILL_ENV, raising=False)
     big = _args(q=torch.zeros(GLUON_MIN_QUERY_TOKENS, 8, 128, dtype=torch.bfloat16))
-    assert use_gluon_prefill(big, GLUON_MIN_QUERY_LEN) == GLUON_PREFILL_CONFIG
+    assert use_gluon_prefill(big, GLUON_MIN_QUERY_LEN) == GLUON_AUTO_CONFIG_HEAD128  # 128-key tiles by TMA
+    narrow = _args(head_size=64)
+    narrow = dataclasses.replace(narrow, q=torch.zeros(GLUON_MIN_QUERY_TOKENS, 8, 64, dtype=torch.bfloat16))
+    assert use_gluon_prefill(narrow, GLUON_MIN_QUERY_LEN) == GLUON_PREFILL_CONFIG  # 128-key tiles untimed at 64
     assert use_gluon_prefill(big, GLUON_MIN_QUERY_LEN - 1) is None  # many short sequences
     small = _args(q=torch.zeros(GLUON_MIN_QUERY_TOKENS - 1, 8, 128, dtype=torch.bfloat16))
     # head 256: served, not yet timed: only an explicit PAGEDATTN_PREFILL_GLUON sends it there
@@ -412,7 +439,9 @@ def test_gluon_prefill_single_sequence_gpu(calls, seq_len, heads, block_size, dt
 @needs_gluon
 @needs_sm90
 @pytest.mark.parametrize("variant", ["1", "split", "pipelined", "m64", "serial", "groups", "lagged", "stages4",
-                                     "tma", "tma128", "tma128s3", "smemq", "pairs", "pairs-smemq"])
+                                     "tma", "tma128", "tma128s3", "earlyk", "tma-earlyk", "tma128-earlyk", "tma128-earlyk-1w",
+                                     "smemq",
+                                     "pairs", "pairs-smemq"])
 @pytest.mark.parametrize("block_size", [16, 64, 256], ids=lambda n: f"page{n}")
 def test_gluon_prefill_extend_gpu(calls, block_size, variant):
     """Extends: 128 and 300 queries over 2000 keys, queries that start mid-page, a Q tile that
@@ -450,7 +479,7 @@ def test_gluon_prefill_among_decodes_gpu(calls, head_size):
 @pytest.mark.gpu
 @needs_gluon
 @needs_sm90
-@pytest.mark.parametrize("variant", ["1", "tma", "tma128"])
+@pytest.mark.parametrize("variant", ["1", "tma", "tma128", "tma128-earlyk", "tma128-earlyk-1w"])
 def test_gluon_prefill_cache_past_int32_offsets_gpu(calls, variant):
     # [num_blocks, 16, 8, 128] bf16 past 2**31 elements (> 4 GiB a cache); the batch uses the top blocks
     require_first_call(variant)
@@ -488,7 +517,7 @@ def test_gluon_prefill_path_taken_gpu(calls, monkeypatch):
 @pytest.mark.gpu
 @needs_gluon
 @needs_sm90
-@pytest.mark.parametrize("variant", ["1", "tma", "tma128"])
+@pytest.mark.parametrize("variant", ["1", "tma", "tma128", "tma128-earlyk", "tma128-earlyk-1w"])
 def test_gluon_prefill_bad_block_id_inside_a_sequence_gpu(calls, variant):
     """A block id outside the cache inside a sequence (a caller's bug, not validated on a GPU):
     nothing outside the cache is read (its keys are zero-filled: masked copies, or TMA boxes out
@@ -544,7 +573,7 @@ MODIFIER_CASES = {
 @needs_gluon
 @needs_sm90
 @pytest.mark.parametrize("variant", ["1", "serial", "smemq", "pairs", "pairs-smemq", "lagged", "stages4", "tma",
-                                     "tma128"])
+                                     "tma128", "earlyk", "tma-earlyk"])
 @pytest.mark.parametrize("case", list(MODIFIER_CASES))
 def test_gluon_prefill_score_modifiers_gpu(calls, case, variant):
     """The score modifiers the kernel computes, asked for with PAGEDATTN_PREFILL_GLUON: a prompt
@@ -612,7 +641,7 @@ _CONSAN_TMA = pytest.mark.xfail(
 @pytest.mark.gpu
 @needs_gluon
 @needs_sm90
-@pytest.mark.parametrize("variant", ["groups", "lagged", pytest.param("tma", marks=_CONSAN_TMA)])
+@pytest.mark.parametrize("variant", ["groups", "lagged", "groups-earlyk", pytest.param("tma", marks=_CONSAN_TMA)])
 def test_gluon_prefill_ring_protocol_under_consan_gpu(tmp_path, variant):
     """Triton's concurrency sanitizer over the Gluon prefill's ring (an extend at page 16, every
     score modifier at page 64), in a fresh process with its own kernel cache: no race between
@@ -629,7 +658,7 @@ def test_gluon_prefill_ring_protocol_under_consan_gpu(tmp_path, variant):
 @pytest.mark.gpu
 @needs_gluon
 @needs_sm90
-@pytest.mark.parametrize("variant", ["1", "tma", "tma128"])
+@pytest.mark.parametrize("variant", ["1", "tma", "tma128", "tma128-earlyk", "tma128-earlyk-1w"])
 def test_gluon_prefill_cuda_graph_gpu(calls, variant):
     """With max_query_len / max_seq_len and a plan the call replays its tape and can be captured
     (``tma``: the tape rebuilds its host descriptors, which the captured launch encodes)."""

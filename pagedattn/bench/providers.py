@@ -494,6 +494,10 @@ GLUON_VARIANT_COLUMNS = {
     "tma": "K and V copied by TMA",
     "tma128": "128-key tiles, K and V copied by TMA",
     "tma128s3": "128-key tiles by TMA, ring of 3",
+    "earlyk": "K's ring slot released after its scores",
+    "tma-earlyk": "TMA copies, K released after its scores",
+    "tma128-earlyk": "128-key tiles by TMA, K released after its scores",
+    "tma128-earlyk-1w": "the same, a one-warp producer",
     "pairs": "mask-free key tiles in pairs",
     "pairs-smemq": "tiles in pairs, Q from shared memory",
 }

@@ -24,6 +24,21 @@ def sum_combine(a, b):
 
 
 @gluon.jit
+def to_16bit_pairs(x, DTYPE: gl.constexpr):
+    """fp32 ``x`` rounded to DTYPE (bfloat16 or float16, round to nearest even, as ``x.to(DTYPE)``),
+    two neighbouring elements of a thread by one ``cvt.rn.{bf16x2,f16x2}.f32``, the first in the
+    low half. ``x.to(DTYPE)`` on a wgmma accumulator converts each element alone and packs the
+    halves afterwards, which ptxas compiles to an F2FP pair conversion with the halves swapped and
+    a PRMT to swap them back: one more instruction per two scores in the prefill's softmax."""
+    if DTYPE == gl.bfloat16:
+        return gl.inline_asm_elementwise("cvt.rn.bf16x2.f32 $0, $2, $1;", "=r,r,r", [x], dtype=gl.bfloat16,
+                                         is_pure=True, pack=2)
+    else:
+        return gl.inline_asm_elementwise("cvt.rn.f16x2.f32 $0, $2, $1;", "=r,r,r", [x], dtype=gl.float16,
+                                         is_pure=True, pack=2)
+
+
+@gluon.jit
 def tanh(x):
     """tanh from exp2 (``ops.common.attention_math.tanh``'s formula, so both paths round alike)."""
     e = gl.exp2(gl.abs(x) * (-2.0 * LOG2E))

@@ -70,16 +70,16 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from pagedattn.ops.common.gluon_math import LOG2E, finalize_rows, max_combine, sum_combine, tanh
+from pagedattn.ops.common.gluon_math import LOG2E, finalize_rows, max_combine, sum_combine, tanh, to_16bit_pairs
 
 
 
 @gluon.jit
-def _producer(k_cache_ptr, v_cache_ptr, k_desc, v_desc, bt_row_ptr, k_bufs, v_bufs, k_ready, v_ready, kv_empty,
+def _producer(k_cache_ptr, v_cache_ptr, k_desc, v_desc, bt_row_ptr, k_bufs, v_bufs, k_ready, v_ready, empties,
               kv_head, t_lo, n_tiles, kv_hi, num_blocks, max_blocks_per_seq, stride_c_b, stride_c_s, stride_c_h,
               HEAD: gl.constexpr, PAGE_SIZE: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
               PRODUCER_WARPS: gl.constexpr, GROUP_SIGNAL: gl.constexpr, COPY_ROWS: gl.constexpr,
-              TMA_BOX: gl.constexpr):
+              TMA_BOX: gl.constexpr, SPLIT_EMPTY: gl.constexpr):
     """Gather K and V tiles [BLOCK_N, HEAD] page by page into the ring (see the module docstring).
     GROUP_SIGNAL 1: each tile's copies are waited for (``wait_group``) and fenced, then one arrive
     of the partition (ConSan's form; one tile in flight). GROUP_SIGNAL 2: the same one tile late,
@@ -90,7 +90,10 @@ def _producer(k_cache_ptr, v_cache_ptr, k_desc, v_desc, bt_row_ptr, k_bufs, v_bu
     thread of 64-bit addresses spill). TMA_BOX > 0 (with
     GROUP_SIGNAL 1): a tile whose keys all lie before kv_hi is copied by TMA through the host
     descriptors ``k_desc`` / ``v_desc`` (``_copy_tile_tma``), the one tile that reaches kv_hi by
-    the masked cp.async copies, so that no key past the range is read."""
+    the masked cp.async copies, so that no key past the range is read. ``empties``: (K's slot free,
+    V's slot free), one barrier twice unless SPLIT_EMPTY (then K is refilled once its S = Q K^T is
+    done, V once its P V is)."""
+    k_empty, v_empty = empties
     # 16 bytes a thread, HEAD // 8 threads across a row
     COL_THREADS: gl.constexpr = HEAD // 8
     cp_l: gl.constexpr = gl.BlockedLayout([1, 8], [32 // COL_THREADS, COL_THREADS], [PRODUCER_WARPS, 1], [1, 0])
@@ -124,33 +127,36 @@ def _producer(k_cache_ptr, v_cache_ptr, k_desc, v_desc, bt_row_ptr, k_bufs, v_bu
         slot = j % NUM_STAGES
         ph = (j // NUM_STAGES) & 1
         if TMA_BOX and (i + 1) * BLOCK_N <= kv_hi:  # without TMA_BOX the JIT drops this branch unseen
-            mbarrier.wait(kv_empty.index(slot), ph ^ 1)
+            mbarrier.wait(k_empty.index(slot), ph ^ 1)
             _copy_tile_tma(k_desc, k_boxes, k_ready.index(slot), bt_row_ptr, max_blocks_per_seq, i, slot, kv_head,
                            HEAD, PAGE_SIZE, BLOCK_N, TMA_BOX)
+            if SPLIT_EMPTY:
+                mbarrier.wait(v_empty.index(slot), ph ^ 1)
             _copy_tile_tma(v_desc, v_boxes, v_ready.index(slot), bt_row_ptr, max_blocks_per_seq, i, slot, kv_head,
                            HEAD, PAGE_SIZE, BLOCK_N, TMA_BOX)
         else:
             # (a wait in each branch: hoisted above them, ptxas lays out the timed TMA build anew)
-            mbarrier.wait(kv_empty.index(slot), ph ^ 1)
-            _copy_tile(k_cache_ptr, v_cache_ptr, bt_row_ptr, k_bufs, v_bufs, k_rows, v_rows, k_ready, v_ready, i, j,
-                       slot, offs_n, offs_d, in_page, kv_head, kv_hi, num_blocks, max_blocks_per_seq, stride_c_b,
+            mbarrier.wait(k_empty.index(slot), ph ^ 1)
+            _copy_tile(k_cache_ptr, v_cache_ptr, bt_row_ptr, k_bufs, v_bufs, k_rows, v_rows, k_ready, v_ready, v_empty,
+                       i, j, slot, offs_n, offs_d, in_page, kv_head, kv_hi, num_blocks, max_blocks_per_seq, stride_c_b,
                        stride_c_s, stride_c_h, HEAD, PAGE_SIZE, BLOCK_N, NUM_STAGES, PRODUCER_WARPS, GROUP_SIGNAL,
-                       COPY_ROWS)
+                       COPY_ROWS, SPLIT_EMPTY)
     if GROUP_SIGNAL == 2:
         if n_tiles > t_lo:
             _signal_landed(k_ready, v_ready, (n_tiles - 1 - t_lo) % NUM_STAGES, 0)
 
 
 @gluon.jit
-def _copy_tile(k_cache_ptr, v_cache_ptr, bt_row_ptr, k_bufs, v_bufs, k_rows, v_rows, k_ready, v_ready, i, j, slot,
-               offs_n, offs_d, in_page, kv_head, kv_hi, num_blocks, max_blocks_per_seq, stride_c_b, stride_c_s,
-               stride_c_h, HEAD: gl.constexpr, PAGE_SIZE: gl.constexpr, BLOCK_N: gl.constexpr,
+def _copy_tile(k_cache_ptr, v_cache_ptr, bt_row_ptr, k_bufs, v_bufs, k_rows, v_rows, k_ready, v_ready, v_empty, i,
+               j, slot, offs_n, offs_d, in_page, kv_head, kv_hi, num_blocks, max_blocks_per_seq, stride_c_b,
+               stride_c_s, stride_c_h, HEAD: gl.constexpr, PAGE_SIZE: gl.constexpr, BLOCK_N: gl.constexpr,
                NUM_STAGES: gl.constexpr, PRODUCER_WARPS: gl.constexpr, GROUP_SIGNAL: gl.constexpr,
-               COPY_ROWS: gl.constexpr):
+               COPY_ROWS: gl.constexpr, SPLIT_EMPTY: gl.constexpr):
     """Key tile i (the j-th of the ring's sequence) into ring slot ``slot`` by masked cp.async
     copies of the producer's threads, K then V, signalled as GROUP_SIGNAL says (``_producer``):
     the whole tile at once (its rows' addresses computed once for both), or with COPY_ROWS <
-    BLOCK_N pass by pass into ``k_rows`` / ``v_rows`` (``_copy_passes``)."""
+    BLOCK_N pass by pass into ``k_rows`` / ``v_rows`` (``_copy_passes``). SPLIT_EMPTY: V's copies
+    wait for ``v_empty`` (the caller waited for K's slot)."""
     if COPY_ROWS == BLOCK_N:
         offs, ok = _copy_rows(bt_row_ptr, i * BLOCK_N, offs_n, offs_d, in_page, kv_head, kv_hi, num_blocks,
                               max_blocks_per_seq, stride_c_b, stride_c_s, stride_c_h, PAGE_SIZE, BLOCK_N)
@@ -162,6 +168,8 @@ def _copy_tile(k_cache_ptr, v_cache_ptr, bt_row_ptr, k_bufs, v_bufs, k_rows, v_r
         cp.commit_group()
     else:
         cp.mbarrier_arrive(k_ready.index(slot), increment_count=False)
+    if SPLIT_EMPTY:
+        mbarrier.wait(v_empty.index(slot), ((j // NUM_STAGES) & 1) ^ 1)
     if COPY_ROWS == BLOCK_N:
         cp.async_copy_global_to_shared(v_bufs.index(slot), v_cache_ptr + offs, mask=ok[:, None])
     else:
@@ -320,7 +328,12 @@ def _probabilities(qk, i, m_i, l_i, q_pos, qk_scale, mods, DTYPE: gl.constexpr, 
     p = gl.exp2(x * c - m_use[:, None])
     alpha = gl.exp2(m_i - m_use)
     l_i = l_i * alpha + gl.reduce(p, 1, sum_combine)
-    p_op = gl.convert_layout(p.to(DTYPE), p_l)  # registers: the A operand of the second wgmma
+    if BLOCK_N > 64:
+        # at 128 keys the packed conversion's allocation spills the consumers (18 B in the loop)
+        p16 = p.to(DTYPE)
+    else:
+        p16 = to_16bit_pairs(p, DTYPE)  # one instruction a pair (``p.to`` adds a PRMT a pair)
+    p_op = gl.convert_layout(p16, p_l)  # registers: the A operand of the second wgmma
     return p_op, m_new, l_i, gl.convert_layout(alpha, gl.SliceLayout(1, o_l))
 
 
@@ -369,7 +382,7 @@ def _issue_values(p_op, v_bufs, v_ready, j, acc, NUM_STAGES: gl.constexpr, FENCE
 
 
 @gluon.jit
-def _attend_pairs(i_lo, i_hi, t_base, q_op, k_bufs, v_bufs, k_ready, v_ready, kv_empty, m_i, l_i, acc, q_pos,
+def _attend_pairs(i_lo, i_hi, t_base, q_op, k_bufs, v_bufs, k_ready, v_ready, empties, m_i, l_i, acc, q_pos,
                   qk_scale, mods, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
                   NUM_WARPS: gl.constexpr, FEATURES: gl.constexpr, FENCE: gl.constexpr):
     """The mask-free key tiles i_lo .. i_hi - 1 (an even count) two at a time: each pair's two
@@ -377,7 +390,9 @@ def _attend_pairs(i_lo, i_hi, t_base, q_op, k_bufs, v_bufs, k_ready, v_ready, kv
     O's rescale, the row maxima and the waits come once for 2 * BLOCK_N keys. Overlapped as
     ``_attend_tiles``' OVERLAP: pair j + 1's scores are issued with pair j's ``P V`` and its
     softmax runs while they finish. Four ring slots are held at once (a pair's P V and the next
-    pair's scores): NUM_STAGES >= 5 keeps one slot filling."""
+    pair's scores): NUM_STAGES >= 5 keeps one slot filling. ``empties``: one barrier twice (a slot
+    is released whole)."""
+    kv_empty = empties[1]
     HEAD: gl.constexpr = acc.shape[1]
     DTYPE: gl.constexpr = q_op.dtype
     gl.static_assert(NUM_STAGES >= 5, "pairs hold four ring slots at once")
@@ -416,10 +431,10 @@ def _attend_pairs(i_lo, i_hi, t_base, q_op, k_bufs, v_bufs, k_ready, v_ready, kv
 
 
 @gluon.jit
-def _attend_tiles(i_lo, i_hi, t_base, q_op, k_bufs, v_bufs, k_ready, v_ready, kv_empty, m_i, l_i, acc, q_pos,
+def _attend_tiles(i_lo, i_hi, t_base, q_op, k_bufs, v_bufs, k_ready, v_ready, empties, m_i, l_i, acc, q_pos,
                   qk_scale, mods, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
                   NUM_WARPS: gl.constexpr, MASKED: gl.constexpr, PIPELINED: gl.constexpr, OVERLAP: gl.constexpr,
-                  FEATURES: gl.constexpr, FENCE: gl.constexpr):
+                  FEATURES: gl.constexpr, FENCE: gl.constexpr, SPLIT_EMPTY: gl.constexpr):
     """Online softmax over key tiles i_lo .. i_hi - 1 (MASKED: the causal rule k_pos <= q_pos and
     the window's; else every key is visible to every row). Tile i sits at ring position
     ``i - t_base`` (t_base: the first tile the producer loads); ``mods``, ``FEATURES``:
@@ -431,7 +446,12 @@ def _attend_tiles(i_lo, i_hi, t_base, q_op, k_bufs, v_bufs, k_ready, v_ready, kv
     ``O += P V`` is issued right behind tile i + 1's ``S = Q K^T`` and runs while the warps
     compute tile i + 1's softmax (the scores are waited for alone, the older wgmma first); O is
     rescaled by tile i + 1's factor once its P V is done, and P of two tiles is live in
-    registers. Else each tile's two wgmma and its softmax run one after the other."""
+    registers. Else each tile's two wgmma and its softmax run one after the other.
+
+    ``empties`` = (K's slot free, V's slot free). SPLIT_EMPTY (OVERLAP only): two barriers, K's
+    slot released as soon as its scores are waited for, V's after its P V, so the producer
+    refills K a softmax step earlier; else one barrier twice, the slot released whole after P V."""
+    k_empty, kv_empty = empties
     HEAD: gl.constexpr = acc.shape[1]
     DTYPE: gl.constexpr = q_op.dtype
     s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
@@ -451,6 +471,8 @@ def _attend_tiles(i_lo, i_hi, t_base, q_op, k_bufs, v_bufs, k_ready, v_ready, kv
     elif i_lo < i_hi:
         qk, k_tile = _issue_scores(q_op, k_bufs, k_ready, i_lo - t_base, s_zero, NUM_STAGES, FENCE)
         qk, _ = warpgroup_mma_wait(num_outstanding=0, deps=(qk, k_tile))
+        if SPLIT_EMPTY:
+            mbarrier.arrive(k_empty.index((i_lo - t_base) % NUM_STAGES), count=1)
         if OVERLAP:
             p_op, m_i, l_i, alpha = _probabilities(qk, i_lo, m_i, l_i, q_pos, qk_scale, mods, DTYPE, HEAD,
                                                    BLOCK_N, NUM_WARPS, MASKED, FEATURES)
@@ -459,10 +481,12 @@ def _attend_tiles(i_lo, i_hi, t_base, q_op, k_bufs, v_bufs, k_ready, v_ready, kv
                 qk_next, k_next = _issue_scores(q_op, k_bufs, k_ready, i + 1 - t_base, s_zero, NUM_STAGES, FENCE)
                 acc, v_tile = _issue_values(p_op, v_bufs, v_ready, i - t_base, acc, NUM_STAGES, FENCE)
                 qk, _ = warpgroup_mma_wait(num_outstanding=1, deps=(qk_next, k_next))  # issued first: done first
+                if SPLIT_EMPTY:
+                    mbarrier.arrive(k_empty.index((i + 1 - t_base) % NUM_STAGES), count=1)
                 p_next, m_i, l_i, alpha = _probabilities(qk, i + 1, m_i, l_i, q_pos, qk_scale, mods, DTYPE, HEAD,
                                                          BLOCK_N, NUM_WARPS, MASKED, FEATURES)
                 acc, _, _ = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_op, v_tile))
-                # slot i free: both its wgmma are done
+                # slot i free (SPLIT_EMPTY: its V): both its wgmma are done
                 mbarrier.arrive(kv_empty.index((i - t_base) % NUM_STAGES), count=1)
                 acc = acc * alpha[:, None]
                 p_op = p_next
@@ -487,11 +511,12 @@ def _attend_tiles(i_lo, i_hi, t_base, q_op, k_bufs, v_bufs, k_ready, v_ready, kv
 
 
 @gluon.jit
-def _consumer(q_smem, k_bufs, v_bufs, k_ready, v_ready, kv_empty, out_ptr, lse_ptr, stride_o_t, stride_o_h,
+def _consumer(q_smem, k_bufs, v_bufs, k_ready, v_ready, empties, out_ptr, lse_ptr, stride_o_t, stride_o_h,
               stride_lse_t, stride_lse_h, head, q_start, q_len, row_lo, context_len, num_tokens, t_lo, t_mid_lo,
               t_mid_hi, n_tiles, scale, mods, sink_log2, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
               NUM_STAGES: gl.constexpr, NUM_WARPS: gl.constexpr, PIPELINED: gl.constexpr, OVERLAP: gl.constexpr,
-              PAIRED: gl.constexpr, Q_IN_REGS: gl.constexpr, FEATURES: gl.constexpr, FENCE: gl.constexpr):
+              PAIRED: gl.constexpr, Q_IN_REGS: gl.constexpr, FEATURES: gl.constexpr, FENCE: gl.constexpr,
+              SPLIT_EMPTY: gl.constexpr):
     """Attend over the key tiles and store out and lse: tiles t_lo .. t_mid_lo - 1 (the window's
     edge, with a window only) and t_mid_hi .. n_tiles - 1 (the diagonal) masked, the ones between
     without a mask. ``sink_log2``: the head's sink logit in base 2 (-inf: none), a key of weight
@@ -513,21 +538,21 @@ def _consumer(q_smem, k_bufs, v_bufs, k_ready, v_ready, kv_empty, out_ptr, lse_p
     qk_scale = scale * LOG2E
     USE_WINDOW: gl.constexpr = FEATURES[2]
     if USE_WINDOW:
-        m_i, l_i, acc = _attend_tiles(t_lo, t_mid_lo, t_lo, q_op, k_bufs, v_bufs, k_ready, v_ready, kv_empty, m_i,
+        m_i, l_i, acc = _attend_tiles(t_lo, t_mid_lo, t_lo, q_op, k_bufs, v_bufs, k_ready, v_ready, empties, m_i,
                                       l_i, acc, q_pos, qk_scale, mods, BLOCK_M, BLOCK_N, NUM_STAGES, NUM_WARPS,
-                                      True, PIPELINED, OVERLAP, FEATURES, FENCE)
+                                      True, PIPELINED, OVERLAP, FEATURES, FENCE, SPLIT_EMPTY)
     t_pairs = t_mid_lo
     if PAIRED:  # the mask-free tiles two at a time, an odd one left for _attend_tiles
         t_pairs = t_mid_lo + (t_mid_hi - t_mid_lo) // 2 * 2
-        m_i, l_i, acc = _attend_pairs(t_mid_lo, t_pairs, t_lo, q_op, k_bufs, v_bufs, k_ready, v_ready, kv_empty, m_i,
+        m_i, l_i, acc = _attend_pairs(t_mid_lo, t_pairs, t_lo, q_op, k_bufs, v_bufs, k_ready, v_ready, empties, m_i,
                                       l_i, acc, q_pos, qk_scale, mods, BLOCK_M, BLOCK_N, NUM_STAGES, NUM_WARPS,
                                       FEATURES, FENCE)
-    m_i, l_i, acc = _attend_tiles(t_pairs, t_mid_hi, t_lo, q_op, k_bufs, v_bufs, k_ready, v_ready, kv_empty, m_i,
+    m_i, l_i, acc = _attend_tiles(t_pairs, t_mid_hi, t_lo, q_op, k_bufs, v_bufs, k_ready, v_ready, empties, m_i,
                                   l_i, acc, q_pos, qk_scale, mods, BLOCK_M, BLOCK_N, NUM_STAGES, NUM_WARPS, False,
-                                  PIPELINED, OVERLAP, FEATURES, FENCE)
-    m_i, l_i, acc = _attend_tiles(t_mid_hi, n_tiles, t_lo, q_op, k_bufs, v_bufs, k_ready, v_ready, kv_empty, m_i,
+                                  PIPELINED, OVERLAP, FEATURES, FENCE, SPLIT_EMPTY)
+    m_i, l_i, acc = _attend_tiles(t_mid_hi, n_tiles, t_lo, q_op, k_bufs, v_bufs, k_ready, v_ready, empties, m_i,
                                   l_i, acc, q_pos, qk_scale, mods, BLOCK_M, BLOCK_N, NUM_STAGES, NUM_WARPS, True,
-                                  PIPELINED, OVERLAP, FEATURES, FENCE)
+                                  PIPELINED, OVERLAP, FEATURES, FENCE, SPLIT_EMPTY)
 
     out, lse = finalize_rows(acc, m_i, l_i, s_l, o_l)
 
@@ -577,25 +602,35 @@ def _key_tiles(p_first, p_last, seq_len, sliding_window, pr_row, num_prefix_rang
 
 
 @gluon.jit
-def _ring_barriers(NUM_STAGES: gl.constexpr, READY_ARRIVALS: gl.constexpr, NUM_CONSUMERS: gl.constexpr):
+def _ring_barriers(NUM_STAGES: gl.constexpr, READY_ARRIVALS: gl.constexpr, NUM_CONSUMERS: gl.constexpr,
+                   SPLIT_EMPTY: gl.constexpr):
     """The ring's barriers, one per slot each: K landed, V landed (READY_ARRIVALS arrivals), and
-    the slot free again (one arrival per consumer partition)."""
+    the slot free again (one arrival per consumer partition): ``(k_ready, v_ready, (K free, V
+    free))``, the last one barrier twice unless SPLIT_EMPTY."""
     k_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    kv_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    k_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    v_empty = k_empty
+    if SPLIT_EMPTY:
+        v_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     for s in gl.static_range(NUM_STAGES):
         mbarrier.init(k_ready.index(s), count=READY_ARRIVALS)
         mbarrier.init(v_ready.index(s), count=READY_ARRIVALS)
-        mbarrier.init(kv_empty.index(s), count=NUM_CONSUMERS)
-    return k_ready, v_ready, kv_empty
+        mbarrier.init(k_empty.index(s), count=NUM_CONSUMERS)
+        if SPLIT_EMPTY:
+            mbarrier.init(v_empty.index(s), count=NUM_CONSUMERS)
+    return k_ready, v_ready, (k_empty, v_empty)
 
 
 @gluon.jit
-def _invalidate_ring(k_ready, v_ready, kv_empty, NUM_STAGES: gl.constexpr):
+def _invalidate_ring(k_ready, v_ready, empties, NUM_STAGES: gl.constexpr, SPLIT_EMPTY: gl.constexpr):
+    k_empty, v_empty = empties
     for s in gl.static_range(NUM_STAGES):
         mbarrier.invalidate(k_ready.index(s))
         mbarrier.invalidate(v_ready.index(s))
-        mbarrier.invalidate(kv_empty.index(s))
+        mbarrier.invalidate(k_empty.index(s))
+        if SPLIT_EMPTY:
+            mbarrier.invalidate(v_empty.index(s))
 
 
 @gluon.jit
@@ -646,6 +681,7 @@ def prefill_gluon_kernel(
     NUM_STAGES: gl.constexpr, PRODUCER_WARPS: gl.constexpr, PRODUCER_REGS: gl.constexpr, PIPELINED: gl.constexpr,
     OVERLAP: gl.constexpr, NUM_CONSUMERS: gl.constexpr, CONSUMER_REGS: gl.constexpr, GROUP_SIGNAL: gl.constexpr,
     Q_IN_REGS: gl.constexpr, PAIRED: gl.constexpr, COPY_ROWS: gl.constexpr, TMA_BOX: gl.constexpr,
+    SPLIT_EMPTY: gl.constexpr,
     USE_SOFTCAP: gl.constexpr, ALIBI_MODE: gl.constexpr, USE_WINDOW: gl.constexpr, HAS_PREFIX: gl.constexpr,
 ):
     """out = softmax(scale * q k^T + causal mask) v for one Q tile of one head (see the module docstring),
@@ -665,6 +701,7 @@ def prefill_gluon_kernel(
     BLOCK_M: gl.constexpr = WG_ROWS * NUM_CONSUMERS
     gl.static_assert(NUM_WARPS % 4 == 0, "the default partition is whole warpgroups")
     gl.static_assert(NUM_STAGES >= 2, "the ring needs two slots")
+    gl.static_assert(not SPLIT_EMPTY or (OVERLAP and not PAIRED), "K released apart from V: the overlapped loop")
     gl.static_assert(BLOCK_N % (32 * PRODUCER_WARPS // (HEAD // 8)) == 0, "BLOCK_N: whole rows of the copy layout")
     gl.static_assert((COPY_ROWS == BLOCK_N) | ((BLOCK_N % COPY_ROWS == 0) & (COPY_ROWS % (4 * PRODUCER_WARPS) == 0)
                                                & (HEAD % 64 == 0)), "COPY_ROWS: whole passes of 64-column pieces")
@@ -706,7 +743,7 @@ def prefill_gluon_kernel(
     # copies before signalling them (GROUP_SIGNAL 2; 1 keeps both fences, the form ConSan ran)
     # or TMA writes the ring (through the async proxy; its cp.async tail tiles signal as GROUP_SIGNAL 1)
     CONSUMER_FENCE: gl.constexpr = (GROUP_SIGNAL != 2) & (TMA_BOX == 0)
-    k_ready, v_ready, kv_empty = _ring_barriers(NUM_STAGES, READY_ARRIVALS, NUM_CONSUMERS)
+    k_ready, v_ready, empties = _ring_barriers(NUM_STAGES, READY_ARRIVALS, NUM_CONSUMERS, SPLIT_EMPTY)
     fence_async_shared()  # the queries and the barriers' initialization, before any async-proxy use
 
     bt_row_ptr = block_table_ptr + seq.to(gl.int64) * stride_bt_s
@@ -714,33 +751,33 @@ def prefill_gluon_kernel(
     # no function as a value)
     if NUM_CONSUMERS == 1:
         gl.warp_specialize([
-            (_consumer, (q_smem, k_bufs, v_bufs, k_ready, v_ready, kv_empty, out_ptr, lse_ptr, stride_o_t, stride_o_h,
+            (_consumer, (q_smem, k_bufs, v_bufs, k_ready, v_ready, empties, out_ptr, lse_ptr, stride_o_t, stride_o_h,
                          stride_lse_t, stride_lse_h, head, q_start, q_len, row_lo, context_len, num_tokens, t_lo,
                          t_mid_lo, t_mid_hi, n_tiles, scale, mods, sink_log2, WG_ROWS, BLOCK_N, NUM_STAGES, NUM_WARPS,
-                         PIPELINED, OVERLAP, PAIRED, Q_IN_REGS, FEATURES, CONSUMER_FENCE)),
+                         PIPELINED, OVERLAP, PAIRED, Q_IN_REGS, FEATURES, CONSUMER_FENCE, SPLIT_EMPTY)),
             (_producer, (k_cache_ptr, v_cache_ptr, k_desc, v_desc, bt_row_ptr, k_bufs, v_bufs, k_ready, v_ready,
-                         kv_empty, kv_head, t_lo, n_tiles, kv_hi, num_blocks, max_blocks_per_seq, stride_c_b,
+                         empties, kv_head, t_lo, n_tiles, kv_hi, num_blocks, max_blocks_per_seq, stride_c_b,
                          stride_c_s, stride_c_h, HEAD, PAGE_SIZE, BLOCK_N, NUM_STAGES, PRODUCER_WARPS, GROUP_SIGNAL,
-                         COPY_ROWS, TMA_BOX)),
+                         COPY_ROWS, TMA_BOX, SPLIT_EMPTY)),
         ], [PRODUCER_WARPS], [PRODUCER_REGS])
     else:
         # both halves walk every tile of the whole tile's range (the ring's protocol), the mask
         # and the row maxima keep each half's rows right
         gl.warp_specialize([
-            (_consumer, (q_smem.slice(0, WG_ROWS), k_bufs, v_bufs, k_ready, v_ready, kv_empty, out_ptr, lse_ptr,
+            (_consumer, (q_smem.slice(0, WG_ROWS), k_bufs, v_bufs, k_ready, v_ready, empties, out_ptr, lse_ptr,
                          stride_o_t, stride_o_h, stride_lse_t, stride_lse_h, head, q_start, q_len, row_lo,
                          context_len, num_tokens, t_lo, t_mid_lo, t_mid_hi, n_tiles, scale, mods, sink_log2, WG_ROWS,
                          BLOCK_N, NUM_STAGES, NUM_WARPS, PIPELINED, OVERLAP, PAIRED, Q_IN_REGS, FEATURES,
-                         CONSUMER_FENCE)),
+                         CONSUMER_FENCE, SPLIT_EMPTY)),
             (_producer, (k_cache_ptr, v_cache_ptr, k_desc, v_desc, bt_row_ptr, k_bufs, v_bufs, k_ready, v_ready,
-                         kv_empty, kv_head, t_lo, n_tiles, kv_hi, num_blocks, max_blocks_per_seq, stride_c_b,
+                         empties, kv_head, t_lo, n_tiles, kv_hi, num_blocks, max_blocks_per_seq, stride_c_b,
                          stride_c_s, stride_c_h, HEAD, PAGE_SIZE, BLOCK_N, NUM_STAGES, PRODUCER_WARPS, GROUP_SIGNAL,
-                         COPY_ROWS, TMA_BOX)),
-            (_consumer, (q_smem.slice(WG_ROWS, WG_ROWS), k_bufs, v_bufs, k_ready, v_ready, kv_empty, out_ptr,
+                         COPY_ROWS, TMA_BOX, SPLIT_EMPTY)),
+            (_consumer, (q_smem.slice(WG_ROWS, WG_ROWS), k_bufs, v_bufs, k_ready, v_ready, empties, out_ptr,
                          lse_ptr, stride_o_t, stride_o_h, stride_lse_t, stride_lse_h, head, q_start, q_len,
                          row_lo + WG_ROWS, context_len, num_tokens, t_lo, t_mid_lo, t_mid_hi, n_tiles, scale, mods,
                          sink_log2, WG_ROWS, BLOCK_N, NUM_STAGES, NUM_WARPS, PIPELINED, OVERLAP, PAIRED, Q_IN_REGS,
-                         FEATURES, CONSUMER_FENCE)),
+                         FEATURES, CONSUMER_FENCE, SPLIT_EMPTY)),
         ], [PRODUCER_WARPS, NUM_WARPS], [PRODUCER_REGS, CONSUMER_REGS])
 
-    _invalidate_ring(k_ready, v_ready, kv_empty, NUM_STAGES)
+    _invalidate_ring(k_ready, v_ready, empties, NUM_STAGES, SPLIT_EMPTY)

@@ -71,6 +71,7 @@ class GluonPrefillConfig:
     paired: bool = False  # mask-free key tiles two at a time: one softmax step and O rescale a pair (overlap)
     copy_rows: int = 0  # the producer's cp.async copies of a tile, this many rows a pass (0: the whole tile at once)
     tma: bool = False  # with group_signal: tiles of keys all before the range's end copied by TMA, a box a page
+    split_release: bool = False  # with overlap: a K slot refilled once its scores are done, V's after P V
 
     def for_head(self, head_size: int) -> "GluonPrefillConfig":
         """This config at ``head_size``: past head 128 the key tile is 32 keys. At head 256 and 64
@@ -155,6 +156,29 @@ GLUON_PREFILL_CONFIGS = {"1": GLUON_PREFILL_CONFIG, "split": GluonPrefillConfig(
                          "tma128s3": dataclasses.replace(GLUON_PREFILL_CONFIG, group_signal=True, tma=True, block_n=128,
                                                          num_stages=3, producer_regs=48, consumer_regs=232,
                                                          copy_rows=32),
+                         # K's slot released once its scores are waited for, V's after its P V (FA3's two
+                         # pipelines), so the producer refills K a softmax step earlier: under Nsight Compute
+                         # on the H200 tma128's consumers spent a quarter of their samples waiting for K and
+                         # its producer 38% of its samples waiting for a free slot (S=8192)
+                         "earlyk": dataclasses.replace(GLUON_PREFILL_CONFIG, split_release=True),
+                         # the same signalled in the form ConSan follows, so the sanitizer checks the
+                         # split protocol (a K refill racing the consumers' reads of V's slot, or of K's)
+                         "groups-earlyk": dataclasses.replace(GLUON_PREFILL_CONFIG, group_signal=True,
+                                                              split_release=True),
+                         "tma-earlyk": dataclasses.replace(GLUON_PREFILL_CONFIG, group_signal=True, tma=True,
+                                                           split_release=True),
+                         "tma128-earlyk": dataclasses.replace(GLUON_PREFILL_CONFIG, group_signal=True, tma=True,
+                                                              block_n=128, num_stages=2, producer_regs=48,
+                                                              consumer_regs=232, copy_rows=32, split_release=True),
+                         # the same with a producer of one warp: issued from a partition of four warps, each
+                         # TMA box costs an election, a vote and a barrier of the four (the producer loop ran
+                         # 538 instructions a tile in every one of them, 30% of the kernel's, under Nsight
+                         # Compute); one warp issues them without the barrier. Its tail copies go 8 rows a
+                         # pass (at 32, 48 registers spill)
+                         "tma128-earlyk-1w": dataclasses.replace(GLUON_PREFILL_CONFIG, group_signal=True, tma=True,
+                                                                 block_n=128, num_stages=2, producer_warps=1,
+                                                                 producer_regs=48, consumer_regs=232, copy_rows=8,
+                                                                 split_release=True),
                          # the default with Q read from shared memory by every S = Q K^T
                          "smemq": dataclasses.replace(GLUON_PREFILL_CONFIG, q_in_regs=False),
                          # the default with the mask-free tiles taken in pairs (128 keys a softmax step from a
@@ -171,6 +195,13 @@ GLUON_PREFILL_CONFIGS = {"1": GLUON_PREFILL_CONFIG, "split": GluonPrefillConfig(
                          "pairs": dataclasses.replace(GLUON_PREFILL_CONFIG, paired=True, num_stages=6, producer_regs=56,
                                                       consumer_regs=224),
                          "0": GLUON_OFF}
+# what the automatic rule takes at head 128 (calls with no score modifier): 128-key tiles by TMA,
+# K released apart from V, a one-warp producer: on the H200 beside vLLM's FA3 (same run), S=2048
+# 87.8 against the 64-key default's 97.9 us, S=8192 1167.6 / 1248.9, S=32768 17.1 / 18.9 ms,
+# 4 x 512 on 4096 316.4 / 352.6, the traffic's chunk prompts 459.5 / 517.4 (0.82-0.90x FA3's
+# speed, the default 0.74-0.80x). Not timed at head 64, and with score modifiers its consumers
+# spill (about 1.4 KB): those keep GLUON_PREFILL_CONFIG
+GLUON_AUTO_CONFIG_HEAD128 = GLUON_PREFILL_CONFIGS["tma128-earlyk-1w"]
 # the automatic rule's floor: below it the tl kernel was as fast on the H200 (a 512-token prefill:
 # 16.8 against 16.6 us), above it the Gluon kernel was faster (2048: 99.6 against 103.9 us; 4 x 512
 # on 4096: 360.9 against 382.7; 8192: 1221 against 1347), beside shorter sequences too: with the
@@ -246,7 +277,8 @@ def use_gluon_prefill(a: AttentionArgs, max_query_len: int) -> GluonPrefillConfi
     """The Gluon config of this call's prefill launch, or None for the portable kernel.
 
     On a CUDA GPU of compute capability 9.x, for a call the kernel serves: the config
-    ``PAGEDATTN_PREFILL_GLUON`` names, else (unset) the default one when the call holds at least
+    ``PAGEDATTN_PREFILL_GLUON`` names, else (unset) GLUON_AUTO_CONFIG_HEAD128 at head 128 and the
+    default one at head 64, when the call holds at least
     GLUON_MIN_QUERY_TOKENS query tokens and a sequence of GLUON_MIN_QUERY_LEN or more, a head
     size of GLUON_AUTO_HEAD_SIZES and no score modifier: the modifiers passed the
     GPU suite against the float64 reference, but the one shape timed with them (GPT-OSS's:
@@ -260,7 +292,7 @@ def use_gluon_prefill(a: AttentionArgs, max_query_len: int) -> GluonPrefillConfi
         if (a.q.shape[0] < GLUON_MIN_QUERY_TOKENS or max_query_len < GLUON_MIN_QUERY_LEN
                 or a.score_modifiers() or a.q.shape[2] not in GLUON_AUTO_HEAD_SIZES):
             return None
-        config = GLUON_PREFILL_CONFIG
+        config = GLUON_AUTO_CONFIG_HEAD128 if a.q.shape[2] == 128 else GLUON_PREFILL_CONFIG
     return config if gluon_prefill_supported(a, max_query_len, config) is None else None
 
 
@@ -325,7 +357,8 @@ def launch_prefill_gluon(
            PRODUCER_REGS=config.producer_regs, PIPELINED=config.pipelined, OVERLAP=config.overlap,
            NUM_CONSUMERS=config.num_consumers, CONSUMER_REGS=config.consumer_regs,
            GROUP_SIGNAL=config.ring_signal, Q_IN_REGS=config.q_in_regs, PAIRED=config.paired and config.overlap,
-           COPY_ROWS=config.pass_rows, TMA_BOX=tma_box, k_desc=k_desc, v_desc=v_desc,
+           COPY_ROWS=config.pass_rows, TMA_BOX=tma_box, SPLIT_EMPTY=config.split_release, k_desc=k_desc,
+           v_desc=v_desc,
            USE_SOFTCAP=bool(a.softcap),
            ALIBI_MODE=int(a.alibi_mode),
            USE_WINDOW=bool(a.sliding_window and a.sliding_window > 0), HAS_PREFIX=pr is not None,
