@@ -1,17 +1,15 @@
 """The package's import graph: no cycles (lazy imports inside functions count), and the kernels
 import nothing above them."""
 
-import importlib.util
 from pathlib import Path
+
+from tests.scripts_support import load_script
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def _import_cycles():
-    spec = importlib.util.spec_from_file_location("import_cycles", ROOT / "scripts" / "import_cycles.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("import_cycles")
 
 
 def test_no_import_cycles():

@@ -1,21 +1,18 @@
 """scripts/ncu_report.py's summary of Nsight Compute exports (the profiling itself needs a GPU)."""
 
 import csv
-import importlib.util
 import pathlib
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+from tests.scripts_support import load_script
+
 STALLS = ("barrier", "wait", "long_sb")
 
 
 @pytest.fixture(scope="module")
 def report():
-    spec = importlib.util.spec_from_file_location("ncu_report", ROOT / "scripts" / "ncu_report.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("ncu_report")
 
 
 def _write_exports(prefix: pathlib.Path, sass_rows):

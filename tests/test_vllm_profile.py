@@ -1,21 +1,17 @@
 """scripts/vllm_profile.py's arithmetic on a chrome trace (the vLLM run itself needs a GPU)."""
 
 import gzip
-import importlib.util
 import json
-import pathlib
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+from tests.scripts_support import load_script
+
 
 
 @pytest.fixture(scope="module")
 def profile():
-    spec = importlib.util.spec_from_file_location("vllm_profile", ROOT / "scripts" / "vllm_profile.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("vllm_profile")
 
 
 def test_kernel_table_sums_each_kernel_and_the_union_of_their_spans(profile, tmp_path):
