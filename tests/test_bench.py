@@ -328,13 +328,14 @@ def test_bench_host_quick(tmp_path, capsys):
 def test_gluon_providers_only_when_named(capsys):
     """The Gluon prefill variants and the tl-only column are columns only when --provider names
     them; --list shows them apart, the Gluon ones with why they are unavailable off an sm90 GPU."""
-    from pagedattn.bench.providers import PROVIDERS
+    from pagedattn.bench.providers import GLUON_VARIANT_COLUMNS, PROVIDERS
+    from pagedattn.ops.prefill_gluon.launch import GLUON_PREFILL_CONFIGS
 
     gluon = [n for n in PROVIDERS if n.startswith("pagedattn-gluon")]
-    assert gluon == ["pagedattn-gluon", "pagedattn-gluon-split", "pagedattn-gluon-pipelined", "pagedattn-gluon-serial",
-                     "pagedattn-gluon-smemq", "pagedattn-gluon-lagged", "pagedattn-gluon-stages4",
-                     "pagedattn-gluon-tma", "pagedattn-gluon-tma128", "pagedattn-gluon-tma128s3",
-                     "pagedattn-gluon-pairs", "pagedattn-gluon-pairs-smemq"]
+    # the default config's column, then one per kept variant, each a config PAGEDATTN_PREFILL_GLUON names
+    assert gluon == ["pagedattn-gluon"] + [f"pagedattn-gluon-{v}" for v in GLUON_VARIANT_COLUMNS]
+    assert {"split", "pipelined", "serial", "tma", "tma128-earlyk-1w"} <= set(GLUON_VARIANT_COLUMNS)
+    assert set(GLUON_VARIANT_COLUMNS) <= set(GLUON_PREFILL_CONFIGS) - {"1", "0"}
     assert not any(PROVIDERS[n].by_default for n in gluon + ["pagedattn-tl"])
     assert main(["--quick", "--list"]) == 0
     listed = capsys.readouterr().out

@@ -112,6 +112,14 @@ PAIRS_SMEMQ = GLUON_PREFILL_CONFIGS["pairs-smemq"]  # and Q read from shared mem
                      id="page16-bf16-lse-tma128-earlyk-1w"),
         pytest.param(64, torch.float16, False, GLUON_PREFILL_CONFIGS["tma128-earlyk-1w"], 64, False,
                      id="page64-fp16-head64-tma128-earlyk-1w"),
+        pytest.param(16, torch.bfloat16, True, GLUON_PREFILL_CONFIGS["threads"], 128, True,
+                     id="page16-bf16-lse-threads-modifiers"),
+        pytest.param(64, torch.float16, False, GLUON_PREFILL_CONFIGS["threads"], 64, False,
+                     id="page64-fp16-head64-threads"),
+        pytest.param(16, torch.bfloat16, True, GLUON_PREFILL_CONFIGS["tma128-threads"], 128, False,
+                     id="page16-bf16-lse-tma128-threads"),
+        pytest.param(256, torch.bfloat16, False, GLUON_PREFILL_CONFIGS["groups-threads"], 128, True,
+                     id="page256-bf16-groups-threads-modifiers"),
         pytest.param(16, torch.bfloat16, True, GLUON_PREFILL_CONFIGS["tma"], 128, True,
                      id="page16-bf16-lse-tma-modifiers"),
         pytest.param(16, torch.float16, False, GLUON_PREFILL_CONFIGS["tma"], 64, False, id="page16-fp16-head64-tma"),
@@ -154,7 +162,7 @@ def _args(dtype=torch.bfloat16, cache_dtype=None, head_size=128, page_size=16, n
 def test_gluon_prefill_variable_picks_the_config(monkeypatch):
     """PAGEDATTN_PREFILL_GLUON: 1 the default config, split / pipelined / serial / groups / lagged /
     stages4 / tma / tma128 / tma128s3 / earlyk / groups-earlyk / tma-earlyk / tma128-earlyk /
-    tma128-earlyk-1w / smemq / pairs / pairs-smemq the
+    tma128-earlyk-1w / threads / tma128-threads / groups-threads / smemq / pairs / pairs-smemq the
     kept variants, 0 off, anything
     else (or unset) the automatic rule; read at each call."""
     monkeypatch.delenv(GLUON_PREFILL_ENV, raising=False)
@@ -179,6 +187,13 @@ def test_gluon_prefill_variable_picks_the_config(monkeypatch):
                           ("tma128-earlyk-1w", dataclasses.replace(default, group_signal=True, tma=True, block_n=128,
                                                                    num_stages=2, producer_warps=1, producer_regs=48,
                                                                    consumer_regs=232, copy_rows=8, split_release=True)),
+                          ("threads", dataclasses.replace(default, thread_release=True)),
+                          ("tma128-threads", dataclasses.replace(default, group_signal=True, tma=True, block_n=128,
+                                                                 num_stages=2, producer_warps=1, producer_regs=48,
+                                                                 consumer_regs=232, copy_rows=8, split_release=True,
+                                                                 thread_release=True)),
+                          ("groups-threads", dataclasses.replace(default, group_signal=True, split_release=True,
+                                                                 thread_release=True)),
                           ("smemq", OVERLAP),
                           ("pairs", dataclasses.replace(default, paired=True, num_stages=6, producer_regs=56,
                                                         consumer_regs=224)),
@@ -439,8 +454,8 @@ def test_gluon_prefill_single_sequence_gpu(calls, seq_len, heads, block_size, dt
 @needs_gluon
 @needs_sm90
 @pytest.mark.parametrize("variant", ["1", "split", "pipelined", "m64", "serial", "groups", "lagged", "stages4",
-                                     "tma", "tma128", "tma128s3", "earlyk", "tma-earlyk", "tma128-earlyk", "tma128-earlyk-1w",
-                                     "smemq",
+                                     "tma", "tma128", "tma128s3", "earlyk", "tma-earlyk", "tma128-earlyk",
+                                     "tma128-earlyk-1w", "threads", "tma128-threads", "smemq",
                                      "pairs", "pairs-smemq"])
 @pytest.mark.parametrize("block_size", [16, 64, 256], ids=lambda n: f"page{n}")
 def test_gluon_prefill_extend_gpu(calls, block_size, variant):
@@ -479,7 +494,7 @@ def test_gluon_prefill_among_decodes_gpu(calls, head_size):
 @pytest.mark.gpu
 @needs_gluon
 @needs_sm90
-@pytest.mark.parametrize("variant", ["1", "tma", "tma128", "tma128-earlyk", "tma128-earlyk-1w"])
+@pytest.mark.parametrize("variant", ["1", "tma", "tma128", "tma128-earlyk", "tma128-earlyk-1w", "tma128-threads"])
 def test_gluon_prefill_cache_past_int32_offsets_gpu(calls, variant):
     # [num_blocks, 16, 8, 128] bf16 past 2**31 elements (> 4 GiB a cache); the batch uses the top blocks
     require_first_call(variant)
@@ -517,7 +532,7 @@ def test_gluon_prefill_path_taken_gpu(calls, monkeypatch):
 @pytest.mark.gpu
 @needs_gluon
 @needs_sm90
-@pytest.mark.parametrize("variant", ["1", "tma", "tma128", "tma128-earlyk", "tma128-earlyk-1w"])
+@pytest.mark.parametrize("variant", ["1", "tma", "tma128", "tma128-earlyk", "tma128-earlyk-1w", "tma128-threads"])
 def test_gluon_prefill_bad_block_id_inside_a_sequence_gpu(calls, variant):
     """A block id outside the cache inside a sequence (a caller's bug, not validated on a GPU):
     nothing outside the cache is read (its keys are zero-filled: masked copies, or TMA boxes out
@@ -573,7 +588,7 @@ MODIFIER_CASES = {
 @needs_gluon
 @needs_sm90
 @pytest.mark.parametrize("variant", ["1", "serial", "smemq", "pairs", "pairs-smemq", "lagged", "stages4", "tma",
-                                     "tma128", "earlyk", "tma-earlyk"])
+                                     "tma128", "earlyk", "tma-earlyk", "threads"])
 @pytest.mark.parametrize("case", list(MODIFIER_CASES))
 def test_gluon_prefill_score_modifiers_gpu(calls, case, variant):
     """The score modifiers the kernel computes, asked for with PAGEDATTN_PREFILL_GLUON: a prompt
@@ -641,7 +656,8 @@ _CONSAN_TMA = pytest.mark.xfail(
 @pytest.mark.gpu
 @needs_gluon
 @needs_sm90
-@pytest.mark.parametrize("variant", ["groups", "lagged", "groups-earlyk", pytest.param("tma", marks=_CONSAN_TMA)])
+@pytest.mark.parametrize("variant", ["groups", "lagged", "groups-earlyk", "groups-threads",
+                                     pytest.param("tma", marks=_CONSAN_TMA)])
 def test_gluon_prefill_ring_protocol_under_consan_gpu(tmp_path, variant):
     """Triton's concurrency sanitizer over the Gluon prefill's ring (an extend at page 16, every
     score modifier at page 64), in a fresh process with its own kernel cache: no race between
@@ -658,7 +674,7 @@ def test_gluon_prefill_ring_protocol_under_consan_gpu(tmp_path, variant):
 @pytest.mark.gpu
 @needs_gluon
 @needs_sm90
-@pytest.mark.parametrize("variant", ["1", "tma", "tma128", "tma128-earlyk", "tma128-earlyk-1w"])
+@pytest.mark.parametrize("variant", ["1", "tma", "tma128", "tma128-earlyk", "tma128-earlyk-1w", "tma128-threads"])
 def test_gluon_prefill_cuda_graph_gpu(calls, variant):
     """With max_query_len / max_seq_len and a plan the call replays its tape and can be captured
     (``tma``: the tape rebuilds its host descriptors, which the captured launch encodes)."""

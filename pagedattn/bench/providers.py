@@ -498,6 +498,8 @@ GLUON_VARIANT_COLUMNS = {
     "tma-earlyk": "TMA copies, K released after its scores",
     "tma128-earlyk": "128-key tiles by TMA, K released after its scores",
     "tma128-earlyk-1w": "the same, a one-warp producer",
+    "threads": "slots released by every consumer thread's arrive",
+    "tma128-threads": "tma128-earlyk-1w, slots released by every consumer thread",
     "pairs": "mask-free key tiles in pairs",
     "pairs-smemq": "tiles in pairs, Q from shared memory",
 }

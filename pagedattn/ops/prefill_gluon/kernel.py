@@ -262,6 +262,21 @@ def _signal_landed(k_ready, v_ready, slot, NEWER_GROUPS: gl.constexpr):
 
 
 @gluon.jit
+def _release(bar, THREAD_RELEASE: gl.constexpr):
+    """A consumer partition's release of a ring slot (its wgmma reading the slot waited for).
+    THREAD_RELEASE: every thread arrives by ``cp.async.mbarrier.arrive.noinc``, which with no copy
+    of its own in flight arrives at once, and the barrier counts every consumer thread; Triton
+    does not take that arrive for a shared-memory write, so neither it nor the next ring wait is
+    preceded by a barrier of the partition. Else the partition's one arrive, which Triton lowers
+    as a ``bar.sync`` of the partition and one thread's arrive (and a ring wait after it gets
+    another ``bar.sync``)."""
+    if THREAD_RELEASE:
+        cp.mbarrier_arrive(bar, increment_count=False)
+    else:
+        mbarrier.arrive(bar, count=1)
+
+
+@gluon.jit
 def _base2_scores(qk, i, q_pos, qk_scale, mods, BLOCK_N: gl.constexpr, NUM_WARPS: gl.constexpr,
                   FEATURES: gl.constexpr):
     """The scores ``qk`` of key tile i with the softcap and ALiBi of ``mods`` applied (``mods``,
@@ -384,7 +399,7 @@ def _issue_values(p_op, v_bufs, v_ready, j, acc, NUM_STAGES: gl.constexpr, FENCE
 @gluon.jit
 def _attend_pairs(i_lo, i_hi, t_base, q_op, k_bufs, v_bufs, k_ready, v_ready, empties, m_i, l_i, acc, q_pos,
                   qk_scale, mods, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
-                  NUM_WARPS: gl.constexpr, FEATURES: gl.constexpr, FENCE: gl.constexpr):
+                  NUM_WARPS: gl.constexpr, FEATURES: gl.constexpr, FENCE: gl.constexpr, THREAD_RELEASE: gl.constexpr):
     """The mask-free key tiles i_lo .. i_hi - 1 (an even count) two at a time: each pair's two
     ``S = Q K^T`` are waited for together and take one softmax step (``_pair_probabilities``), so
     O's rescale, the row maxima and the waits come once for 2 * BLOCK_N keys. Overlapped as
@@ -416,8 +431,8 @@ def _attend_pairs(i_lo, i_hi, t_base, q_op, k_bufs, v_bufs, k_ready, v_ready, em
                                                                     DTYPE, HEAD, BLOCK_N, NUM_WARPS, FEATURES)
             acc, _, _, _, _ = warpgroup_mma_wait(num_outstanding=0, deps=(acc, pa, pb, va, vb))
             # slots i and i + 1 free: their wgmma are done
-            mbarrier.arrive(kv_empty.index((i - t_base) % NUM_STAGES), count=1)
-            mbarrier.arrive(kv_empty.index((i + 1 - t_base) % NUM_STAGES), count=1)
+            _release(kv_empty.index((i - t_base) % NUM_STAGES), THREAD_RELEASE)
+            _release(kv_empty.index((i + 1 - t_base) % NUM_STAGES), THREAD_RELEASE)
             acc = acc * alpha[:, None]
             pa = pa_next
             pb = pb_next
@@ -425,8 +440,8 @@ def _attend_pairs(i_lo, i_hi, t_base, q_op, k_bufs, v_bufs, k_ready, v_ready, em
         acc, va = _issue_values(pa, v_bufs, v_ready, last - t_base, acc, NUM_STAGES, FENCE)
         acc, vb = _issue_values(pb, v_bufs, v_ready, last + 1 - t_base, acc, NUM_STAGES, FENCE)
         acc, _, _, _, _ = warpgroup_mma_wait(num_outstanding=0, deps=(acc, pa, pb, va, vb))
-        mbarrier.arrive(kv_empty.index((last - t_base) % NUM_STAGES), count=1)
-        mbarrier.arrive(kv_empty.index((last + 1 - t_base) % NUM_STAGES), count=1)
+        _release(kv_empty.index((last - t_base) % NUM_STAGES), THREAD_RELEASE)
+        _release(kv_empty.index((last + 1 - t_base) % NUM_STAGES), THREAD_RELEASE)
     return m_i, l_i, acc
 
 
@@ -434,7 +449,8 @@ def _attend_pairs(i_lo, i_hi, t_base, q_op, k_bufs, v_bufs, k_ready, v_ready, em
 def _attend_tiles(i_lo, i_hi, t_base, q_op, k_bufs, v_bufs, k_ready, v_ready, empties, m_i, l_i, acc, q_pos,
                   qk_scale, mods, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
                   NUM_WARPS: gl.constexpr, MASKED: gl.constexpr, PIPELINED: gl.constexpr, OVERLAP: gl.constexpr,
-                  FEATURES: gl.constexpr, FENCE: gl.constexpr, SPLIT_EMPTY: gl.constexpr):
+                  FEATURES: gl.constexpr, FENCE: gl.constexpr, SPLIT_EMPTY: gl.constexpr,
+                  THREAD_RELEASE: gl.constexpr):
     """Online softmax over key tiles i_lo .. i_hi - 1 (MASKED: the causal rule k_pos <= q_pos and
     the window's; else every key is visible to every row). Tile i sits at ring position
     ``i - t_base`` (t_base: the first tile the producer loads); ``mods``, ``FEATURES``:
@@ -467,12 +483,12 @@ def _attend_tiles(i_lo, i_hi, t_base, q_op, k_bufs, v_bufs, k_ready, v_ready, em
             acc, v_tile = _issue_values(p_op, v_bufs, v_ready, i - t_base, acc, NUM_STAGES, FENCE)
             acc, _, _ = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_op, v_tile))  # [BLOCK_M, HEAD] fp32
             # slot free: both wgmma of the tile are done
-            mbarrier.arrive(kv_empty.index((i - t_base) % NUM_STAGES), count=1)
+            _release(kv_empty.index((i - t_base) % NUM_STAGES), THREAD_RELEASE)
     elif i_lo < i_hi:
         qk, k_tile = _issue_scores(q_op, k_bufs, k_ready, i_lo - t_base, s_zero, NUM_STAGES, FENCE)
         qk, _ = warpgroup_mma_wait(num_outstanding=0, deps=(qk, k_tile))
         if SPLIT_EMPTY:
-            mbarrier.arrive(k_empty.index((i_lo - t_base) % NUM_STAGES), count=1)
+            _release(k_empty.index((i_lo - t_base) % NUM_STAGES), THREAD_RELEASE)
         if OVERLAP:
             p_op, m_i, l_i, alpha = _probabilities(qk, i_lo, m_i, l_i, q_pos, qk_scale, mods, DTYPE, HEAD,
                                                    BLOCK_N, NUM_WARPS, MASKED, FEATURES)
@@ -482,12 +498,12 @@ def _attend_tiles(i_lo, i_hi, t_base, q_op, k_bufs, v_bufs, k_ready, v_ready, em
                 acc, v_tile = _issue_values(p_op, v_bufs, v_ready, i - t_base, acc, NUM_STAGES, FENCE)
                 qk, _ = warpgroup_mma_wait(num_outstanding=1, deps=(qk_next, k_next))  # issued first: done first
                 if SPLIT_EMPTY:
-                    mbarrier.arrive(k_empty.index((i + 1 - t_base) % NUM_STAGES), count=1)
+                    _release(k_empty.index((i + 1 - t_base) % NUM_STAGES), THREAD_RELEASE)
                 p_next, m_i, l_i, alpha = _probabilities(qk, i + 1, m_i, l_i, q_pos, qk_scale, mods, DTYPE, HEAD,
                                                          BLOCK_N, NUM_WARPS, MASKED, FEATURES)
                 acc, _, _ = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_op, v_tile))
                 # slot i free (SPLIT_EMPTY: its V): both its wgmma are done
-                mbarrier.arrive(kv_empty.index((i - t_base) % NUM_STAGES), count=1)
+                _release(kv_empty.index((i - t_base) % NUM_STAGES), THREAD_RELEASE)
                 acc = acc * alpha[:, None]
                 p_op = p_next
         else:
@@ -499,14 +515,14 @@ def _attend_tiles(i_lo, i_hi, t_base, q_op, k_bufs, v_bufs, k_ready, v_ready, em
                 acc, v_tile = _issue_values(p_op, v_bufs, v_ready, i - t_base, acc, NUM_STAGES, FENCE)
                 qk, acc, _, _, _ = warpgroup_mma_wait(num_outstanding=0, deps=(qk_next, acc, p_op, v_tile, k_next))
                 # slot i free: both its wgmma are done
-                mbarrier.arrive(kv_empty.index((i - t_base) % NUM_STAGES), count=1)
+                _release(kv_empty.index((i - t_base) % NUM_STAGES), THREAD_RELEASE)
             p_op, m_i, l_i, alpha = _probabilities(qk, i_hi - 1, m_i, l_i, q_pos, qk_scale, mods, DTYPE, HEAD,
                                                    BLOCK_N, NUM_WARPS, MASKED, FEATURES)
             acc = acc * alpha[:, None]
         last = i_hi - 1
         acc, v_tile = _issue_values(p_op, v_bufs, v_ready, last - t_base, acc, NUM_STAGES, FENCE)
         acc, _, _ = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p_op, v_tile))
-        mbarrier.arrive(kv_empty.index((last - t_base) % NUM_STAGES), count=1)
+        _release(kv_empty.index((last - t_base) % NUM_STAGES), THREAD_RELEASE)
     return m_i, l_i, acc
 
 
@@ -516,7 +532,7 @@ def _consumer(q_smem, k_bufs, v_bufs, k_ready, v_ready, empties, out_ptr, lse_pt
               t_mid_hi, n_tiles, scale, mods, sink_log2, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
               NUM_STAGES: gl.constexpr, NUM_WARPS: gl.constexpr, PIPELINED: gl.constexpr, OVERLAP: gl.constexpr,
               PAIRED: gl.constexpr, Q_IN_REGS: gl.constexpr, FEATURES: gl.constexpr, FENCE: gl.constexpr,
-              SPLIT_EMPTY: gl.constexpr):
+              SPLIT_EMPTY: gl.constexpr, THREAD_RELEASE: gl.constexpr):
     """Attend over the key tiles and store out and lse: tiles t_lo .. t_mid_lo - 1 (the window's
     edge, with a window only) and t_mid_hi .. n_tiles - 1 (the diagonal) masked, the ones between
     without a mask. ``sink_log2``: the head's sink logit in base 2 (-inf: none), a key of weight
@@ -540,19 +556,19 @@ def _consumer(q_smem, k_bufs, v_bufs, k_ready, v_ready, empties, out_ptr, lse_pt
     if USE_WINDOW:
         m_i, l_i, acc = _attend_tiles(t_lo, t_mid_lo, t_lo, q_op, k_bufs, v_bufs, k_ready, v_ready, empties, m_i,
                                       l_i, acc, q_pos, qk_scale, mods, BLOCK_M, BLOCK_N, NUM_STAGES, NUM_WARPS,
-                                      True, PIPELINED, OVERLAP, FEATURES, FENCE, SPLIT_EMPTY)
+                                      True, PIPELINED, OVERLAP, FEATURES, FENCE, SPLIT_EMPTY, THREAD_RELEASE)
     t_pairs = t_mid_lo
     if PAIRED:  # the mask-free tiles two at a time, an odd one left for _attend_tiles
         t_pairs = t_mid_lo + (t_mid_hi - t_mid_lo) // 2 * 2
         m_i, l_i, acc = _attend_pairs(t_mid_lo, t_pairs, t_lo, q_op, k_bufs, v_bufs, k_ready, v_ready, empties, m_i,
                                       l_i, acc, q_pos, qk_scale, mods, BLOCK_M, BLOCK_N, NUM_STAGES, NUM_WARPS,
-                                      FEATURES, FENCE)
+                                      FEATURES, FENCE, THREAD_RELEASE)
     m_i, l_i, acc = _attend_tiles(t_pairs, t_mid_hi, t_lo, q_op, k_bufs, v_bufs, k_ready, v_ready, empties, m_i,
                                   l_i, acc, q_pos, qk_scale, mods, BLOCK_M, BLOCK_N, NUM_STAGES, NUM_WARPS, False,
-                                  PIPELINED, OVERLAP, FEATURES, FENCE, SPLIT_EMPTY)
+                                  PIPELINED, OVERLAP, FEATURES, FENCE, SPLIT_EMPTY, THREAD_RELEASE)
     m_i, l_i, acc = _attend_tiles(t_mid_hi, n_tiles, t_lo, q_op, k_bufs, v_bufs, k_ready, v_ready, empties, m_i,
                                   l_i, acc, q_pos, qk_scale, mods, BLOCK_M, BLOCK_N, NUM_STAGES, NUM_WARPS, True,
-                                  PIPELINED, OVERLAP, FEATURES, FENCE, SPLIT_EMPTY)
+                                  PIPELINED, OVERLAP, FEATURES, FENCE, SPLIT_EMPTY, THREAD_RELEASE)
 
     out, lse = finalize_rows(acc, m_i, l_i, s_l, o_l)
 
@@ -602,11 +618,12 @@ def _key_tiles(p_first, p_last, seq_len, sliding_window, pr_row, num_prefix_rang
 
 
 @gluon.jit
-def _ring_barriers(NUM_STAGES: gl.constexpr, READY_ARRIVALS: gl.constexpr, NUM_CONSUMERS: gl.constexpr,
+def _ring_barriers(NUM_STAGES: gl.constexpr, READY_ARRIVALS: gl.constexpr, EMPTY_ARRIVALS: gl.constexpr,
                    SPLIT_EMPTY: gl.constexpr):
     """The ring's barriers, one per slot each: K landed, V landed (READY_ARRIVALS arrivals), and
-    the slot free again (one arrival per consumer partition): ``(k_ready, v_ready, (K free, V
-    free))``, the last one barrier twice unless SPLIT_EMPTY."""
+    the slot free again (EMPTY_ARRIVALS: one per consumer partition, or per consumer thread with
+    ``_release``'s THREAD_RELEASE): ``(k_ready, v_ready, (K free, V free))``, the last one barrier
+    twice unless SPLIT_EMPTY."""
     k_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     k_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
@@ -616,9 +633,9 @@ def _ring_barriers(NUM_STAGES: gl.constexpr, READY_ARRIVALS: gl.constexpr, NUM_C
     for s in gl.static_range(NUM_STAGES):
         mbarrier.init(k_ready.index(s), count=READY_ARRIVALS)
         mbarrier.init(v_ready.index(s), count=READY_ARRIVALS)
-        mbarrier.init(k_empty.index(s), count=NUM_CONSUMERS)
+        mbarrier.init(k_empty.index(s), count=EMPTY_ARRIVALS)
         if SPLIT_EMPTY:
-            mbarrier.init(v_empty.index(s), count=NUM_CONSUMERS)
+            mbarrier.init(v_empty.index(s), count=EMPTY_ARRIVALS)
     return k_ready, v_ready, (k_empty, v_empty)
 
 
@@ -681,7 +698,7 @@ def prefill_gluon_kernel(
     NUM_STAGES: gl.constexpr, PRODUCER_WARPS: gl.constexpr, PRODUCER_REGS: gl.constexpr, PIPELINED: gl.constexpr,
     OVERLAP: gl.constexpr, NUM_CONSUMERS: gl.constexpr, CONSUMER_REGS: gl.constexpr, GROUP_SIGNAL: gl.constexpr,
     Q_IN_REGS: gl.constexpr, PAIRED: gl.constexpr, COPY_ROWS: gl.constexpr, TMA_BOX: gl.constexpr,
-    SPLIT_EMPTY: gl.constexpr,
+    SPLIT_EMPTY: gl.constexpr, THREAD_RELEASE: gl.constexpr,
     USE_SOFTCAP: gl.constexpr, ALIBI_MODE: gl.constexpr, USE_WINDOW: gl.constexpr, HAS_PREFIX: gl.constexpr,
 ):
     """out = softmax(scale * q k^T + causal mask) v for one Q tile of one head (see the module docstring),
@@ -743,7 +760,9 @@ def prefill_gluon_kernel(
     # copies before signalling them (GROUP_SIGNAL 2; 1 keeps both fences, the form ConSan ran)
     # or TMA writes the ring (through the async proxy; its cp.async tail tiles signal as GROUP_SIGNAL 1)
     CONSUMER_FENCE: gl.constexpr = (GROUP_SIGNAL != 2) & (TMA_BOX == 0)
-    k_ready, v_ready, empties = _ring_barriers(NUM_STAGES, READY_ARRIVALS, NUM_CONSUMERS, SPLIT_EMPTY)
+    # a release: the partition's one arrive, or every consumer thread's (THREAD_RELEASE)
+    EMPTY_ARRIVALS: gl.constexpr = NUM_CONSUMERS * (32 * NUM_WARPS if THREAD_RELEASE else 1)
+    k_ready, v_ready, empties = _ring_barriers(NUM_STAGES, READY_ARRIVALS, EMPTY_ARRIVALS, SPLIT_EMPTY)
     fence_async_shared()  # the queries and the barriers' initialization, before any async-proxy use
 
     bt_row_ptr = block_table_ptr + seq.to(gl.int64) * stride_bt_s
@@ -754,7 +773,7 @@ def prefill_gluon_kernel(
             (_consumer, (q_smem, k_bufs, v_bufs, k_ready, v_ready, empties, out_ptr, lse_ptr, stride_o_t, stride_o_h,
                          stride_lse_t, stride_lse_h, head, q_start, q_len, row_lo, context_len, num_tokens, t_lo,
                          t_mid_lo, t_mid_hi, n_tiles, scale, mods, sink_log2, WG_ROWS, BLOCK_N, NUM_STAGES, NUM_WARPS,
-                         PIPELINED, OVERLAP, PAIRED, Q_IN_REGS, FEATURES, CONSUMER_FENCE, SPLIT_EMPTY)),
+                         PIPELINED, OVERLAP, PAIRED, Q_IN_REGS, FEATURES, CONSUMER_FENCE, SPLIT_EMPTY, THREAD_RELEASE)),
             (_producer, (k_cache_ptr, v_cache_ptr, k_desc, v_desc, bt_row_ptr, k_bufs, v_bufs, k_ready, v_ready,
                          empties, kv_head, t_lo, n_tiles, kv_hi, num_blocks, max_blocks_per_seq, stride_c_b,
                          stride_c_s, stride_c_h, HEAD, PAGE_SIZE, BLOCK_N, NUM_STAGES, PRODUCER_WARPS, GROUP_SIGNAL,
@@ -768,7 +787,7 @@ def prefill_gluon_kernel(
                          stride_o_t, stride_o_h, stride_lse_t, stride_lse_h, head, q_start, q_len, row_lo,
                          context_len, num_tokens, t_lo, t_mid_lo, t_mid_hi, n_tiles, scale, mods, sink_log2, WG_ROWS,
                          BLOCK_N, NUM_STAGES, NUM_WARPS, PIPELINED, OVERLAP, PAIRED, Q_IN_REGS, FEATURES,
-                         CONSUMER_FENCE, SPLIT_EMPTY)),
+                         CONSUMER_FENCE, SPLIT_EMPTY, THREAD_RELEASE)),
             (_producer, (k_cache_ptr, v_cache_ptr, k_desc, v_desc, bt_row_ptr, k_bufs, v_bufs, k_ready, v_ready,
                          empties, kv_head, t_lo, n_tiles, kv_hi, num_blocks, max_blocks_per_seq, stride_c_b,
                          stride_c_s, stride_c_h, HEAD, PAGE_SIZE, BLOCK_N, NUM_STAGES, PRODUCER_WARPS, GROUP_SIGNAL,
@@ -777,7 +796,7 @@ def prefill_gluon_kernel(
                          lse_ptr, stride_o_t, stride_o_h, stride_lse_t, stride_lse_h, head, q_start, q_len,
                          row_lo + WG_ROWS, context_len, num_tokens, t_lo, t_mid_lo, t_mid_hi, n_tiles, scale, mods,
                          sink_log2, WG_ROWS, BLOCK_N, NUM_STAGES, NUM_WARPS, PIPELINED, OVERLAP, PAIRED, Q_IN_REGS,
-                         FEATURES, CONSUMER_FENCE, SPLIT_EMPTY)),
+                         FEATURES, CONSUMER_FENCE, SPLIT_EMPTY, THREAD_RELEASE)),
         ], [PRODUCER_WARPS, NUM_WARPS], [PRODUCER_REGS, CONSUMER_REGS])
 
     _invalidate_ring(k_ready, v_ready, empties, NUM_STAGES, SPLIT_EMPTY)

@@ -72,6 +72,7 @@ class GluonPrefillConfig:
     copy_rows: int = 0  # the producer's cp.async copies of a tile, this many rows a pass (0: the whole tile at once)
     tma: bool = False  # with group_signal: tiles of keys all before the range's end copied by TMA, a box a page
     split_release: bool = False  # with overlap: a K slot refilled once its scores are done, V's after P V
+    thread_release: bool = False  # every consumer thread arrives on a slot's release (no bar.sync of the partition)
 
     def for_head(self, head_size: int) -> "GluonPrefillConfig":
         """This config at ``head_size``: past head 128 the key tile is 32 keys. At head 256 and 64
@@ -114,6 +115,13 @@ class GluonPrefillConfig:
 # 1.01-1.12x longer at S >= 2048 in one run beside vLLM's FA3; docs/perf-notes.md, the Gluon
 # prefill entry, has the timings and each variant's registers and shared memory)
 GLUON_PREFILL_CONFIG = GluonPrefillConfig(split_consumers=True, overlap=True, q_in_regs=True)
+# tma128-earlyk (below) with a producer of one warp: issued from a partition of four warps, each
+# TMA box costs an election, a vote and a barrier of the four (the producer loop ran 538
+# instructions a tile in every one of them, 30% of the kernel's, under Nsight Compute); one warp
+# issues them without the barrier. Its tail copies go 8 rows a pass (at 32, 48 registers spill)
+TMA128_EARLYK_1W = dataclasses.replace(GLUON_PREFILL_CONFIG, group_signal=True, tma=True, block_n=128, num_stages=2,
+                                       producer_warps=1, producer_regs=48, consumer_regs=232, copy_rows=8,
+                                       split_release=True)
 # what PAGEDATTN_PREFILL_GLUON may ask for: 1 the default config for every call the kernel
 # serves, 0 the portable kernel everywhere, or a variant kept for a same-run comparison
 GLUON_PREFILL_CONFIGS = {"1": GLUON_PREFILL_CONFIG, "split": GluonPrefillConfig(split_consumers=True),
@@ -170,15 +178,17 @@ GLUON_PREFILL_CONFIGS = {"1": GLUON_PREFILL_CONFIG, "split": GluonPrefillConfig(
                          "tma128-earlyk": dataclasses.replace(GLUON_PREFILL_CONFIG, group_signal=True, tma=True,
                                                               block_n=128, num_stages=2, producer_regs=48,
                                                               consumer_regs=232, copy_rows=32, split_release=True),
-                         # the same with a producer of one warp: issued from a partition of four warps, each
-                         # TMA box costs an election, a vote and a barrier of the four (the producer loop ran
-                         # 538 instructions a tile in every one of them, 30% of the kernel's, under Nsight
-                         # Compute); one warp issues them without the barrier. Its tail copies go 8 rows a
-                         # pass (at 32, 48 registers spill)
-                         "tma128-earlyk-1w": dataclasses.replace(GLUON_PREFILL_CONFIG, group_signal=True, tma=True,
-                                                                 block_n=128, num_stages=2, producer_warps=1,
-                                                                 producer_regs=48, consumer_regs=232, copy_rows=8,
-                                                                 split_release=True),
+                         "tma128-earlyk-1w": TMA128_EARLYK_1W,
+                         # a slot released by an arrive of every consumer thread instead of the partition's one
+                         # arrive, which Triton lowers as a bar.sync of the partition first (Nsight Compute on
+                         # tma128-earlyk-1w: 41% of the stall samples at barriers, the arrive's the largest);
+                         # compiled for sm_90a the loops keep one bar.sync a tile (before a ring wait) of 2 or 3
+                         "threads": dataclasses.replace(GLUON_PREFILL_CONFIG, thread_release=True),
+                         "tma128-threads": dataclasses.replace(TMA128_EARLYK_1W,
+                                                               thread_release=True),
+                         # the same release signalled in the form ConSan follows
+                         "groups-threads": dataclasses.replace(GLUON_PREFILL_CONFIG, group_signal=True,
+                                                               split_release=True, thread_release=True),
                          # the default with Q read from shared memory by every S = Q K^T
                          "smemq": dataclasses.replace(GLUON_PREFILL_CONFIG, q_in_regs=False),
                          # the default with the mask-free tiles taken in pairs (128 keys a softmax step from a
@@ -357,7 +367,8 @@ def launch_prefill_gluon(
            PRODUCER_REGS=config.producer_regs, PIPELINED=config.pipelined, OVERLAP=config.overlap,
            NUM_CONSUMERS=config.num_consumers, CONSUMER_REGS=config.consumer_regs,
            GROUP_SIGNAL=config.ring_signal, Q_IN_REGS=config.q_in_regs, PAIRED=config.paired and config.overlap,
-           COPY_ROWS=config.pass_rows, TMA_BOX=tma_box, SPLIT_EMPTY=config.split_release, k_desc=k_desc,
+           COPY_ROWS=config.pass_rows, TMA_BOX=tma_box, SPLIT_EMPTY=config.split_release,
+           THREAD_RELEASE=config.thread_release, k_desc=k_desc,
            v_desc=v_desc,
            USE_SOFTCAP=bool(a.softcap),
            ALIBI_MODE=int(a.alibi_mode),
