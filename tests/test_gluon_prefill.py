@@ -91,23 +91,12 @@ PAIRS_SMEMQ = GLUON_PREFILL_CONFIGS["pairs-smemq"]  # and Q read from shared mem
                      id="page16-bf16-lse-stages4"),
         pytest.param(64, torch.float16, False, GLUON_PREFILL_CONFIGS["stages4"], 128, True,
                      id="page64-fp16-stages4-modifiers"),
-        pytest.param(16, torch.bfloat16, True, GLUON_PREFILL_CONFIGS["tma128"], 128, False,
-                     id="page16-bf16-lse-tma128"),
-        pytest.param(64, torch.bfloat16, False, GLUON_PREFILL_CONFIGS["tma128"], 128, False, id="page64-bf16-tma128"),
-        pytest.param(16, torch.float16, False, GLUON_PREFILL_CONFIGS["tma128"], 64, False,
-                     id="page16-fp16-head64-tma128"),
-        pytest.param(256, torch.bfloat16, False, GLUON_PREFILL_CONFIGS["tma128"], 128, False,
-                     id="page256-bf16-tma128"),
-        pytest.param(16, torch.bfloat16, True, GLUON_PREFILL_CONFIGS["tma128s3"], 128, False,
-                     id="page16-bf16-lse-tma128s3"),
-        pytest.param(16, torch.bfloat16, True, GLUON_PREFILL_CONFIGS["earlyk"], 128, True,
-                     id="page16-bf16-lse-earlyk-modifiers"),
-        pytest.param(64, torch.float16, False, GLUON_PREFILL_CONFIGS["tma-earlyk"], 64, False,
-                     id="page64-fp16-head64-tma-earlyk"),
-        pytest.param(16, torch.bfloat16, True, GLUON_PREFILL_CONFIGS["tma128-earlyk"], 128, False,
-                     id="page16-bf16-lse-tma128-earlyk"),
-        pytest.param(256, torch.bfloat16, False, GLUON_PREFILL_CONFIGS["tma128-earlyk"], 128, False,
-                     id="page256-bf16-tma128-earlyk"),
+        pytest.param(64, torch.bfloat16, False, GLUON_PREFILL_CONFIGS["tma128-earlyk-1w"], 128, False,
+                     id="page64-bf16-tma128-earlyk-1w"),
+        pytest.param(16, torch.float16, False, GLUON_PREFILL_CONFIGS["tma128-earlyk-1w"], 64, False,
+                     id="page16-fp16-head64-tma128-earlyk-1w"),
+        pytest.param(256, torch.bfloat16, False, GLUON_PREFILL_CONFIGS["tma128-earlyk-1w"], 128, False,
+                     id="page256-bf16-tma128-earlyk-1w"),
         pytest.param(16, torch.bfloat16, True, GLUON_PREFILL_CONFIGS["tma128-earlyk-1w"], 128, False,
                      id="page16-bf16-lse-tma128-earlyk-1w"),
         pytest.param(64, torch.float16, False, GLUON_PREFILL_CONFIGS["tma128-earlyk-1w"], 64, False,
@@ -161,10 +150,9 @@ def _args(dtype=torch.bfloat16, cache_dtype=None, head_size=128, page_size=16, n
 
 def test_gluon_prefill_variable_picks_the_config(monkeypatch):
     """PAGEDATTN_PREFILL_GLUON: 1 the default config, split / pipelined / serial / groups / lagged /
-    stages4 / tma / tma128 / tma128s3 / earlyk / groups-earlyk / tma-earlyk / tma128-earlyk /
-    tma128-earlyk-1w / threads / tma128-threads / groups-threads / smemq / pairs / pairs-smemq the
-    kept variants, 0 off, anything
-    else (or unset) the automatic rule; read at each call."""
+    stages4 / tma / groups-earlyk / tma128-earlyk-1w / threads / tma128-threads / groups-threads /
+    smemq / pairs / pairs-smemq the kept variants, 0 off, anything else (or unset) the automatic
+    rule; read at each call."""
     monkeypatch.delenv(GLUON_PREFILL_ENV, raising=False)
     assert gluon_prefill_requested() is None
     default = dataclasses.replace(OVERLAP, q_in_regs=True)
@@ -174,16 +162,7 @@ def test_gluon_prefill_variable_picks_the_config(monkeypatch):
                           ("lagged", dataclasses.replace(default, group_signal=True, lagged_signal=True, num_stages=4)),
                           ("stages4", dataclasses.replace(default, num_stages=4)),
                           ("tma", dataclasses.replace(default, group_signal=True, tma=True)),
-                          ("tma128", dataclasses.replace(default, group_signal=True, tma=True, block_n=128, num_stages=2,
-                                                         producer_regs=48, consumer_regs=232, copy_rows=32)),
-                          ("tma128s3", dataclasses.replace(default, group_signal=True, tma=True, block_n=128, num_stages=3,
-                                                           producer_regs=48, consumer_regs=232, copy_rows=32)),
-                          ("earlyk", dataclasses.replace(default, split_release=True)),
                           ("groups-earlyk", dataclasses.replace(default, group_signal=True, split_release=True)),
-                          ("tma-earlyk", dataclasses.replace(default, group_signal=True, tma=True, split_release=True)),
-                          ("tma128-earlyk", dataclasses.replace(default, group_signal=True, tma=True, block_n=128,
-                                                                num_stages=2, producer_regs=48, consumer_regs=232,
-                                                                copy_rows=32, split_release=True)),
                           ("tma128-earlyk-1w", dataclasses.replace(default, group_signal=True, tma=True, block_n=128,
                                                                    num_stages=2, producer_warps=1, producer_regs=48,
                                                                    consumer_regs=232, copy_rows=8, split_release=True)),
@@ -454,8 +433,7 @@ def test_gluon_prefill_single_sequence_gpu(calls, seq_len, heads, block_size, dt
 @needs_gluon
 @needs_sm90
 @pytest.mark.parametrize("variant", ["1", "split", "pipelined", "m64", "serial", "groups", "lagged", "stages4",
-                                     "tma", "tma128", "tma128s3", "earlyk", "tma-earlyk", "tma128-earlyk",
-                                     "tma128-earlyk-1w", "threads", "tma128-threads", "smemq",
+                                     "tma", "tma128-earlyk-1w", "threads", "tma128-threads", "smemq",
                                      "pairs", "pairs-smemq"])
 @pytest.mark.parametrize("block_size", [16, 64, 256], ids=lambda n: f"page{n}")
 def test_gluon_prefill_extend_gpu(calls, block_size, variant):
@@ -494,7 +472,7 @@ def test_gluon_prefill_among_decodes_gpu(calls, head_size):
 @pytest.mark.gpu
 @needs_gluon
 @needs_sm90
-@pytest.mark.parametrize("variant", ["1", "tma", "tma128", "tma128-earlyk", "tma128-earlyk-1w", "tma128-threads"])
+@pytest.mark.parametrize("variant", ["1", "tma", "tma128-earlyk-1w", "tma128-threads"])
 def test_gluon_prefill_cache_past_int32_offsets_gpu(calls, variant):
     # [num_blocks, 16, 8, 128] bf16 past 2**31 elements (> 4 GiB a cache); the batch uses the top blocks
     require_first_call(variant)
@@ -532,7 +510,7 @@ def test_gluon_prefill_path_taken_gpu(calls, monkeypatch):
 @pytest.mark.gpu
 @needs_gluon
 @needs_sm90
-@pytest.mark.parametrize("variant", ["1", "tma", "tma128", "tma128-earlyk", "tma128-earlyk-1w", "tma128-threads"])
+@pytest.mark.parametrize("variant", ["1", "tma", "tma128-earlyk-1w", "tma128-threads"])
 def test_gluon_prefill_bad_block_id_inside_a_sequence_gpu(calls, variant):
     """A block id outside the cache inside a sequence (a caller's bug, not validated on a GPU):
     nothing outside the cache is read (its keys are zero-filled: masked copies, or TMA boxes out
@@ -588,7 +566,7 @@ MODIFIER_CASES = {
 @needs_gluon
 @needs_sm90
 @pytest.mark.parametrize("variant", ["1", "serial", "smemq", "pairs", "pairs-smemq", "lagged", "stages4", "tma",
-                                     "tma128", "earlyk", "tma-earlyk", "threads"])
+                                     "tma128-earlyk-1w", "threads"])
 @pytest.mark.parametrize("case", list(MODIFIER_CASES))
 def test_gluon_prefill_score_modifiers_gpu(calls, case, variant):
     """The score modifiers the kernel computes, asked for with PAGEDATTN_PREFILL_GLUON: a prompt
@@ -674,7 +652,7 @@ def test_gluon_prefill_ring_protocol_under_consan_gpu(tmp_path, variant):
 @pytest.mark.gpu
 @needs_gluon
 @needs_sm90
-@pytest.mark.parametrize("variant", ["1", "tma", "tma128", "tma128-earlyk", "tma128-earlyk-1w", "tma128-threads"])
+@pytest.mark.parametrize("variant", ["1", "tma", "tma128-earlyk-1w", "tma128-threads"])
 def test_gluon_prefill_cuda_graph_gpu(calls, variant):
     """With max_query_len / max_seq_len and a plan the call replays its tape and can be captured
     (``tma``: the tape rebuilds its host descriptors, which the captured launch encodes)."""

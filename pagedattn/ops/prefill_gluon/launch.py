@@ -115,10 +115,17 @@ class GluonPrefillConfig:
 # 1.01-1.12x longer at S >= 2048 in one run beside vLLM's FA3; docs/perf-notes.md, the Gluon
 # prefill entry, has the timings and each variant's registers and shared memory)
 GLUON_PREFILL_CONFIG = GluonPrefillConfig(split_consumers=True, overlap=True, q_in_regs=True)
-# tma128-earlyk (below) with a producer of one warp: issued from a partition of four warps, each
-# TMA box costs an election, a vote and a barrier of the four (the producer loop ran 538
-# instructions a tile in every one of them, 30% of the kernel's, under Nsight Compute); one warp
-# issues them without the barrier. Its tail copies go 8 rows a pass (at 32, 48 registers spill)
+# FA3's tile on sm90, 128 keys a step (which halves the per-key cost of O's rescale, the ring's
+# waits and the row maxima), copied by TMA: the producer needs no per-row addresses, so the
+# consumers get 232 registers each. Two changes made it pay on the H200 (Nsight Compute, S=8192;
+# docs/perf-notes.md): K's ring slot released once its scores are waited for and V's after its
+# P V (split_release: without it the consumers spent a quarter of their samples waiting for K,
+# and the variant ran 1.05-1.12x the 64-key default's time; with it 0.84-0.90x that), and a
+# producer of one warp (from four warps each TMA box cost an election, a vote and a barrier of
+# the four: 538 instructions a tile in each, 30% of the kernel's). Its tail tile's cp.async copies
+# go 8 rows a pass (at 32, 48 registers spill). A ring of 3 (229 KB of shared memory) and the
+# split release at 64 keys (1.00-1.07x the time of the same ring without it) were timed and
+# dropped
 TMA128_EARLYK_1W = dataclasses.replace(GLUON_PREFILL_CONFIG, group_signal=True, tma=True, block_n=128, num_stages=2,
                                        producer_warps=1, producer_regs=48, consumer_regs=232, copy_rows=8,
                                        split_release=True)
@@ -149,35 +156,11 @@ GLUON_PREFILL_CONFIGS = {"1": GLUON_PREFILL_CONFIG, "split": GluonPrefillConfig(
                          # 0.97-1.00x the default's time on the H200 (S=2048 95.2 against 97.7 us, S=8192
                          # 1247.6 against 1248.0, the traffic's chunk prompts 499.7 against 515.5), one run
                          "tma": dataclasses.replace(GLUON_PREFILL_CONFIG, group_signal=True, tma=True),
-                         # FA3's tile on sm90: 128 keys a step, which halves the per-key cost of O's rescale,
-                         # the ring's waits and the row maxima. With TMA the producer needs no per-row
-                         # addresses but for the range's last tile, copied 32 rows a pass in a loop (the whole
-                         # tile at once spilled 200 B at 40 registers), so it runs in 48 and the consumers get
-                         # 232 each: at head 128 the overlapped loop with Q in registers compiles without
-                         # spills at pages 16 to 256 (about 222 / 228 / 46 used), 2 stages, 164 KB of shared
-                         # memory. With score modifiers the consumers spill (about 2 KB): not for those
-                         "tma128": dataclasses.replace(GLUON_PREFILL_CONFIG, group_signal=True, tma=True, block_n=128,
-                                                       num_stages=2, producer_regs=48, consumer_regs=232,
-                                                       copy_rows=32),
-                         # the same with a ring of 3: 229,712 B of shared memory (of 232,448), no spills at
-                         # 16-token pages; at 64 and more the default partition spills a few bytes
-                         "tma128s3": dataclasses.replace(GLUON_PREFILL_CONFIG, group_signal=True, tma=True, block_n=128,
-                                                         num_stages=3, producer_regs=48, consumer_regs=232,
-                                                         copy_rows=32),
-                         # K's slot released once its scores are waited for, V's after its P V (FA3's two
-                         # pipelines), so the producer refills K a softmax step earlier: under Nsight Compute
-                         # on the H200 tma128's consumers spent a quarter of their samples waiting for K and
-                         # its producer 38% of its samples waiting for a free slot (S=8192)
-                         "earlyk": dataclasses.replace(GLUON_PREFILL_CONFIG, split_release=True),
-                         # the same signalled in the form ConSan follows, so the sanitizer checks the
-                         # split protocol (a K refill racing the consumers' reads of V's slot, or of K's)
+                         # the split release (K's slot released once its scores are waited for, V's after its
+                         # P V; TMA128_EARLYK_1W's) in the form ConSan follows, so the sanitizer checks its
+                         # protocol (a K refill racing the consumers' reads of V's slot, or of K's)
                          "groups-earlyk": dataclasses.replace(GLUON_PREFILL_CONFIG, group_signal=True,
                                                               split_release=True),
-                         "tma-earlyk": dataclasses.replace(GLUON_PREFILL_CONFIG, group_signal=True, tma=True,
-                                                           split_release=True),
-                         "tma128-earlyk": dataclasses.replace(GLUON_PREFILL_CONFIG, group_signal=True, tma=True,
-                                                              block_n=128, num_stages=2, producer_regs=48,
-                                                              consumer_regs=232, copy_rows=32, split_release=True),
                          "tma128-earlyk-1w": TMA128_EARLYK_1W,
                          # a slot released by an arrive of every consumer thread instead of the partition's one
                          # arrive, which Triton lowers as a bar.sync of the partition first (Nsight Compute on
