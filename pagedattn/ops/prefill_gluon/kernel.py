@@ -39,10 +39,17 @@ Barrier protocol (per ring slot s; i is the key tile, ``ph = (i // NUM_STAGES) &
 * with GROUP_SIGNAL the ready barriers count one arrival: the producer waits for the tile's
   cp.async groups, fences and arrives once (``_signal_landed``); a TMA tile's arrival is the
   ``expect`` of its bytes, and the phase completes when the boxes have landed.
-* ``kv_empty[s]``, count 1: the consumer arrives once (the arrive is lowered as a partition-wide
-  barrier, then one thread) after both wgmma of tile i are waited for, so no warpgroup still
-  reads K or V of slot s. The producer waits ``(kv_empty[s], ph ^ 1)`` before refilling slot s:
-  the first pass through the ring (phase 1 of a fresh barrier) goes through at once.
+* ``kv_empty[s]``, one arrival per consumer partition: the partition arrives once (the arrive is
+  lowered as a partition-wide barrier, then one thread) after both wgmma of tile i are waited
+  for, so no warpgroup still reads K or V of slot s. The producer waits ``(kv_empty[s], ph ^ 1)``
+  before refilling slot s: the first pass through the ring (phase 1 of a fresh barrier) goes
+  through at once.
+* with SPLIT_EMPTY, ``k_empty[s]`` and ``v_empty[s]`` instead: K's released once ``S = Q K^T`` of
+  tile i is waited for, V's after its ``P V``; the producer waits for each before copying K and V
+  into slot s, so K is refilled a softmax step earlier (FA3's two pipelines).
+* with THREAD_RELEASE those barriers count every consumer thread, and each thread arrives by
+  ``cp.async.mbarrier.arrive.noinc`` after its own wgmma wait (``_release``), with no barrier of
+  the partition before it.
 
 Both partitions walk the same tiles ``0 .. n_tiles - 1`` (computed before the fork), so every
 arrive has its wait; at the join no copy or arrive is outstanding and the barriers are
