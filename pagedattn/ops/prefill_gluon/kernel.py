@@ -273,10 +273,10 @@ def _release(bar, THREAD_RELEASE: gl.constexpr):
     """A consumer partition's release of a ring slot (its wgmma reading the slot waited for).
     THREAD_RELEASE: every thread arrives by ``cp.async.mbarrier.arrive.noinc``, which with no copy
     of its own in flight arrives at once, and the barrier counts every consumer thread; Triton
-    does not take that arrive for a shared-memory write, so neither it nor the next ring wait is
-    preceded by a barrier of the partition. Else the partition's one arrive, which Triton lowers
-    as a ``bar.sync`` of the partition and one thread's arrive (and a ring wait after it gets
-    another ``bar.sync``)."""
+    does not take that arrive for a shared-memory write, so no barrier of the partition precedes
+    it (compiled for sm_90a the loop keeps one ``bar.sync`` a tile, before its K wait). Else the
+    partition's one arrive, which Triton lowers as a ``bar.sync`` of the partition and one
+    thread's arrive, and the next ring wait gets another ``bar.sync``."""
     if THREAD_RELEASE:
         cp.mbarrier_arrive(bar, increment_count=False)
     else:
