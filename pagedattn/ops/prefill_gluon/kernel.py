@@ -145,7 +145,7 @@ def _producer(k_cache_ptr, v_cache_ptr, k_desc, v_desc, bt_row_ptr, k_bufs, v_bu
             # (a wait in each branch: hoisted above them, ptxas lays out the timed TMA build anew)
             mbarrier.wait(k_empty.index(slot), ph ^ 1)
             _copy_tile(k_cache_ptr, v_cache_ptr, bt_row_ptr, k_bufs, v_bufs, k_rows, v_rows, k_ready, v_ready, v_empty,
-                       i, j, slot, offs_n, offs_d, in_page, kv_head, kv_hi, num_blocks, max_blocks_per_seq, stride_c_b,
+                       i, j, slot, ph, offs_n, offs_d, in_page, kv_head, kv_hi, num_blocks, max_blocks_per_seq, stride_c_b,
                        stride_c_s, stride_c_h, HEAD, PAGE_SIZE, BLOCK_N, NUM_STAGES, PRODUCER_WARPS, GROUP_SIGNAL,
                        COPY_ROWS, SPLIT_EMPTY)
     if GROUP_SIGNAL == 2:
@@ -155,12 +155,12 @@ def _producer(k_cache_ptr, v_cache_ptr, k_desc, v_desc, bt_row_ptr, k_bufs, v_bu
 
 @gluon.jit
 def _copy_tile(k_cache_ptr, v_cache_ptr, bt_row_ptr, k_bufs, v_bufs, k_rows, v_rows, k_ready, v_ready, v_empty, i,
-               j, slot, offs_n, offs_d, in_page, kv_head, kv_hi, num_blocks, max_blocks_per_seq, stride_c_b,
+               j, slot, ph, offs_n, offs_d, in_page, kv_head, kv_hi, num_blocks, max_blocks_per_seq, stride_c_b,
                stride_c_s, stride_c_h, HEAD: gl.constexpr, PAGE_SIZE: gl.constexpr, BLOCK_N: gl.constexpr,
                NUM_STAGES: gl.constexpr, PRODUCER_WARPS: gl.constexpr, GROUP_SIGNAL: gl.constexpr,
                COPY_ROWS: gl.constexpr, SPLIT_EMPTY: gl.constexpr):
-    """Key tile i (the j-th of the ring's sequence) into ring slot ``slot`` by masked cp.async
-    copies of the producer's threads, K then V, signalled as GROUP_SIGNAL says (``_producer``):
+    """Key tile i (the j-th of the ring's sequence, its pass ``ph``) into ring slot ``slot`` by
+    masked cp.async copies of the producer's threads, K then V, signalled as GROUP_SIGNAL says (``_producer``):
     the whole tile at once (its rows' addresses computed once for both), or with COPY_ROWS <
     BLOCK_N pass by pass into ``k_rows`` / ``v_rows`` (``_copy_passes``). SPLIT_EMPTY: V's copies
     wait for ``v_empty`` (the caller waited for K's slot)."""
@@ -176,7 +176,7 @@ def _copy_tile(k_cache_ptr, v_cache_ptr, bt_row_ptr, k_bufs, v_bufs, k_rows, v_r
     else:
         cp.mbarrier_arrive(k_ready.index(slot), increment_count=False)
     if SPLIT_EMPTY:
-        mbarrier.wait(v_empty.index(slot), ((j // NUM_STAGES) & 1) ^ 1)
+        mbarrier.wait(v_empty.index(slot), ph ^ 1)
     if COPY_ROWS == BLOCK_N:
         cp.async_copy_global_to_shared(v_bufs.index(slot), v_cache_ptr + offs, mask=ok[:, None])
     else:

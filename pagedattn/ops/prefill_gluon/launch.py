@@ -167,8 +167,7 @@ GLUON_PREFILL_CONFIGS = {"1": GLUON_PREFILL_CONFIG, "split": GluonPrefillConfig(
                          # tma128-earlyk-1w: 41% of the stall samples at barriers, the arrive's the largest);
                          # compiled for sm_90a the loops keep one bar.sync a tile (before a ring wait) of 2 or 3
                          "threads": dataclasses.replace(GLUON_PREFILL_CONFIG, thread_release=True),
-                         "tma128-threads": dataclasses.replace(TMA128_EARLYK_1W,
-                                                               thread_release=True),
+                         "tma128-threads": dataclasses.replace(TMA128_EARLYK_1W, thread_release=True),
                          # the same release signalled in the form ConSan follows
                          "groups-threads": dataclasses.replace(GLUON_PREFILL_CONFIG, group_signal=True,
                                                                split_release=True, thread_release=True),
@@ -194,7 +193,7 @@ GLUON_PREFILL_CONFIGS = {"1": GLUON_PREFILL_CONFIG, "split": GluonPrefillConfig(
 # 4 x 512 on 4096 316.4 / 352.6, the traffic's chunk prompts 459.5 / 517.4 (0.82-0.90x FA3's
 # speed, the default 0.74-0.80x). Not timed at head 64, and with score modifiers its consumers
 # spill (about 1.4 KB): those keep GLUON_PREFILL_CONFIG
-GLUON_AUTO_CONFIG_HEAD128 = GLUON_PREFILL_CONFIGS["tma128-earlyk-1w"]
+GLUON_AUTO_CONFIG_HEAD128 = TMA128_EARLYK_1W
 # the automatic rule's floor: below it the tl kernel was as fast on the H200 (a 512-token prefill:
 # 16.8 against 16.6 us), above it the Gluon kernel was faster (2048: 99.6 against 103.9 us; 4 x 512
 # on 4096: 360.9 against 382.7; 8192: 1221 against 1347), beside shorter sequences too: with the
@@ -351,8 +350,7 @@ def launch_prefill_gluon(
            NUM_CONSUMERS=config.num_consumers, CONSUMER_REGS=config.consumer_regs,
            GROUP_SIGNAL=config.ring_signal, Q_IN_REGS=config.q_in_regs, PAIRED=config.paired and config.overlap,
            COPY_ROWS=config.pass_rows, TMA_BOX=tma_box, SPLIT_EMPTY=config.split_release,
-           THREAD_RELEASE=config.thread_release, k_desc=k_desc,
-           v_desc=v_desc,
+           THREAD_RELEASE=config.thread_release, k_desc=k_desc, v_desc=v_desc,
            USE_SOFTCAP=bool(a.softcap),
            ALIBI_MODE=int(a.alibi_mode),
            USE_WINDOW=bool(a.sliding_window and a.sliding_window > 0), HAS_PREFIX=pr is not None,
