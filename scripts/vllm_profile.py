@@ -259,13 +259,13 @@ class HostClock:
                     self._step_started = True
                 elif label.endswith(".forward") and self._step_started:
                     self._step_started, name = False, first_label
-                _tally(self.totals, name, time.perf_counter() - t)
+                _tally(self.totals, name, (time.perf_counter() - t) * 1e6)
 
         return timed
 
-    def take(self, scale: float) -> dict:
-        """{method: [us, calls]} scaled (per request), and the sums reset."""
-        rows = {k: [round(v[0] * 1e6 * scale, 1), round(v[1] * scale, 2)] for k, v in self.totals.items()}
+    def take(self, requests: int) -> dict:
+        """{method: [us, calls]} a request over ``requests``, and the sums reset."""
+        rows = _per_request(self.totals, requests)
         self.totals = {}
         return rows
 
@@ -554,7 +554,7 @@ def run_child(own, e2e, args) -> dict:
                      wall_us_per_request_profiled=round(prof["wall_us"] / n, 1),
                      wall_us_samples=[round(x * 1e6, 1) for x in samples],
                      gc_us_per_request=round(gc_clock.seconds * 1e6 / n, 1), gc_collections=gc_clock.collections,
-                     busy_us_per_request=round(prof["busy_us"] / n, 1), host_us_per_request=clock.take(1.0 / n),
+                     busy_us_per_request=round(prof["busy_us"] / n, 1), host_us_per_request=clock.take(n),
                      cuda_api_per_request_profiled=_per_request(prof["api"], n),
                      gpu_idle_per_request_profiled=_per_request(prof["gaps"], n, most=40))
         point.update(summarize(prof["kernels"], 1.0 / n))
