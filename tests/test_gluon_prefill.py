@@ -101,6 +101,8 @@ PAIRS_SMEMQ = GLUON_PREFILL_CONFIGS["pairs-smemq"]  # and Q read from shared mem
                      id="page16-bf16-lse-tma128-earlyk-1w"),
         pytest.param(64, torch.float16, False, GLUON_PREFILL_CONFIGS["tma128-earlyk-1w"], 64, False,
                      id="page64-fp16-head64-tma128-earlyk-1w"),
+        pytest.param(64, torch.bfloat16, True, GLUON_PREFILL_CONFIGS["groups-earlyk"], 128, True,
+                     id="page64-bf16-lse-groups-earlyk-modifiers"),
         pytest.param(16, torch.bfloat16, True, GLUON_PREFILL_CONFIGS["threads"], 128, True,
                      id="page16-bf16-lse-threads-modifiers"),
         pytest.param(64, torch.float16, False, GLUON_PREFILL_CONFIGS["threads"], 64, False,
