@@ -493,7 +493,6 @@ GLUON_VARIANT_COLUMNS = {
     "stages4": "ring of 4 tiles",
     "tma": "K and V copied by TMA",
     "tma128-earlyk-1w": "128-key tiles by TMA, K released after its scores, a one-warp producer",
-    "threads": "slots released by every consumer thread's arrive",
     "tma128-threads": "tma128-earlyk-1w, slots released by every consumer thread",
     "pairs": "mask-free key tiles in pairs",
     "pairs-smemq": "tiles in pairs, Q from shared memory",

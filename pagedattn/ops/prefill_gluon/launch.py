@@ -129,6 +129,14 @@ GLUON_PREFILL_CONFIG = GluonPrefillConfig(split_consumers=True, overlap=True, q_
 TMA128_EARLYK_1W = dataclasses.replace(GLUON_PREFILL_CONFIG, group_signal=True, tma=True, block_n=128, num_stages=2,
                                        producer_warps=1, producer_regs=48, consumer_regs=232, copy_rows=8,
                                        split_release=True)
+# the same with a slot released by an arrive of every consumer thread instead of the partition's
+# one arrive, which Triton lowers as a bar.sync of the partition first (Nsight Compute on
+# tma128-earlyk-1w: 41% of the stall samples at barriers, the arrive's the largest); compiled for
+# sm_90a each consumer warpgroup keeps one bar.sync a tile (before its K wait) of three, and its
+# stall samples at barriers fell to 34.5%. On the H200, same run: 0.96-0.99x tma128-earlyk-1w's
+# time on S=2048 and 8192, the extend and the chunk prompts, 0.91x at S=32768. At 64-key tiles the
+# same release ran 1.00-1.05x the default's time and was dropped
+TMA128_THREADS = dataclasses.replace(TMA128_EARLYK_1W, thread_release=True)
 # what PAGEDATTN_PREFILL_GLUON may ask for: 1 the default config for every call the kernel
 # serves, 0 the portable kernel everywhere, or a variant kept for a same-run comparison
 GLUON_PREFILL_CONFIGS = {"1": GLUON_PREFILL_CONFIG, "split": GluonPrefillConfig(split_consumers=True),
@@ -162,15 +170,7 @@ GLUON_PREFILL_CONFIGS = {"1": GLUON_PREFILL_CONFIG, "split": GluonPrefillConfig(
                          "groups-earlyk": dataclasses.replace(GLUON_PREFILL_CONFIG, group_signal=True,
                                                               split_release=True),
                          "tma128-earlyk-1w": TMA128_EARLYK_1W,
-                         # a slot released by an arrive of every consumer thread instead of the partition's one
-                         # arrive, which Triton lowers as a bar.sync of the partition first (Nsight Compute on
-                         # tma128-earlyk-1w: 41% of the stall samples at barriers, the arrive's the largest);
-                         # compiled for sm_90a the loops keep one bar.sync a tile (before a ring wait) of 2 or 3
-                         "threads": dataclasses.replace(GLUON_PREFILL_CONFIG, thread_release=True),
-                         "tma128-threads": dataclasses.replace(TMA128_EARLYK_1W, thread_release=True),
-                         # the same release signalled in the form ConSan follows
-                         "groups-threads": dataclasses.replace(GLUON_PREFILL_CONFIG, group_signal=True,
-                                                               split_release=True, thread_release=True),
+                         "tma128-threads": TMA128_THREADS,
                          # the default with Q read from shared memory by every S = Q K^T
                          "smemq": dataclasses.replace(GLUON_PREFILL_CONFIG, q_in_regs=False),
                          # the default with the mask-free tiles taken in pairs (128 keys a softmax step from a
@@ -188,12 +188,13 @@ GLUON_PREFILL_CONFIGS = {"1": GLUON_PREFILL_CONFIG, "split": GluonPrefillConfig(
                                                       consumer_regs=224),
                          "0": GLUON_OFF}
 # what the automatic rule takes at head 128 (calls with no score modifier): 128-key tiles by TMA,
-# K released apart from V, a one-warp producer: on the H200 beside vLLM's FA3 (same run), S=2048
-# 87.8 against the 64-key default's 97.9 us, S=8192 1167.6 / 1248.9, S=32768 17.1 / 18.9 ms,
-# 4 x 512 on 4096 316.4 / 352.6, the traffic's chunk prompts 459.5 / 517.4 (0.82-0.90x FA3's
-# speed, the default 0.74-0.80x). Not timed at head 64, and with score modifiers its consumers
-# spill (about 1.4 KB): those keep GLUON_PREFILL_CONFIG
-GLUON_AUTO_CONFIG_HEAD128 = TMA128_EARLYK_1W
+# K released apart from V, a one-warp producer, slots released by every consumer thread: on the
+# H200 beside vLLM's FA3 (same run), S=2048 86.7 against the 64-key default's 97.5 us, S=8192
+# 1096.6 / 1251.2, S=32768 15.5 / 19.0 ms, 4 x 512 on 4096 309.0 / 355.0, the traffic's chunk
+# prompts 450.5 / 509.8 (0.84-0.97x FA3's speed, the default 0.74-0.81x). Not timed at head 64
+# without modifiers, and with score modifiers its consumers spill (about 1.4 KB): those keep
+# GLUON_PREFILL_CONFIG
+GLUON_AUTO_CONFIG_HEAD128 = TMA128_THREADS
 # the automatic rule's floor: below it the tl kernel was as fast on the H200 (a 512-token prefill:
 # 16.8 against 16.6 us), above it the Gluon kernel was faster (2048: 99.6 against 103.9 us; 4 x 512
 # on 4096: 360.9 against 382.7; 8192: 1221 against 1347), beside shorter sequences too: with the
