@@ -8,7 +8,6 @@ import pytest
 from tests.scripts_support import load_script
 
 
-
 @pytest.fixture(scope="module")
 def profile():
     return load_script("vllm_profile")

@@ -162,8 +162,11 @@ def _copy_tile(k_cache_ptr, v_cache_ptr, bt_row_ptr, k_bufs, v_bufs, k_rows, v_r
     """Key tile i (the j-th of the ring's sequence, its pass ``ph``) into ring slot ``slot`` by
     masked cp.async copies of the producer's threads, K then V, signalled as GROUP_SIGNAL says (``_producer``):
     the whole tile at once (its rows' addresses computed once for both), or with COPY_ROWS <
-    BLOCK_N pass by pass into ``k_rows`` / ``v_rows`` (``_copy_passes``). SPLIT_EMPTY: V's copies
-    wait for ``v_empty`` (the caller waited for K's slot)."""
+    BLOCK_N pass by pass into ``k_rows`` / ``v_rows`` (``_copy_passes``), where V's passes load the
+    block ids and form the addresses again: keeping K's across V's wait is what the passes avoid
+    (one pass's addresses live at a time), and it is one tile a program (the TMA configs copy the
+    tile that reaches kv_hi this way). SPLIT_EMPTY: V's copies wait for ``v_empty`` (the caller
+    waited for K's slot)."""
     if COPY_ROWS == BLOCK_N:
         offs, ok = _copy_rows(bt_row_ptr, i * BLOCK_N, offs_n, offs_d, in_page, kv_head, kv_hi, num_blocks,
                               max_blocks_per_seq, stride_c_b, stride_c_s, stride_c_h, PAGE_SIZE, BLOCK_N)
@@ -351,7 +354,9 @@ def _probabilities(qk, i, m_i, l_i, q_pos, qk_scale, mods, DTYPE: gl.constexpr, 
     alpha = gl.exp2(m_i - m_use)
     l_i = l_i * alpha + gl.reduce(p, 1, sum_combine)
     if BLOCK_N > 64:
-        # at 128 keys the packed conversion's allocation spills the consumers (18 B in the loop)
+        # at 128 keys the packed conversion compiled worse for sm_90a: the consumers spilled
+        # (18 B in the loop, tma128-earlyk-1w), or, with every thread releasing its slots
+        # (tma128-threads), ptxas added PRMTs instead of removing them (260 in the kernel, 68 here)
         p16 = p.to(DTYPE)
     else:
         p16 = to_16bit_pairs(p, DTYPE)  # one instruction a pair (``p.to`` adds a PRMT a pair)

@@ -192,8 +192,8 @@ GLUON_PREFILL_CONFIGS = {"1": GLUON_PREFILL_CONFIG, "split": GluonPrefillConfig(
 # H200 beside vLLM's FA3 (same run), S=2048 86.7 against the 64-key default's 97.5 us, S=8192
 # 1096.6 / 1251.2, S=32768 15.5 / 19.0 ms, 4 x 512 on 4096 309.0 / 355.0, the traffic's chunk
 # prompts 450.5 / 509.8 (0.84-0.97x FA3's speed, the default 0.74-0.81x). Not timed at head 64
-# without modifiers, and with score modifiers its consumers spill (about 1.4 KB): those keep
-# GLUON_PREFILL_CONFIG
+# without modifiers, and with score modifiers its consumers spill (1244 B compiled for sm_90a;
+# tma128-earlyk-1w 1436 B): those keep GLUON_PREFILL_CONFIG
 GLUON_AUTO_CONFIG_HEAD128 = TMA128_THREADS
 # the automatic rule's floor: below it the tl kernel was as fast on the H200 (a 512-token prefill:
 # 16.8 against 16.6 us), above it the Gluon kernel was faster (2048: 99.6 against 103.9 us; 4 x 512
